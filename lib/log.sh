@@ -1,0 +1,59 @@
+# shellcheck shell=bash
+# One logger for every script: `<UTC time> <host> r<rank> <area>: <message>` on stderr.
+# stdout is data; everything a person reads goes through here.
+
+# log::_emit LEVEL AREA MESSAGE…
+log::_emit() {
+  local level=$1 area=$2
+  shift 2
+  local stamp host rank
+  stamp=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+  host=${SLURMD_NODENAME:-${HOSTNAME:-$(hostname)}}
+  rank=${SM_RANK:-${SLURM_NODEID:--}}
+  if [[ ${level} == info ]]; then
+    printf '%s %s r%s %s: %s\n' "${stamp}" "${host}" "${rank}" "${area}" "$*" >&2
+  else
+    printf '%s %s r%s %s: %s: %s\n' "${stamp}" "${host}" "${rank}" "${area}" "${level}" "$*" >&2
+  fi
+}
+
+log::info() { log::_emit info "$@"; }
+log::warn() { log::_emit warning "$@"; }
+log::error() { log::_emit error "$@"; }
+
+# log::cmd AREA CMD…: log a command exactly as it can be pasted back into a shell.
+log::cmd() {
+  local area=$1
+  shift
+  local quoted
+  quoted=$(printf '%q ' "$@")
+  log::_emit info "${area}" "+ ${quoted% }"
+}
+
+# log::die AREA MESSAGE [EXIT_CODE]: one line, then exit (default 1).
+log::die() {
+  log::_emit error "$1" "$2"
+  exit "${3:-1}"
+}
+
+# log::enable_debug: SM_DEBUG=1 turns on xtrace with a PS4 that says where we are.
+log::enable_debug() {
+  if [[ ${SM_DEBUG:-0} == 1 ]]; then
+    export PS4='+ ${BASH_SOURCE[0]##*/}:${LINENO} ${FUNCNAME[0]:-main}: '
+    set -x
+  fi
+}
+
+# log::install_err_trap: on an unexpected error print the failing command and the call tree.
+log::install_err_trap() {
+  set -o errtrace
+  trap 'log::_on_err $? "${BASH_COMMAND}"' ERR
+}
+
+log::_on_err() {
+  local rc=$1 cmd=$2 i
+  log::_emit error "${SM_LOG_AREA:-slurm-multi}" "command failed (exit ${rc}): ${cmd}"
+  for ((i = 1; i < ${#FUNCNAME[@]}; i++)); do
+    printf '    at %s (%s:%s)\n' "${FUNCNAME[i]}" "${BASH_SOURCE[i]##*/}" "${BASH_LINENO[i - 1]}" >&2
+  done
+}

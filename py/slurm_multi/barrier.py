@@ -1,0 +1,1476 @@
+"""TCP barrier between the nodes of one job: rank 0 serves, workers join, rank 0 can abort.
+
+Nobody may enter `docker run` against a half-loaded image, and no shared filesystem is needed to
+know that. Rank 0 runs `barrier serve` in the background, builds or loads its image, then runs
+`barrier release --image-id ID` (or `barrier abort --reason TEXT` when that failed). Every worker
+runs `barrier join`, which prints rank 0's image ID once the barrier opens.
+
+Protocol: one line each way, UTF-8, `\\n`-terminated, at most 256 bytes including the newline
+(a trailing `\\r` is tolerated so `\\r\\n` clients work). Fields are separated by single ASCII
+spaces.
+
+    worker     -> READY <token> <rank> [image|start]     (phase defaults to `start`)
+    rank 0     -> GO <token> <rank> <image-id>  |  ABORT <token> <reason>  |  ERR <short reason>
+    controller -> RELEASE <token> <image-id>  |  ABORT <token> <reason>
+    rank 0     -> OK  |  ABORT <token> <reason> (RELEASE after an abort)  |  ERR <short reason>
+
+`image` READYs are answered as soon as the image is released (a worker learns the image ID to load);
+`start` READYs are answered once every rank 1..nnodes-1 holds a live `start` connection and the image
+is released, and then the server exits 0.
+
+Strictness (decided once, here): a rank is ASCII decimal digits without sign, spaces or leading
+zeros (`1`, `12`; never `+1`, ` 1`, `01`, `１`) and 1 <= rank < nnodes. The token is 1-64 printable
+ASCII characters without spaces, compared with hmac.compare_digest, read only from an environment
+variable and never printed: ERR replies never echo it and ABORT/GO go only to peers that sent it.
+
+Exit codes: 0 released/OK, 1 aborted or failed, 2 usage or rejected by rank 0, 3 timeout.
+"""
+
+from __future__ import annotations
+
+import errno
+import hmac
+import ipaddress
+import os
+import re
+import selectors
+import socket
+import time
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, NamedTuple
+
+import click
+
+from slurm_multi import EXIT_FAILURE, EXIT_OK, EXIT_TIMEOUT, EXIT_USAGE
+from slurm_multi.common import HelperError, talk, timeout_error, usage_error
+
+MAX_LINE = 256  # bytes per protocol line, newline included
+PHASES = ("image", "start")
+DEFAULT_TOKEN_ENV = "SM_BARRIER_TOKEN"
+LOCAL_RANGE_PATH = "/proc/sys/net/ipv4/ip_local_port_range"
+ROUTE_PATH = "/proc/net/route"
+FALLBACK_LOCAL_RANGE = (32768, 60999)  # Linux default when the sysctl cannot be read
+WINDOW_FLOOR = 10000
+# Capping the low window at the usual ephemeral start keeps nodes whose ranges differ only above
+# 32768 (60999 vs 65535, 32768 vs 40000) agreeing on the same ports.
+WINDOW_CEILING = 32768
+MIN_WINDOW = 1024
+MAX_CANDIDATES = 32
+
+TOKEN_RE = re.compile(r"[!-~]{1,64}")
+RANK_RE = re.compile(r"0|[1-9][0-9]{0,8}")  # ASCII only: `\d` would accept unicode digits
+IMAGE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,159}")
+
+ATTEMPT_TIMEOUT = 5.0  # one TCP connect attempt
+BACKOFF_START, BACKOFF_MAX = 0.2, 2.0
+FLUSH_SECONDS = 2.0  # how long the server waits for its last lines to leave
+DRAIN_SECONDS = 1.0  # after an answer, keep reading (and discarding) so close() does not RST it
+NOTE_BUDGET, NOTE_WINDOW = 40, 10.0  # per-connection log lines allowed per window (floods are summed)
+
+Log = Callable[[str], None]
+
+
+def _talk(message: str) -> None:
+    talk("barrier", message)
+
+
+# --------------------------------------------------------------------------------------------------
+# Ports
+
+
+def read_local_port_range(path: str = LOCAL_RANGE_PATH) -> tuple[int, int]:
+    """The kernel's ephemeral port range, or Linux's default when it cannot be read."""
+    try:
+        lo, hi = (int(part) for part in Path(path).read_text().split())
+    except (OSError, ValueError):
+        return FALLBACK_LOCAL_RANGE
+    if 1 <= lo <= hi <= 65535:
+        return lo, hi
+    return FALLBACK_LOCAL_RANGE
+
+
+def port_window(local_range: tuple[int, int]) -> tuple[int, int]:
+    """A port window `[start, end)` that does not overlap the ephemeral range `local_range`."""
+    lo, hi = local_range
+    low_end = min(lo, WINDOW_CEILING)
+    if low_end - WINDOW_FLOOR >= MIN_WINDOW:
+        return WINDOW_FLOOR, low_end
+    if 65536 - (hi + 1) >= MIN_WINDOW:
+        return hi + 1, 65536
+    start, end = max(((1024, lo), (hi + 1, 65536)), key=lambda gap: gap[1] - gap[0])
+    if end - start < 2 * MAX_CANDIDATES:
+        raise ValueError(f"the ephemeral port range {lo}-{hi} leaves no room for the barrier port")
+    return start, end
+
+
+def derive_ports(master_port: int, job_id: int, local_range: tuple[int, int], count: int = 4) -> list[int]:
+    """`count` candidate ports, the same on every node of the job, outside the ephemeral range.
+
+    MASTER_PORT itself is skipped: the workload binds it on rank 0 right after the barrier.
+    """
+    if not 1 <= count <= MAX_CANDIDATES:
+        raise ValueError(f"count must be 1..{MAX_CANDIDATES}")
+    start, end = port_window(local_range)
+    size = end - start
+    base = (master_port * 1000003 + job_id) % size
+    ports: list[int] = []
+    offset = 0
+    while len(ports) < count:
+        port = start + (base + offset) % size
+        offset += 1
+        if port != master_port:
+            ports.append(port)
+    return ports
+
+
+def override_ports(port: int, count: int = 4) -> list[int]:
+    """An explicit first port followed by its successors (wrapping to 1024 past 65535)."""
+    return [p if p <= 65535 else p - 65536 + 1024 for p in range(port, port + count)]
+
+
+def candidate_ports(
+    ports: Sequence[int],
+    master_port: int | None,
+    job_id: int | None,
+    override: int | None,
+    count: int,
+    local_range: tuple[int, int] | None = None,
+) -> list[int]:
+    """Explicit --port values win, then --override/SM_BARRIER_PORT, then the derivation."""
+    if ports:
+        return list(dict.fromkeys(ports))
+    if override is not None:
+        return override_ports(override, count)
+    if master_port is None or job_id is None:
+        raise usage_error(
+            "barrier: no port to use; give --port, or --master-port and --job-id "
+            "(MASTER_PORT and SLURM_JOB_ID), or --override (SM_BARRIER_PORT)"
+        )
+    try:
+        return derive_ports(master_port, job_id, local_range or read_local_port_range(), count)
+    except ValueError as exc:
+        raise usage_error(f"barrier: {exc}; set SM_BARRIER_PORT on every node") from None
+
+
+# --------------------------------------------------------------------------------------------------
+# Protocol
+
+
+class ProtocolError(ValueError):
+    """A line that breaks the protocol; str() is the short reason sent back as `ERR <reason>`."""
+
+
+@dataclass(frozen=True)
+class Message:
+    kind: str  # READY | RELEASE | ABORT
+    rank: int = 0
+    phase: str = ""
+    image_id: str = ""
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Reply:
+    kind: str  # GO | ABORT | ERR | OK
+    rank: int = 0
+    image_id: str = ""
+    reason: str = ""
+
+
+def _decode_line(line: bytes | str) -> str:
+    raw = line.encode("utf-8", "surrogatepass") if isinstance(line, str) else bytes(line)
+    if raw.endswith(b"\n"):
+        raw = raw[:-1]
+    if raw.endswith(b"\r"):
+        raw = raw[:-1]
+    if len(raw) >= MAX_LINE:
+        raise ProtocolError("line too long")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolError("not UTF-8") from None
+    if not text:
+        raise ProtocolError("empty line")
+    if not text.isprintable():
+        raise ProtocolError("unprintable character")
+    return text
+
+
+def _token_matches(given: str, token: str) -> bool:
+    return hmac.compare_digest(given.encode("utf-8"), token.encode("utf-8"))
+
+
+def parse_rank(text: str, nnodes: int) -> int:
+    """A worker rank: ASCII digits, no sign/space/leading zero, 1 <= rank < nnodes."""
+    if not RANK_RE.fullmatch(text):
+        raise ProtocolError("bad rank")
+    rank = int(text)
+    if not 1 <= rank < nnodes:
+        raise ProtocolError(f"rank out of range 1..{nnodes - 1}")
+    return rank
+
+
+def parse_line(line: bytes | str, token: str, nnodes: int) -> Message:
+    """Parse one line sent to rank 0; raise ProtocolError (never anything else) when it is bad."""
+    text = _decode_line(line)
+    verb, _, rest = text.partition(" ")
+    if verb not in ("READY", "RELEASE", "ABORT"):
+        raise ProtocolError("unknown command")
+    given, _, rest = rest.partition(" ")
+    if not _token_matches(given, token):
+        raise ProtocolError("bad token")
+    if verb == "ABORT":
+        return Message("ABORT", reason=rest.strip() or "no reason given")
+    fields = rest.split(" ")
+    if verb == "RELEASE":
+        if len(fields) != 1 or not IMAGE_ID_RE.fullmatch(fields[0]):
+            raise ProtocolError("bad image id")
+        return Message("RELEASE", image_id=fields[0])
+    if len(fields) not in (1, 2):
+        raise ProtocolError("malformed READY")
+    rank = parse_rank(fields[0], nnodes)
+    phase = fields[1] if len(fields) == 2 else "start"
+    if phase not in PHASES:
+        raise ProtocolError("bad phase")
+    return Message("READY", rank=rank, phase=phase)
+
+
+def parse_reply(line: bytes | str, token: str) -> Reply:
+    """Parse rank 0's answer; GO/ABORT must carry our token (anything else is not our barrier)."""
+    text = _decode_line(line)
+    verb, _, rest = text.partition(" ")
+    if verb == "OK" and not rest:
+        return Reply("OK")
+    if verb == "ERR":
+        return Reply("ERR", reason=rest.replace(token, "***") or "unspecified")
+    if verb not in ("GO", "ABORT"):
+        raise ProtocolError("unexpected reply")
+    given, _, rest = rest.partition(" ")
+    if not _token_matches(given, token):
+        raise ProtocolError("reply with a wrong token")
+    if verb == "ABORT":
+        return Reply("ABORT", reason=rest.replace(token, "***").strip() or "no reason given")
+    fields = rest.split(" ")
+    if len(fields) != 2 or not RANK_RE.fullmatch(fields[0]) or not IMAGE_ID_RE.fullmatch(fields[1]):
+        raise ProtocolError("malformed GO")
+    return Reply("GO", rank=int(fields[0]), image_id=fields[1])
+
+
+def _line(*fields: str) -> bytes:
+    """Encode one protocol line, cutting the last field so that the line fits MAX_LINE."""
+    prefix = "".join(f"{f} " for f in fields[:-1]).encode()
+    budget = MAX_LINE - 1 - len(prefix)
+    tail = " ".join(fields[-1].splitlines()).encode()[:budget].decode("utf-8", "ignore")
+    return prefix + tail.encode() + b"\n"
+
+
+def format_ranks(ranks: Iterable[int]) -> str:
+    """`[1, 2, 3, 5]` -> `1-3,5` so thousands of ranks still fit a log line."""
+    ordered = sorted(set(ranks))
+    if not ordered:
+        return "none"
+    spans: list[str] = []
+    start = prev = ordered[0]
+    for rank in [*ordered[1:], None]:
+        if rank is not None and rank == prev + 1:
+            prev = rank
+            continue
+        spans.append(
+            str(start) if start == prev else f"{start}-{prev}" if prev > start + 1 else f"{start},{prev}"
+        )
+        if rank is not None:
+            start = prev = rank
+    return ",".join(spans)
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.0f}" if value >= 10 or abs(value - round(value)) < 0.05 else f"{value:.1f}"
+
+
+def read_token(env_name: str) -> str:
+    """The barrier token from `$env_name`; it never travels in argv and is never printed."""
+    value = os.environ.get(env_name, "")
+    if not value:
+        raise usage_error(
+            f"barrier: ${env_name} is not set or empty; export the job's barrier token "
+            "(the batch step generates one) and pass its name with --token-env"
+        )
+    if not TOKEN_RE.fullmatch(value):
+        raise usage_error(f"barrier: ${env_name} must be 1-64 printable ASCII characters without spaces")
+    return value
+
+
+# --------------------------------------------------------------------------------------------------
+# Addresses
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.IPv4Address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def _is_ipv4_literal(host: str) -> bool:
+    try:
+        ipaddress.IPv4Address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def resolve_ipv4(host: str) -> list[str]:
+    """IPv4 addresses of `host` in resolver order (the barrier listens on IPv4 only)."""
+    infos = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
+def interface_ipv4(name: str) -> str | None:
+    """The primary IPv4 address of interface `name` (SIOCGIFADDR; sends nothing)."""
+    import fcntl
+    import struct
+
+    siocgifaddr = 0x8915
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            packed = fcntl.ioctl(sock.fileno(), siocgifaddr, struct.pack("256s", name.encode()[:15]))
+        except OSError:
+            return None
+    return socket.inet_ntoa(packed[20:24])
+
+
+def _default_route_interfaces(route_path: str) -> list[str]:
+    try:
+        rows = Path(route_path).read_text().splitlines()[1:]
+    except OSError:
+        return []
+    found: list[tuple[int, str]] = []
+    for row in rows:
+        cols = row.split()
+        if len(cols) >= 8 and cols[1] == "00000000" and cols[7] == "00000000":
+            try:
+                if int(cols[3], 16) & 0x1:  # RTF_UP
+                    found.append((int(cols[6]), cols[0]))
+            except ValueError:
+                continue
+    return [name for _, name in sorted(found)]
+
+
+def routable_local_address(route_path: str = ROUTE_PATH) -> tuple[str, str]:
+    """A non-loopback IPv4 address of this host and where it came from (no traffic is sent)."""
+    for name in _default_route_interfaces(route_path):
+        address = interface_ipv4(name)
+        if address and not _is_loopback(address) and address != "0.0.0.0":
+            return address, f"{name}, the default route's interface"
+    try:
+        interfaces = [name for _, name in socket.if_nameindex()]
+    except OSError:
+        interfaces = []
+    for name in interfaces:
+        address = interface_ipv4(name)
+        if address and not _is_loopback(address) and address != "0.0.0.0":
+            return address, f"{name}, first interface with an IPv4 address"
+    raise HelperError("barrier: this host has no routable IPv4 address; pass --bind ADDR")
+
+
+class BindChoice(NamedTuple):
+    address: str
+    why: str  # empty when `host` resolved to a routable address directly
+
+
+def choose_bind_address(
+    host: str,
+    resolve: Callable[[str], list[str]] | None = None,
+    routable: Callable[[], tuple[str, str]] | None = None,
+) -> BindChoice:
+    """The address rank 0 listens on: the first non-loopback IPv4 address of `host`.
+
+    When `host` resolves only to loopback (Debian maps the host name to 127.0.1.1) or not at all,
+    a listener there would strand every worker, so a routable local address is used instead.
+    """
+    resolve = resolve or resolve_ipv4
+    routable = routable or routable_local_address
+    try:
+        addresses = resolve(host)
+    except OSError as exc:
+        why = f"{host} does not resolve ({exc.strerror or exc})"
+    else:
+        for address in addresses:
+            if not _is_loopback(address) and address != "0.0.0.0":
+                return BindChoice(address, "")
+        why = f"{host} resolves to {', '.join(addresses) or 'nothing'} (loopback)"
+    address, source = routable()
+    return BindChoice(address, f"{why}; listening on {address} ({source}) instead")
+
+
+def connect_addresses(host: str) -> list[str]:
+    """Where a client dials `host`: its IPv4 addresses; for a name that resolves only to loopback
+    (this host, Debian style) also the routable address rank 0 listens on in that case."""
+    if _is_ipv4_literal(host):
+        return [host]
+    addresses = resolve_ipv4(host)
+    if addresses and all(_is_loopback(a) for a in addresses):
+        try:
+            addresses.append(routable_local_address()[0])
+        except HelperError:
+            pass
+    return list(dict.fromkeys(addresses))
+
+
+def raise_nofile_limit() -> None:
+    """Raise the soft open-files limit to the hard one: thousands of ranks mean thousands of fds."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else 1 << 20
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError):
+        pass
+
+
+def _keepalive(sock: socket.socket) -> None:
+    # A worker node that dies without a FIN would otherwise count as present until the timeout.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3)):
+        if hasattr(socket, name):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+
+
+def _peer(addr: object) -> str:
+    if isinstance(addr, tuple) and len(addr) >= 2:
+        return f"{addr[0]}:{addr[1]}"
+    return str(addr)
+
+
+# --------------------------------------------------------------------------------------------------
+# Server
+
+WAITING, LINGERING, FINISHING = "waiting", "lingering", "finishing"
+
+
+@dataclass(eq=False)
+class _Conn:
+    sock: socket.socket
+    peer: str
+    buf: bytearray = field(default_factory=bytearray)
+    out: bytearray = field(default_factory=bytearray)
+    kind: str = "new"  # new -> worker | done
+    rank: int = 0
+    phase: str = ""
+    close_after_flush: bool = False
+    draining: bool = False
+    closed: bool = False
+
+
+@dataclass(frozen=True)
+class Outcome:
+    exit_code: int
+    message: str
+
+
+class BarrierServer:
+    """Single-threaded selectors loop; binds in the constructor so `port` is known before serve()."""
+
+    def __init__(
+        self,
+        token: str,
+        nnodes: int,
+        address: str,
+        ports: Sequence[int],
+        *,
+        image_id: str | None = None,
+        linger: float = 15.0,
+        line_timeout: float = 10.0,
+        progress_every: float = 10.0,
+        log: Log = _talk,
+    ) -> None:
+        if nnodes < 1:
+            raise usage_error("barrier: --nnodes must be at least 1")
+        self.token = token
+        self.nnodes = nnodes
+        self.image_id = image_id or None
+        self.linger = linger
+        self.line_timeout = line_timeout
+        self.progress_every = progress_every
+        self._log = log
+        self.listener, self.address, self.port = self._bind(address, ports)
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self.listener, selectors.EVENT_READ, "listen")
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self._waiters: dict[str, dict[int, _Conn]] = {phase: {} for phase in PHASES}
+        self._line_deadlines: deque[tuple[float, _Conn]] = deque()
+        self._drain_deadlines: deque[tuple[float, _Conn]] = deque()
+        self._writers: set[_Conn] = set()
+        self._conns: set[_Conn] = set()
+        self._state = WAITING
+        self._outcome: Outcome | None = None
+        self._abort_reason = ""
+        self._stop_reason: str | None = None
+        self._released_all = False
+        self._closed = False
+        self._listen_paused_until = 0.0
+        self._notes_left, self._notes_reset, self._notes_dropped = NOTE_BUDGET, 0.0, 0
+
+    # -- setup -------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _bind(address: str, ports: Sequence[int]) -> tuple[socket.socket, str, int]:
+        if not ports:
+            raise usage_error("barrier: no candidate port to listen on")
+        tried: list[str] = []
+        for port in ports:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((address, port))
+                sock.listen(4096)
+            except OSError as exc:
+                sock.close()
+                if exc.errno == errno.EADDRINUSE:
+                    tried.append(str(port))
+                    continue
+                if exc.errno == errno.EADDRNOTAVAIL:
+                    raise HelperError(
+                        f"barrier: cannot listen on {address}: not an address of this host; "
+                        "check MASTER_ADDR or pass --bind ADDR"
+                    ) from None
+                if isinstance(exc, socket.gaierror):
+                    raise usage_error(f"barrier: cannot listen on {address}: {exc.strerror}") from None
+                raise HelperError(f"barrier: cannot listen on {address}:{port}: {exc.strerror}") from None
+            sock.setblocking(False)
+            return sock, address, sock.getsockname()[1]
+        raise HelperError(
+            f"barrier: every candidate port on {address} is in use ({','.join(tried)}); "
+            "set SM_BARRIER_PORT (or --port) to a free port on every node"
+        )
+
+    def request_stop(self, reason: str = "rank 0 terminated") -> None:
+        """Abort the waiting workers and return from serve(); safe from signal handlers/threads."""
+        self._stop_reason = reason
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for conn in list(self._conns):
+            self._close(conn)
+        for sock in (self.listener, self._wake_r, self._wake_w):
+            try:
+                self._sel.unregister(sock)
+            except (KeyError, ValueError):
+                pass
+            sock.close()
+        self._sel.close()
+
+    # -- logging -----------------------------------------------------------------------------------
+
+    def _note(self, message: str) -> None:
+        """Per-connection log line, rate limited so a flood of bad clients cannot flood the log."""
+        now = time.monotonic()
+        if now >= self._notes_reset:
+            self._notes_left, self._notes_reset = NOTE_BUDGET, now + NOTE_WINDOW
+        if self._notes_left > 0:
+            self._notes_left -= 1
+            self._log(message)
+        else:
+            self._notes_dropped += 1
+
+    def progress(self) -> str:
+        workers = self.nnodes - 1
+        text = f"{len(self._waiters['start'])}/{workers} workers ready (start), " + (
+            "image released" if self.image_id else "image not released yet"
+        )
+        if self._waiters["image"]:
+            text += f", {len(self._waiters['image'])} waiting for the image"
+        if self._notes_dropped:
+            text += f", {self._notes_dropped} connection events not logged"
+            self._notes_dropped = 0
+        return text
+
+    # -- main loop ---------------------------------------------------------------------------------
+
+    def serve(self, until: float | None = None) -> Outcome:
+        """Run until released (0), aborted or terminated (1) or `until` (time.monotonic()) passes (3)."""
+        started = time.monotonic()
+        next_progress = started + self.progress_every
+        linger_until = flush_until = 0.0
+        self._maybe_release()
+        try:
+            while True:
+                now = time.monotonic()
+                if self._stop_reason is not None and self._state != FINISHING:
+                    if self._state == WAITING:
+                        self._abort_all(self._stop_reason)
+                        self._outcome = Outcome(
+                            EXIT_FAILURE, f"barrier: {self._stop_reason}; told the waiting workers to abort"
+                        )
+                    self._state, flush_until = FINISHING, now + FLUSH_SECONDS
+                if self._state == WAITING and until is not None and now >= until:
+                    reason = self._timeout_reason(now - started)
+                    self._log(reason)
+                    self._abort_all(reason)
+                    self._outcome = Outcome(EXIT_TIMEOUT, f"barrier: {reason}")
+                    self._state, linger_until = LINGERING, now + self.linger
+                if self._state == WAITING and self._outcome is not None:  # released or aborted
+                    if self._outcome.exit_code == EXIT_OK or self.linger <= 0:
+                        self._state, flush_until = FINISHING, now + FLUSH_SECONDS
+                    else:
+                        self._state, linger_until = LINGERING, now + self.linger
+                if self._state == LINGERING and now >= linger_until:
+                    self._state, flush_until = FINISHING, now + FLUSH_SECONDS
+                if self._state == FINISHING and (not self._writers or now >= flush_until):
+                    assert self._outcome is not None
+                    return self._outcome
+                if self._state == WAITING and now >= next_progress:
+                    self._log(self.progress())
+                    next_progress = now + self.progress_every
+                self._expire(now)
+                if self._listen_paused_until and now >= self._listen_paused_until:
+                    self._listen_paused_until = 0.0
+                    self._sel.register(self.listener, selectors.EVENT_READ, "listen")
+                wait = 0.5
+                if self._state == WAITING and until is not None:
+                    wait = min(wait, until - now)
+                for key, mask in self._sel.select(max(0.0, wait)):
+                    if key.data == "listen":
+                        self._accept()
+                    elif key.data == "wake":
+                        self._drain_wakeups()
+                    else:
+                        self._on_event(key.data, mask)
+        finally:
+            self.close()
+
+    def _on_event(self, conn: _Conn, mask: int) -> None:
+        try:
+            if mask & selectors.EVENT_WRITE and not conn.closed:
+                self._flush(conn)
+            if mask & selectors.EVENT_READ and not conn.closed:
+                self._on_readable(conn)
+        except Exception as exc:  # one connection's surprise must not take the whole barrier down
+            self._log(f"internal error on {conn.peer} ({type(exc).__name__}); dropped that connection")
+            self._gone(conn)
+
+    def _drain_wakeups(self) -> None:
+        try:
+            while self._wake_r.recv(64):
+                pass
+        except OSError:
+            pass
+
+    def _expire(self, now: float) -> None:
+        while self._line_deadlines and self._line_deadlines[0][0] <= now:
+            _, conn = self._line_deadlines.popleft()
+            if conn.kind == "new" and not conn.closed:
+                self._reject(conn, "line timeout")
+        while self._drain_deadlines and self._drain_deadlines[0][0] <= now:
+            _, conn = self._drain_deadlines.popleft()
+            self._close(conn)
+
+    def _timeout_reason(self, elapsed: float) -> str:
+        parts = [f"timeout after {_seconds(elapsed)} s"]
+        present = set(self._waiters["start"])
+        missing = [r for r in range(1, self.nnodes) if r not in present]
+        if missing:
+            parts.append(f"missing ranks {format_ranks(missing)} of {self.nnodes}")
+            parts.append(f"connected: {format_ranks(present)}")
+        if not self.image_id:
+            parts.append("rank 0 never released its image")
+        return "; ".join(parts)
+
+    # -- connections -------------------------------------------------------------------------------
+
+    def _accept(self) -> None:
+        for _ in range(256):  # bounded, so a connection flood cannot starve the readers
+            try:
+                sock, addr = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    self._shed_load(exc)
+                    return
+                if exc.errno in (errno.ECONNABORTED, errno.EPROTO, errno.EPERM):
+                    continue
+                self._note(f"accept failed: {exc.strerror}")
+                return
+            sock.setblocking(False)
+            try:
+                _keepalive(sock)
+            except OSError:
+                pass
+            conn = _Conn(sock, _peer(addr))
+            self._conns.add(conn)
+            self._sel.register(sock, selectors.EVENT_READ, conn)
+            self._line_deadlines.append((time.monotonic() + self.line_timeout, conn))
+
+    def _shed_load(self, exc: OSError) -> None:
+        """Out of file descriptors: drop the oldest connection that has not said anything yet."""
+        while self._line_deadlines:
+            _, conn = self._line_deadlines.popleft()
+            if conn.kind == "new" and not conn.closed:
+                self._note(f"out of file descriptors ({exc.strerror}); dropped idle {conn.peer}")
+                self._close(conn)
+                return
+        self._note(f"out of file descriptors ({exc.strerror}); pausing accept for 0.2 s")
+        self._sel.unregister(self.listener)
+        self._listen_paused_until = time.monotonic() + 0.2
+
+    def _on_readable(self, conn: _Conn) -> None:
+        try:
+            data = conn.sock.recv(65536 if conn.draining else 4096)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._gone(conn)
+            return
+        if conn.kind != "new" or conn.draining:
+            return  # one line each way: whatever follows is ignored (still read, to see EOF)
+        conn.buf += data
+        newline = conn.buf.find(b"\n")
+        if newline < 0:
+            if len(conn.buf) >= MAX_LINE:
+                self._reject(conn, "line too long")
+            return
+        if newline + 1 > MAX_LINE:
+            self._reject(conn, "line too long")
+            return
+        line = bytes(conn.buf[:newline])
+        conn.buf.clear()
+        self._on_line(conn, line)
+
+    def _gone(self, conn: _Conn) -> None:
+        if conn.kind == "worker" and self._waiters[conn.phase].get(conn.rank) is conn:
+            del self._waiters[conn.phase][conn.rank]
+            self._note(f"rank {conn.rank} ({conn.phase}) from {conn.peer} disconnected before GO")
+        self._close(conn)
+
+    def _close(self, conn: _Conn) -> None:
+        if conn.closed:
+            return
+        conn.closed = True
+        self._writers.discard(conn)
+        self._conns.discard(conn)
+        try:
+            self._sel.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+        conn.sock.close()
+
+    def _send(self, conn: _Conn, line: bytes, close: bool = True) -> None:
+        conn.out += line
+        conn.close_after_flush = close
+        conn.kind = "done"
+        self._flush(conn)
+
+    def _flush(self, conn: _Conn) -> None:
+        try:
+            sent = conn.sock.send(conn.out)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:
+            self._close(conn)
+            return
+        del conn.out[:sent]
+        if conn.out:
+            if conn not in self._writers:
+                self._writers.add(conn)
+                self._sel.modify(conn.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, conn)
+            return
+        if conn in self._writers:
+            self._writers.discard(conn)
+            self._sel.modify(conn.sock, selectors.EVENT_READ, conn)
+        if conn.close_after_flush and not conn.draining:
+            # Half-close and read until the peer closes: close() with unread input would send a
+            # RST that can destroy the answer before the peer reads it.
+            conn.draining = True
+            try:
+                conn.sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                self._close(conn)
+                return
+            self._drain_deadlines.append((time.monotonic() + DRAIN_SECONDS, conn))
+
+    def _reject(self, conn: _Conn, reason: str) -> None:
+        self._note(f"rejected {conn.peer}: {reason}")
+        self._send(conn, f"ERR {reason}\n".encode())
+
+    # -- protocol ----------------------------------------------------------------------------------
+
+    def _on_line(self, conn: _Conn, line: bytes) -> None:
+        try:
+            msg = parse_line(line, self.token, self.nnodes)
+        except ProtocolError as exc:
+            self._reject(conn, str(exc))
+            return
+        if msg.kind == "READY":
+            self._on_ready(conn, msg)
+        elif msg.kind == "RELEASE":
+            self._on_release(conn, msg.image_id)
+        else:
+            self._on_abort(conn, msg.reason)
+
+    def _go(self, conn: _Conn, rank: int) -> None:
+        assert self.image_id is not None
+        self._send(conn, _line("GO", self.token, str(rank), self.image_id))
+
+    def _on_ready(self, conn: _Conn, msg: Message) -> None:
+        if self._abort_reason:
+            self._send(conn, _line("ABORT", self.token, self._abort_reason))
+            return
+        if self._released_all or (msg.phase == "image" and self.image_id):
+            self._go(conn, msg.rank)
+            return
+        if self._state != WAITING:
+            self._close(conn)
+            return
+        conn.kind, conn.rank, conn.phase = "worker", msg.rank, msg.phase
+        waiting = self._waiters[msg.phase]
+        older = waiting.get(msg.rank)
+        if older is not None:
+            self._note(f"rank {msg.rank} ({msg.phase}) reconnected from {conn.peer}; closing {older.peer}")
+            older.kind = "done"
+            self._close(older)
+        waiting[msg.rank] = conn
+        self._note(f"rank {msg.rank} ready ({msg.phase}) from {conn.peer}")
+        if msg.phase == "start":
+            self._maybe_release()
+
+    def _on_release(self, conn: _Conn, image_id: str) -> None:
+        if self._abort_reason:
+            self._send(conn, _line("ABORT", self.token, self._abort_reason))
+            return
+        if self.image_id and self.image_id != image_id:
+            self._reject(conn, "already released with another image")
+            return
+        self._send(conn, b"OK\n")
+        if self.image_id:
+            return
+        self.image_id = image_id
+        self._log(f"rank 0 released image {image_id}")
+        waiting = self._waiters["image"]
+        for rank, worker in sorted(waiting.items()):
+            self._go(worker, rank)
+        waiting.clear()
+        self._maybe_release()
+
+    def _on_abort(self, conn: _Conn, reason: str) -> None:
+        self._send(conn, b"OK\n")
+        if self._abort_reason or self._released_all:
+            return
+        self._log(f"rank 0 aborts the barrier: {reason}")
+        self._abort_all(reason)
+        self._outcome = Outcome(EXIT_FAILURE, f"barrier: aborted by rank 0: {reason}")
+
+    def _abort_all(self, reason: str) -> None:
+        self._abort_reason = reason
+        told = 0
+        for phase in PHASES:
+            for worker in self._waiters[phase].values():
+                self._send(worker, _line("ABORT", self.token, reason))
+                told += 1
+            self._waiters[phase].clear()
+        if told:
+            self._log(f"told {told} connected worker(s) to abort")
+
+    def _maybe_release(self) -> None:
+        start = self._waiters["start"]
+        if self._released_all or not self.image_id or len(start) < self.nnodes - 1:
+            return
+        for rank, worker in sorted(start.items()):
+            self._go(worker, rank)
+        start.clear()
+        self._released_all = True
+        workers = self.nnodes - 1
+        self._outcome = Outcome(EXIT_OK, f"barrier: released {workers} worker(s) with image {self.image_id}")
+        self._log(f"all {workers} worker(s) ready; GO with image {self.image_id}")
+
+
+# --------------------------------------------------------------------------------------------------
+# Clients
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, (socket.timeout, TimeoutError)):
+        return "timed out"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror[:1].lower() + exc.strerror[1:]
+    return str(exc) or type(exc).__name__
+
+
+@dataclass
+class _Dialer:
+    """Tries every (address, port) candidate in turn with backoff, and remembers what happened."""
+
+    host: str
+    ports: list[int]
+    log: Log = _talk
+    sleep: Callable[[float], None] = time.sleep
+    attempts: int = 0
+    last_error: str = "none"
+    preferred: int | None = None
+    skip: set[int] = field(default_factory=set)
+
+    def describe_target(self) -> str:
+        return f"{self.host}:{','.join(str(p) for p in self.ports)}"
+
+    def dial(self, deadline: float) -> tuple[socket.socket, int] | None:
+        backoff = BACKOFF_START
+        next_reminder = 0.0  # the first failed round is logged, then one reminder every 30 s
+        while True:
+            ports = [p for p in self.ports if p not in self.skip]
+            if self.preferred in ports:
+                ports.remove(self.preferred)
+                ports.insert(0, self.preferred)
+            try:
+                addresses = connect_addresses(self.host)
+            except OSError as exc:
+                addresses = []
+                self.attempts += 1
+                self.last_error = f"cannot resolve {self.host}: {exc.strerror or exc}"
+            for address in addresses:
+                for port in ports:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return None
+                    self.attempts += 1
+                    try:
+                        sock = socket.create_connection(
+                            (address, port), timeout=min(ATTEMPT_TIMEOUT, remaining)
+                        )
+                    except OSError as exc:
+                        self.last_error = _describe(exc)
+                        continue
+                    try:
+                        _keepalive(sock)
+                    except OSError:
+                        pass
+                    return sock, port
+            now = time.monotonic()
+            if now >= deadline:
+                return None
+            if now >= next_reminder:
+                self.log(
+                    f"rank 0 not answering yet on {self.describe_target()} ({self.last_error}); "
+                    f"retrying for {_seconds(deadline - now)} s more"
+                )
+                next_reminder = now + 30.0
+            self.sleep(min(backoff, deadline - now))
+            backoff = min(backoff * 2, BACKOFF_MAX)
+
+
+def _read_reply(sock: socket.socket, deadline: float, token: str) -> Reply | None:
+    """The one reply line; None when the peer closed first. socket.timeout past `deadline`."""
+    buf = bytearray()
+    while b"\n" not in buf:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise socket.timeout("timed out")
+        sock.settimeout(remaining)
+        chunk = sock.recv(MAX_LINE)
+        if not chunk:
+            return None
+        buf += chunk
+        if len(buf) > MAX_LINE and b"\n" not in buf[:MAX_LINE]:
+            raise ProtocolError("reply too long")
+    return parse_reply(bytes(buf[: buf.index(b"\n")]), token)
+
+
+def _bad_token_error(dialer: _Dialer) -> HelperError:
+    return HelperError(
+        f"barrier: rank 0 on {dialer.host}:{','.join(str(p) for p in sorted(dialer.skip))} "
+        "rejected our token (ERR bad token); every node must get the same token variable",
+        EXIT_USAGE,
+    )
+
+
+class BarrierAborted(HelperError):
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"barrier: rank 0 aborted: {reason}", EXIT_FAILURE)
+        self.reason = reason
+
+
+def join(
+    host: str,
+    ports: Sequence[int],
+    token: str,
+    rank: int,
+    *,
+    phase: str = "start",
+    connect_timeout: float = 600.0,
+    wait_timeout: float = 600.0,
+    log: Log = _talk,
+    sleep: Callable[[float], None] = time.sleep,
+) -> str:
+    """Send READY to rank 0 and return the image ID from its GO.
+
+    Raises BarrierAborted (exit 1) on ABORT, HelperError exit 2 on an ERR reply, exit 3 when rank 0
+    does not answer within `connect_timeout` or GO does not come within `wait_timeout` (a separate
+    budget that starts at the first connection: rank 0 may spend a long time building first).
+    """
+    dialer = _Dialer(host, list(ports), log=log, sleep=sleep)
+    ready = _line("READY", token, str(rank), phase)
+    started = time.monotonic()
+    deadline = started + connect_timeout
+    wait_deadline: float | None = None
+    backoff = BACKOFF_START
+    while True:
+        dialed = dialer.dial(deadline)
+        if dialed is None:
+            if dialer.skip:
+                raise _bad_token_error(dialer)
+            if wait_deadline is None:
+                raise timeout_error(
+                    f"barrier: rank 0 did not answer on {dialer.describe_target()} after "
+                    f"{_seconds(time.monotonic() - started)} s ({dialer.attempts} attempts, "
+                    f"last error: {dialer.last_error}); is rank 0's task running?"
+                )
+            raise timeout_error(
+                f"barrier: lost rank 0 on {dialer.describe_target()} and could not reconnect within "
+                f"the {_seconds(wait_timeout)} s wait budget ({dialer.attempts} attempts, "
+                f"last error: {dialer.last_error})"
+            )
+        sock, port = dialed
+        if wait_deadline is None:
+            wait_deadline = time.monotonic() + wait_timeout
+            deadline = wait_deadline
+            log(f"rank {rank} connected to rank 0 at {host}:{port}; waiting for GO ({phase})")
+        dialer.preferred = port
+        try:
+            with sock:
+                sock.sendall(ready)
+                reply = _read_reply(sock, wait_deadline, token)
+        except (socket.timeout, TimeoutError):
+            raise timeout_error(
+                f"barrier: no GO from rank 0 at {host}:{port} after {_seconds(wait_timeout)} s "
+                f"(rank {rank}, phase {phase}); see rank 0's log for the missing ranks"
+            ) from None
+        except ProtocolError as exc:
+            raise HelperError(f"barrier: {host}:{port} is not our barrier ({exc})") from None
+        except OSError as exc:
+            reply = None
+            dialer.last_error = _describe(exc)
+        if reply is None:
+            log(f"lost the connection to rank 0 at {host}:{port}; reconnecting")
+            sleep(min(backoff, max(0.0, wait_deadline - time.monotonic())))
+            backoff = min(backoff * 2, BACKOFF_MAX)
+            continue
+        if reply.kind == "GO" and reply.rank == rank:
+            return reply.image_id
+        if reply.kind == "ABORT":
+            raise BarrierAborted(reply.reason)
+        if reply.kind == "ERR" and reply.reason == "bad token":
+            # Another job's barrier may hold one of our candidate ports; keep looking on the others.
+            dialer.skip.add(port)
+            if set(dialer.ports) <= dialer.skip:
+                raise _bad_token_error(dialer)
+            continue
+        if reply.kind == "ERR":
+            raise usage_error(
+                f"barrier: rank 0 at {host}:{port} rejected READY from rank {rank}: {reply.reason}"
+            )
+        raise HelperError(f"barrier: unexpected {reply.kind} reply from {host}:{port}")
+
+
+def control(
+    host: str,
+    ports: Sequence[int],
+    token: str,
+    line: bytes,
+    *,
+    connect_timeout: float = 10.0,
+    reply_timeout: float = 10.0,
+    log: Log = _talk,
+) -> None:
+    """Send a controller line (RELEASE/ABORT) to the server and require `OK`."""
+    dialer = _Dialer(host, list(ports), log=log)
+    started = time.monotonic()
+    deadline = started + connect_timeout
+    while True:
+        dialed = dialer.dial(deadline)
+        if dialed is None:
+            if dialer.skip:
+                raise _bad_token_error(dialer)
+            raise timeout_error(
+                f"barrier: rank 0's barrier did not answer on {dialer.describe_target()} after "
+                f"{_seconds(time.monotonic() - started)} s ({dialer.attempts} attempts, "
+                f"last error: {dialer.last_error}); is `barrier serve` running?"
+            )
+        sock, port = dialed
+        try:
+            with sock:
+                sock.sendall(line)
+                reply = _read_reply(sock, time.monotonic() + reply_timeout, token)
+        except (socket.timeout, TimeoutError):
+            raise timeout_error(
+                f"barrier: no answer from {host}:{port} after {_seconds(reply_timeout)} s"
+            ) from None
+        except ProtocolError as exc:
+            raise HelperError(f"barrier: {host}:{port} is not our barrier ({exc})") from None
+        except OSError as exc:
+            dialer.last_error = _describe(exc)
+            continue
+        if reply is None:
+            continue
+        if reply.kind == "OK":
+            return
+        if reply.kind == "ABORT":
+            raise BarrierAborted(reply.reason)
+        if reply.kind == "ERR" and reply.reason == "bad token":
+            dialer.skip.add(port)
+            if set(dialer.ports) <= dialer.skip:
+                raise _bad_token_error(dialer)
+            continue
+        if reply.kind == "ERR":
+            raise usage_error(f"barrier: rank 0 at {host}:{port} refused: {reply.reason}")
+        raise HelperError(f"barrier: unexpected {reply.kind} reply from {host}:{port}")
+
+
+# --------------------------------------------------------------------------------------------------
+# CLI
+
+CONTEXT = {"help_option_names": ["-h", "--help"]}
+
+
+def _derivation_options(func: Callable) -> Callable:
+    func = click.option(
+        "--count",
+        type=click.IntRange(1, MAX_CANDIDATES),
+        default=4,
+        show_default=True,
+        help="How many candidate ports (rank 0 takes the first free one; clients try all).",
+    )(func)
+    func = click.option(
+        "--override",
+        type=click.IntRange(1024, 65535),
+        envvar="SM_BARRIER_PORT",
+        show_envvar=True,
+        help="Use this port first, then its successors, instead of the derived ports.",
+    )(func)
+    func = click.option(
+        "--job-id", type=click.IntRange(min=0), envvar="SLURM_JOB_ID", show_envvar=True, help="SLURM job id."
+    )(func)
+    func = click.option(
+        "--master-port",
+        type=click.IntRange(1, 65535),
+        envvar="MASTER_PORT",
+        show_envvar=True,
+        help="The job's MASTER_PORT (the derivation input; never used itself).",
+    )(func)
+    return func
+
+
+def _port_options(func: Callable) -> Callable:
+    func = _derivation_options(func)
+    return click.option(
+        "--port",
+        "ports",
+        type=click.IntRange(1, 65535),
+        multiple=True,
+        help="Explicit candidate port (repeatable); wins over the derivation.",
+    )(func)
+
+
+def _token_option(func: Callable) -> Callable:
+    return click.option(
+        "--token-env",
+        default=DEFAULT_TOKEN_ENV,
+        show_default=True,
+        metavar="NAME",
+        help="Environment variable holding the job's barrier token (never pass the token itself).",
+    )(func)
+
+
+@click.group("barrier", context_settings=CONTEXT)
+def cli() -> None:
+    """TCP barrier: rank 0 serves, workers join, rank 0 releases or aborts.
+
+    \b
+    Protocol (one line each way, <= 256 bytes):
+      worker -> READY <token> <rank> [image|start]
+      rank 0 -> GO <token> <rank> <image-id> | ABORT <token> <reason> | ERR <reason>
+    Exit codes: 0 ok, 1 aborted/failed, 2 usage or rejected, 3 timeout.
+    """
+
+
+@cli.command("port", context_settings=CONTEXT)
+@_derivation_options
+def port_cmd(master_port: int | None, job_id: int | None, override: int | None, count: int) -> None:
+    """Print the candidate barrier ports, one per line (the same on every node).
+
+    \b
+    Example: slurm-multi barrier port --master-port 29500 --job-id 4242
+    """
+    for port in candidate_ports((), master_port, job_id, override, count):
+        click.echo(port)
+
+
+def _write_ready_file(path: Path, address: str, port: int) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(f"{address} {port}\n")
+    os.replace(tmp, path)
+
+
+@cli.command("serve", context_settings=CONTEXT)
+@click.option("--nnodes", type=click.IntRange(min=1), required=True, help="Nodes in the job (ranks 0..N-1).")
+@click.option(
+    "--master-addr", envvar="MASTER_ADDR", show_envvar=True, help="Name to listen on [default: this host]."
+)
+@_port_options
+@click.option(
+    "--bind", "bind_address", metavar="ADDR", help="Listen on exactly this address (may be loopback)."
+)
+@click.option("--image-id", help="The image is already released (skips `barrier release`).")
+@click.option("--timeout", type=click.FloatRange(min=0), default=600, show_default=True, help="Seconds.")
+@_token_option
+@click.option(
+    "--linger",
+    type=click.FloatRange(min=0),
+    default=15,
+    show_default=True,
+    help="After an abort or timeout, answer late READYs with ABORT for this many seconds.",
+)
+@click.option("--line-timeout", type=click.FloatRange(min=0.01), default=10, show_default=True)
+@click.option("--ready-file", type=click.Path(dir_okay=False, path_type=Path), help="Write 'ADDR PORT' here.")
+def serve_cmd(
+    nnodes: int,
+    master_addr: str | None,
+    ports: tuple[int, ...],
+    master_port: int | None,
+    job_id: int | None,
+    override: int | None,
+    count: int,
+    bind_address: str | None,
+    image_id: str | None,
+    timeout: float,
+    token_env: str,
+    linger: float,
+    line_timeout: float,
+    ready_file: Path | None,
+) -> None:
+    """Rank 0: serve the barrier until every worker is ready and the image is released.
+
+    \b
+    Example: slurm-multi barrier serve --nnodes 4 --ready-file /tmp/barrier.addr &
+    """
+    import signal
+
+    token = read_token(token_env)
+    if image_id is not None and not IMAGE_ID_RE.fullmatch(image_id):
+        raise usage_error(f"barrier: --image-id {image_id!r} is not an image ID or reference")
+    candidates = candidate_ports(ports, master_port, job_id, override, count)
+    if bind_address:
+        address = bind_address
+    else:
+        choice = choose_bind_address(master_addr or socket.gethostname())
+        address = choice.address
+        if choice.why:
+            _talk(choice.why)
+    raise_nofile_limit()
+    server = BarrierServer(
+        token, nnodes, address, candidates, image_id=image_id, linger=linger, line_timeout=line_timeout
+    )
+    _talk(
+        f"listening on {server.address}:{server.port} (candidates {','.join(map(str, candidates))}); "
+        f"waiting for ranks {format_ranks(range(1, nnodes))}, timeout {_seconds(timeout)} s"
+    )
+    handlers = {
+        sig: signal.signal(sig, lambda *_: server.request_stop()) for sig in (signal.SIGTERM, signal.SIGINT)
+    }
+    try:
+        if ready_file is not None:
+            _write_ready_file(ready_file, server.address, server.port)
+        outcome = server.serve(until=time.monotonic() + timeout)
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        if ready_file is not None:
+            ready_file.unlink(missing_ok=True)
+    if outcome.exit_code != EXIT_OK:
+        raise HelperError(outcome.message, outcome.exit_code)
+    _talk(outcome.message.removeprefix("barrier: "))
+
+
+def _controller_target(
+    master_addr: str | None, ports: list[int] | None, ready_file: Path | None, wait: float
+) -> tuple[str, list[int]]:
+    """Where the controller dials: the ready file's `ADDR PORT`, else the usual host and ports."""
+    if ready_file is None:
+        return master_addr or socket.gethostname(), ports or []
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            address, port = ready_file.read_text().split()
+            return address, [int(port)]
+        except FileNotFoundError:
+            if time.monotonic() >= deadline:
+                raise timeout_error(
+                    f"barrier: {ready_file} did not appear within {_seconds(wait)} s; "
+                    "is `barrier serve` running?"
+                ) from None
+            time.sleep(0.1)
+        except (OSError, ValueError):
+            raise usage_error(f"barrier: {ready_file} does not hold 'ADDR PORT'") from None
+
+
+def _controller_options(func: Callable) -> Callable:
+    func = _token_option(func)
+    func = click.option(
+        "--connect-timeout", type=click.FloatRange(min=0), default=10, show_default=True, help="Seconds."
+    )(func)
+    func = click.option(
+        "--ready-file",
+        type=click.Path(dir_okay=False, path_type=Path),
+        help="Read the server's 'ADDR PORT' from the file `serve --ready-file` wrote.",
+    )(func)
+    func = _port_options(func)
+    return click.option(
+        "--master-addr", envvar="MASTER_ADDR", show_envvar=True, help="Rank 0's host [default: this host]."
+    )(func)
+
+
+def _controller_ports(
+    ready_file: Path | None,
+    ports: tuple[int, ...],
+    master_port: int | None,
+    job_id: int | None,
+    override: int | None,
+    count: int,
+) -> list[int] | None:
+    if ready_file is not None:
+        return None
+    return candidate_ports(ports, master_port, job_id, override, count)
+
+
+@cli.command("release", context_settings=CONTEXT)
+@click.option("--image-id", required=True, help="Rank 0's image ID, sent to every worker with GO.")
+@_controller_options
+def release_cmd(
+    image_id: str,
+    master_addr: str | None,
+    ports: tuple[int, ...],
+    master_port: int | None,
+    job_id: int | None,
+    override: int | None,
+    count: int,
+    ready_file: Path | None,
+    connect_timeout: float,
+    token_env: str,
+) -> None:
+    """Rank 0: tell the running `serve` that the image is ready.
+
+    \b
+    Example: slurm-multi barrier release --image-id sha256:0b1c… --ready-file /tmp/barrier.addr
+    """
+    token = read_token(token_env)
+    if not IMAGE_ID_RE.fullmatch(image_id):
+        raise usage_error(f"barrier: --image-id {image_id!r} is not an image ID or reference")
+    wanted = _controller_ports(ready_file, ports, master_port, job_id, override, count)
+    host, targets = _controller_target(master_addr, wanted, ready_file, connect_timeout)
+    control(host, targets, token, _line("RELEASE", token, image_id), connect_timeout=connect_timeout)
+    _talk(f"released image {image_id} to the workers via {host}")
+
+
+@cli.command("abort", context_settings=CONTEXT)
+@click.option("--reason", required=True, help="One line telling the workers why (shown in their logs).")
+@_controller_options
+def abort_cmd(
+    reason: str,
+    master_addr: str | None,
+    ports: tuple[int, ...],
+    master_port: int | None,
+    job_id: int | None,
+    override: int | None,
+    count: int,
+    ready_file: Path | None,
+    connect_timeout: float,
+    token_env: str,
+) -> None:
+    """Rank 0: make every waiting (and, for --linger seconds, every late) worker abort.
+
+    \b
+    Example: slurm-multi barrier abort --reason "image build failed" --ready-file /tmp/barrier.addr
+    """
+    token = read_token(token_env)
+    reason = " ".join(reason.split()) or "no reason given"
+    if not reason.isprintable():
+        raise usage_error("barrier: --reason must be printable text")
+    wanted = _controller_ports(ready_file, ports, master_port, job_id, override, count)
+    host, targets = _controller_target(master_addr, wanted, ready_file, connect_timeout)
+    control(host, targets, token, _line("ABORT", token, reason), connect_timeout=connect_timeout)
+    _talk(f"told rank 0's barrier on {host} to abort: {reason}")
+
+
+@cli.command("join", context_settings=CONTEXT)
+@click.option("--rank", type=int, required=True, help="This node's rank (1..nnodes-1).")
+@click.option("--nnodes", type=click.IntRange(min=2), required=True, help="Nodes in the job.")
+@click.option("--master-addr", envvar="MASTER_ADDR", show_envvar=True, required=True, help="Rank 0's host.")
+@_port_options
+@click.option("--phase", type=click.Choice(PHASES), default="start", show_default=True)
+@click.option(
+    "--connect-timeout",
+    type=click.FloatRange(min=0),
+    default=600,
+    show_default=True,
+    help="Seconds to wait for rank 0 to listen at all.",
+)
+@click.option(
+    "--wait-timeout",
+    type=click.FloatRange(min=0),
+    default=600,
+    show_default=True,
+    help="Seconds to wait for GO once connected (a separate budget).",
+)
+@_token_option
+def join_cmd(
+    rank: int,
+    nnodes: int,
+    master_addr: str,
+    ports: tuple[int, ...],
+    master_port: int | None,
+    job_id: int | None,
+    override: int | None,
+    count: int,
+    phase: str,
+    connect_timeout: float,
+    wait_timeout: float,
+    token_env: str,
+) -> None:
+    """Worker: wait for rank 0's GO and print its image ID on stdout.
+
+    \b
+    Example: image=$(slurm-multi barrier join --rank "$SLURM_NODEID" --nnodes "$SLURM_NNODES")
+    """
+    if not 1 <= rank < nnodes:
+        raise usage_error(
+            f"barrier: --rank {rank} is not a worker rank (1..{nnodes - 1}); rank 0 runs `serve`"
+        )
+    token = read_token(token_env)
+    candidates = candidate_ports(ports, master_port, job_id, override, count)
+    image_id = join(
+        master_addr,
+        candidates,
+        token,
+        rank,
+        phase=phase,
+        connect_timeout=connect_timeout,
+        wait_timeout=wait_timeout,
+    )
+    click.echo(image_id)

@@ -1,0 +1,39 @@
+"""Small shared pieces: one-line errors with documented exit codes, and stderr talk."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+
+import click
+
+from slurm_multi import EXIT_FAILURE, EXIT_TIMEOUT, EXIT_USAGE
+
+
+class HelperError(click.ClickException):
+    """A one-line error (`slurm-multi <area>: <what failed>; <what to do>`) with an exit code."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_FAILURE) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+    def show(self, file=None) -> None:  # noqa: ANN001 - click's signature
+        click.echo(f"slurm-multi: {self.format_message()}", err=True)
+
+
+def usage_error(message: str) -> HelperError:
+    return HelperError(message, EXIT_USAGE)
+
+
+def timeout_error(message: str) -> HelperError:
+    return HelperError(message, EXIT_TIMEOUT)
+
+
+def talk(area: str, message: str) -> None:
+    """Log one line to stderr as `<UTC time> <host> r<rank> <area>: <message>` (stdout is data)."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    rank = os.environ.get("SM_RANK", os.environ.get("SLURM_NODEID", "-"))
+    print(f"{stamp} {host} r{rank} {area}: {message}", file=sys.stderr, flush=True)

@@ -1,0 +1,70 @@
+#!/usr/bin/env bats
+# The test cluster itself: real slurmctld/slurmd, one namespace, hostname and docker engine per node.
+
+load helpers
+
+setup_file() {
+  e2e::ensure_cluster
+}
+
+@test "sbatch -N2 runs the batch step on node1 and one task per node with distinct hostnames and IPs" {
+  cd "${BATS_FILE_TMPDIR}"
+  cat >smoke.sbatch <<'SCRIPT'
+#!/bin/bash
+#SBATCH -N2 --ntasks-per-node=1 -o smoke-%j.out
+echo "batch $(hostname)"
+srun bash -c 'echo "task $(hostname) $(hostname -I | cut -d" " -f1)"'
+SCRIPT
+  e2e::sbatch_wait smoke.sbatch
+  assert_equal "${JOB_RC}" 0
+  run cat "smoke-${JOB_ID}.out"
+  assert_line "batch node1"
+  assert_line "task node1 10.77.0.11"
+  assert_line "task node2 10.77.0.12"
+  assert_equal "$(grep -c '^task ' "smoke-${JOB_ID}.out")" 2
+}
+
+@test "inside a job step docker talks to that node's own engine" {
+  run srun -N3 --ntasks-per-node=1 -l docker info -f '{{.DockerRootDir}}'
+  assert_success
+  assert_line --regexp '^0: /var/lib/sm-cluster/node1/docker$'
+  assert_line --regexp '^1: /var/lib/sm-cluster/node2/docker$'
+  assert_line --regexp '^2: /var/lib/sm-cluster/node3/docker$'
+}
+
+@test "an image built on node1 is absent on node2" {
+  e2e::toy_image_only_on node1
+  run tests/cluster/exec node1 docker image inspect -f '{{.Id}}' toy/model:local
+  assert_success
+  assert_output --regexp '^sha256:'
+  run srun -w node2 docker image inspect toy/model:local
+  assert_failure
+  assert_output --partial 'No such image'
+}
+
+@test "nodes reach each other over the bridge (node2 -> node3 TCP)" {
+  tests/cluster/exec node3 busybox nc -l -p 24680 -w 10 >"${BATS_TEST_TMPDIR}/got" &
+  local listener=$!
+  sleep 0.5
+  run srun -w node2 bash -c 'echo hello-node3 >/dev/tcp/node3/24680'
+  wait "${listener}" || true
+  assert_success
+  assert_equal "$(cat "${BATS_TEST_TMPDIR}/got")" hello-node3
+}
+
+@test "self-name quirks resolve as asked inside the node" {
+  e2e::ensure_cluster --self-name node1=loopback --self-name node2=linklocal
+  run tests/cluster/exec node1 getent hosts node1
+  assert_output --regexp '^127\.0\.1\.1 +node1'
+  run tests/cluster/exec node2 "${SM_PYTHON}" -c \
+    'import socket; print(socket.getaddrinfo("node2", 1, socket.AF_INET6, socket.SOCK_STREAM, 0, socket.AI_V4MAPPED)[0][4][0])'
+  assert_output --regexp '^fe80:'
+  # Other nodes still see the real addresses; the quirk is the node's own view of its name.
+  run tests/cluster/exec node3 getent hosts node1
+  assert_output --regexp '^10\.77\.0\.11 +node1'
+  run tests/cluster/exec node3 getent ahostsv4 node2
+  assert_line --index 0 --regexp '^10\.77\.0\.12 '
+  e2e::ensure_cluster
+  run tests/cluster/exec node1 getent hosts node1
+  assert_output --regexp '^10\.77\.0\.11 +node1'
+}

@@ -1,0 +1,766 @@
+"""The TCP barrier: port derivation, strict parsing, and a real server on 127.0.0.1 under abuse."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slurm_multi import barrier
+from slurm_multi.barrier import (
+    BarrierAborted,
+    BarrierServer,
+    ProtocolError,
+    choose_bind_address,
+    derive_ports,
+    format_ranks,
+    join,
+    parse_line,
+    parse_reply,
+)
+from slurm_multi.common import HelperError
+
+REPO = Path(__file__).resolve().parents[2]
+TOKEN = "tok-" + secrets.token_hex(8)
+LOOPBACK = "127.0.0.1"
+
+
+# --------------------------------------------------------------------------------------------------
+# helpers
+
+
+@contextlib.contextmanager
+def running_barrier(nnodes: int, timeout: float = 20.0, **kwargs: object) -> Iterator[SimpleNamespace]:
+    """A BarrierServer on 127.0.0.1 (kernel-chosen port) serving in a thread; logs captured."""
+    logs: list[str] = []
+    server = BarrierServer(TOKEN, nnodes, LOOPBACK, [0], log=logs.append, **kwargs)  # type: ignore[arg-type]
+    box: dict[str, object] = {}
+
+    def run() -> None:
+        box["outcome"] = server.serve(until=time.monotonic() + timeout)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+
+    def outcome(wait: float = 5.0) -> barrier.Outcome:
+        thread.join(wait)
+        assert not thread.is_alive(), "server did not finish"
+        return box["outcome"]  # type: ignore[return-value]
+
+    handle = SimpleNamespace(server=server, port=server.port, logs=logs, outcome=outcome, thread=thread)
+    try:
+        yield handle
+    finally:
+        server.request_stop()
+        thread.join(5)
+        assert TOKEN not in "\n".join(logs)
+
+
+def connect(port: int) -> socket.socket:
+    return socket.create_connection((LOOPBACK, port), timeout=5)
+
+
+def ready(port: int, rank: int | str, phase: str | None = None, token: str = TOKEN) -> socket.socket:
+    sock = connect(port)
+    sock.sendall(f"READY {token} {rank}{' ' + phase if phase else ''}\n".encode())
+    return sock
+
+
+def read_line(sock: socket.socket, timeout: float = 5.0) -> str:
+    """One reply line without its newline; '' when the server closed without one."""
+    sock.settimeout(timeout)
+    buf = b""
+    while b"\n" not in buf:
+        try:
+            chunk = sock.recv(512)
+        except ConnectionResetError:
+            return ""
+        if not chunk:
+            return buf.decode()
+        buf += chunk
+    return buf.split(b"\n", 1)[0].decode()
+
+
+def silent_for(sock: socket.socket, seconds: float) -> bool:
+    """True when nothing (not even EOF) arrives within `seconds`."""
+    sock.settimeout(seconds)
+    try:
+        sock.recv(512)
+    except (socket.timeout, TimeoutError):
+        return True
+    return False
+
+
+def wait_for(predicate, timeout: float = 5.0) -> None:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.01)
+
+
+def logged(handle: SimpleNamespace, text: str) -> bool:
+    return any(text in line for line in handle.logs)
+
+
+def control_line(port: int, line: str) -> str:
+    with connect(port) as sock:
+        sock.sendall(line.encode() + b"\n")
+        return read_line(sock)
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports nothing listens on (bound then released; nothing else on a test box takes them)."""
+    socks = [socket.socket() for _ in range(count)]
+    for sock in socks:
+        sock.bind((LOOPBACK, 0))
+    ports = [sock.getsockname()[1] for sock in socks]
+    for sock in socks:
+        sock.close()
+    return ports
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "SM_BARRIER_PORT")}
+    env.update(SM_BARRIER_TOKEN=TOKEN, PYTHONPATH=str(REPO / "py"))
+    env.update(extra)
+    return env
+
+
+def slurm_multi(command: str, *extra: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run `slurm-multi <command> <extra…>` (command split on spaces) to completion."""
+    return subprocess.run(
+        [sys.executable, "-m", "slurm_multi", *command.split(), *extra],
+        env=env or cli_env(),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def spawn(command: str, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "slurm_multi", *command.split(), *extra],
+        env=env or cli_env(),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_ready_file(path: Path, proc: subprocess.Popen) -> int:
+    deadline = time.monotonic() + 10
+    while not path.exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    address, port = path.read_text().split()
+    assert address == LOOPBACK
+    return int(port)
+
+
+# --------------------------------------------------------------------------------------------------
+# ports
+
+RANGES = [(32768, 60999), (32768, 65535), (15000, 65000), (10500, 60000), (2000, 64999), (40000, 50000)]
+
+
+@pytest.mark.parametrize("local_range", RANGES)
+def test_derived_ports_are_deterministic_and_avoid_the_ephemeral_range(local_range: tuple[int, int]) -> None:
+    lo, hi = local_range
+    ports = derive_ports(29500, 4242, local_range, 4)
+    assert ports == derive_ports(29500, 4242, local_range, 4)
+    assert len(set(ports)) == 4
+    assert all(1024 <= p <= 65535 and not lo <= p <= hi for p in ports)
+    assert derive_ports(29500, 4243, local_range, 4) != ports
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(1, 65535),
+    st.integers(0, 2**32),
+    st.integers(1024, 65535).flatmap(lambda lo: st.tuples(st.just(lo), st.integers(lo, 65535))),
+    st.integers(1, 32),
+)
+def test_derived_ports_never_land_in_the_ephemeral_range(
+    master_port: int, job_id: int, local_range: tuple[int, int], count: int
+) -> None:
+    lo, hi = local_range
+    try:
+        ports = derive_ports(master_port, job_id, local_range, count)
+    except ValueError:
+        assert lo - 1024 < 64 and 65535 - hi < 64  # only when the range leaves no usable gap
+        return
+    assert len(ports) == len(set(ports)) == count
+    assert all(1024 <= p <= 65535 and not lo <= p <= hi and p != master_port for p in ports)
+
+
+def test_derived_ports_skip_master_port_itself() -> None:
+    start, end = barrier.port_window((32768, 60999))
+    master_port = 12345
+    job_id = (master_port - start - master_port * 1000003) % (end - start)  # base lands on MASTER_PORT
+    ports = derive_ports(master_port, job_id, (32768, 60999), 4)
+    assert master_port not in ports
+    assert ports == [12346, 12347, 12348, 12349]
+
+
+def test_common_ranges_agree_so_nodes_with_different_sysctls_still_meet() -> None:
+    assert derive_ports(29500, 7, (32768, 60999)) == derive_ports(29500, 7, (32768, 65535))
+    assert derive_ports(29500, 7, (32768, 60999)) == derive_ports(29500, 7, (40000, 60999))
+
+
+def test_override_and_explicit_ports() -> None:
+    assert barrier.override_ports(20000, 4) == [20000, 20001, 20002, 20003]
+    assert barrier.override_ports(65535, 3) == [65535, 1024, 1025]
+    assert barrier.candidate_ports((5000, 5001), 29500, 1, 20000, 4) == [5000, 5001]
+    assert barrier.candidate_ports((), 29500, 1, 20000, 2) == [20000, 20001]
+    with pytest.raises(HelperError) as err:
+        barrier.candidate_ports((), None, None, None, 4)
+    assert err.value.exit_code == 2
+
+
+def test_local_port_range_is_read_not_assumed(tmp_path: Path) -> None:
+    good = tmp_path / "range"
+    good.write_text("15000\t65000\n")
+    assert barrier.read_local_port_range(str(good)) == (15000, 65000)
+    garbage = tmp_path / "garbage"
+    garbage.write_text("nope\n")
+    assert barrier.read_local_port_range(str(garbage)) == (32768, 60999)
+    assert barrier.read_local_port_range(str(tmp_path / "missing")) == (32768, 60999)
+
+
+def test_port_command_prints_the_candidates_one_per_line() -> None:
+    runner = CliRunner()
+    env = {"MASTER_PORT": None, "SLURM_JOB_ID": None, "SM_BARRIER_PORT": None}
+    result = runner.invoke(barrier.cli, ["port", "--master-port", "29500", "--job-id", "4242"], env=env)
+    assert result.exit_code == 0, result.output
+    expected = derive_ports(29500, 4242, barrier.read_local_port_range(), 4)
+    assert result.output.split() == [str(p) for p in expected]
+    result = runner.invoke(barrier.cli, ["port", "--count", "2"], env={**env, "SM_BARRIER_PORT": "21000"})
+    assert result.output.split() == ["21000", "21001"]
+    result = runner.invoke(barrier.cli, ["port"], env=env)
+    assert result.exit_code == 2
+
+
+# --------------------------------------------------------------------------------------------------
+# parsing
+
+VALID = [
+    ("READY {t} 1", ("READY", 1, "start")),
+    ("READY {t} 3", ("READY", 3, "start")),
+    ("READY {t} 2 image", ("READY", 2, "image")),
+    ("READY {t} 2 start\r\n", ("READY", 2, "start")),
+    ("READY {t} 1\n", ("READY", 1, "start")),
+]
+REJECTED = [
+    ("", "empty line"),
+    ("\n", "empty line"),
+    ("READY {t} 0", "rank out of range 1..3"),
+    ("READY {t} 4", "rank out of range 1..3"),
+    ("READY {t} 99999999999999999999", "bad rank"),
+    ("READY {t} +1", "bad rank"),
+    ("READY {t} -1", "bad rank"),
+    ("READY {t} 01", "bad rank"),  # leading zeros are refused: bash would read 010 as octal
+    ("READY {t}  1", "bad rank"),
+    ("READY {t} 1 ", "bad phase"),
+    ("READY {t} １", "bad rank"),  # fullwidth digit one
+    ("READY {t} ١", "bad rank"),  # arabic-indic digit one
+    ("READY {t} 1e0", "bad rank"),
+    ("READY {t} 0x1", "bad rank"),
+    ("READY {t} ", "bad rank"),
+    ("READY {t} 1 later", "bad phase"),
+    ("READY {t} 1 start extra", "malformed READY"),
+    ("READY {t}\t1", "unprintable character"),
+    ("READY {t} 1\x00", "unprintable character"),
+    ("READY wrong 1", "bad token"),
+    ("READY {t}x 1", "bad token"),
+    ("READY  {t} 1", "bad token"),
+    ("READY", "bad token"),
+    ("ready {t} 1", "unknown command"),
+    ("GO {t} 1 sha256:abc", "unknown command"),
+    ("RELEASE {t}", "bad image id"),
+    ("RELEASE {t} a b", "bad image id"),
+    ("RELEASE {t} -rf", "bad image id"),
+    ("READY {t} " + "1" * 300, "line too long"),
+]
+
+
+@pytest.mark.parametrize(("line", "expected"), VALID)
+def test_parse_line_accepts(line: str, expected: tuple[str, int, str]) -> None:
+    msg = parse_line(line.format(t=TOKEN).encode(), TOKEN, 4)
+    assert (msg.kind, msg.rank, msg.phase) == expected
+
+
+@pytest.mark.parametrize(("line", "reason"), REJECTED)
+def test_parse_line_rejects(line: str, reason: str) -> None:
+    with pytest.raises(ProtocolError) as err:
+        parse_line(line.format(t=TOKEN).encode(), TOKEN, 4)
+    assert str(err.value) == reason
+    assert TOKEN not in str(err.value)
+
+
+def test_parse_line_controller_messages() -> None:
+    assert parse_line(f"RELEASE {TOKEN} sha256:abc".encode(), TOKEN, 2).image_id == "sha256:abc"
+    assert parse_line(f"ABORT {TOKEN} disk full on node0", TOKEN, 2).reason == "disk full on node0"
+    assert parse_line(f"ABORT {TOKEN}", TOKEN, 2).reason == "no reason given"
+    with pytest.raises(ProtocolError, match="not UTF-8"):
+        parse_line(b"READY \xff\xfe 1", TOKEN, 2)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=400), st.integers(1, 10))
+def test_random_bytes_never_crash_the_parser(data: bytes, nnodes: int) -> None:
+    for line in (data, f"READY {TOKEN} ".encode() + data):
+        try:
+            msg = parse_line(line, TOKEN, nnodes)
+        except ProtocolError:
+            continue
+        if msg.kind == "READY":
+            assert 1 <= msg.rank < nnodes
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=12), st.integers(2, 50))
+def test_only_plain_ascii_decimal_ranks_in_range_are_accepted(rank_text: str, nnodes: int) -> None:
+    try:
+        msg = parse_line(f"READY {TOKEN} {rank_text}", TOKEN, nnodes)
+    except ProtocolError:
+        return
+    assert rank_text.isascii() and rank_text.isdigit() and str(msg.rank) == rank_text
+    assert 1 <= msg.rank < nnodes
+
+
+def test_parse_reply_checks_the_token_and_never_repeats_it() -> None:
+    assert parse_reply(f"GO {TOKEN} 2 sha256:abc\n", TOKEN) == barrier.Reply("GO", 2, "sha256:abc")
+    assert parse_reply(f"ABORT {TOKEN} build failed", TOKEN).reason == "build failed"
+    assert parse_reply("OK", TOKEN).kind == "OK"
+    assert TOKEN not in parse_reply(f"ERR weird {TOKEN}", TOKEN).reason
+    with pytest.raises(ProtocolError):
+        parse_reply("GO other 2 sha256:abc", TOKEN)
+    with pytest.raises(ProtocolError):
+        parse_reply("HTTP/1.1 400 Bad Request", TOKEN)
+
+
+def test_format_ranks_compresses_runs() -> None:
+    assert format_ranks([2, 5]) == "2,5"
+    assert format_ranks([1, 2, 3, 5, 7, 8]) == "1-3,5,7,8"
+    assert format_ranks([]) == "none"
+
+
+# --------------------------------------------------------------------------------------------------
+# bind address
+
+
+def test_name_resolving_to_loopback_binds_a_routable_address_instead() -> None:
+    choice = choose_bind_address(
+        "node1", resolve=lambda host: ["127.0.1.1"], routable=lambda: ("10.1.2.3", "eth0, default route")
+    )
+    assert choice.address == "10.1.2.3"
+    assert (
+        choice.why
+        == "node1 resolves to 127.0.1.1 (loopback); listening on 10.1.2.3 (eth0, default route) instead"
+    )
+
+
+def test_first_non_loopback_address_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[object] = []
+
+    def fake_getaddrinfo(host: str, port: object, family: int = 0, *rest: object) -> list:
+        seen.append(family)
+        return [(family, 1, 6, "", (a, 0)) for a in ("127.0.1.1", "10.0.0.5", "10.0.0.6")]
+
+    monkeypatch.setattr(socket, "getaddrinfo", fake_getaddrinfo)
+    choice = choose_bind_address("node1", routable=lambda: pytest.fail("must not be needed"))
+    assert choice == ("10.0.0.5", "")
+    assert seen == [socket.AF_INET]  # IPv4 only: a fe80:: first answer must not win
+
+
+def test_unresolvable_name_also_falls_back_to_a_routable_address() -> None:
+    def broken(host: str) -> list[str]:
+        raise socket.gaierror(-2, "Name or service not known")
+
+    choice = choose_bind_address("ghost", resolve=broken, routable=lambda: ("10.9.9.9", "ib0"))
+    assert choice.address == "10.9.9.9"
+    assert "ghost does not resolve" in choice.why
+
+
+def test_default_route_interface_is_read_from_proc_net_route(tmp_path: Path) -> None:
+    route = tmp_path / "route"
+    route.write_text(
+        "Iface\tDestination\tGateway\tFlags\tRefCnt\tUse\tMetric\tMask\tMTU\tWindow\tIRTT\n"
+        "eth1\t000011AC\t00000000\t0001\t0\t0\t0\t0000FFFF\t0\t0\t0\n"
+        "ib0\t00000000\t010011AC\t0003\t0\t0\t200\t00000000\t0\t0\t0\n"
+        "eth0\t00000000\t010200C0\t0003\t0\t0\t100\t00000000\t0\t0\t0\n"
+    )
+    assert barrier._default_route_interfaces(str(route)) == ["eth0", "ib0"]
+
+
+# --------------------------------------------------------------------------------------------------
+# server behaviour
+
+
+def test_all_workers_get_go_with_the_released_image_id() -> None:
+    with running_barrier(4) as b:
+        workers = {rank: ready(b.port, rank) for rank in (1, 2, 3)}
+        wait_for(lambda: logged(b, "rank 3 ready"))
+        assert silent_for(workers[1], 0.2)  # all ranks there, but no image yet
+        assert control_line(b.port, f"RELEASE {TOKEN} sha256:abc") == "OK"
+        for rank, sock in workers.items():
+            assert read_line(sock) == f"GO {TOKEN} {rank} sha256:abc"
+        assert b.outcome().exit_code == 0
+
+
+def test_no_early_release_while_a_rank_is_missing() -> None:
+    with running_barrier(4, image_id="sha256:abc") as b:
+        first = [ready(b.port, 1), ready(b.port, 2)]
+        assert all(silent_for(sock, 0.3) for sock in first)
+        last = ready(b.port, 3)
+        assert read_line(last) == f"GO {TOKEN} 3 sha256:abc"
+        assert [read_line(s) for s in first] == [f"GO {TOKEN} 1 sha256:abc", f"GO {TOKEN} 2 sha256:abc"]
+
+
+def test_image_phase_is_answered_as_soon_as_the_image_is_released() -> None:
+    with running_barrier(3) as b:
+        early_image = ready(b.port, 2, "image")
+        start1 = ready(b.port, 1, "start")
+        wait_for(lambda: logged(b, "rank 1 ready (start)"))
+        assert control_line(b.port, f"RELEASE {TOKEN} toy/model:local") == "OK"
+        assert read_line(early_image) == f"GO {TOKEN} 2 toy/model:local"
+        late_image = ready(b.port, 1, "image")
+        assert read_line(late_image, 2) == f"GO {TOKEN} 1 toy/model:local"
+        assert silent_for(start1, 0.2)  # rank 2 has not said `start` yet
+        start2 = ready(b.port, 2)
+        assert read_line(start1) == f"GO {TOKEN} 1 toy/model:local"
+        assert read_line(start2) == f"GO {TOKEN} 2 toy/model:local"
+        assert b.outcome().exit_code == 0
+
+
+def test_wrong_token_gets_err_and_never_counts() -> None:
+    with running_barrier(2, image_id="sha256:abc") as b:
+        intruder = ready(b.port, 1, token="not-the-token")
+        assert read_line(intruder) == "ERR bad token"
+        assert read_line(intruder) == ""  # closed
+        assert b.thread.is_alive()
+        assert any("rejected 127.0.0.1:" in line and "bad token" in line for line in b.logs)
+        assert read_line(ready(b.port, 1)) == f"GO {TOKEN} 1 sha256:abc"
+
+
+def test_rank_out_of_range_and_garbage_are_rejected_without_stalling() -> None:
+    with running_barrier(3, image_id="sha256:abc") as b:
+        assert read_line(ready(b.port, 3)) == "ERR rank out of range 1..2"
+        assert read_line(ready(b.port, 0)) == "ERR rank out of range 1..2"
+        assert read_line(ready(b.port, "01")) == "ERR bad rank"
+        for junk in (b"\xff\xfe\x00garbage\n", b"GET / HTTP/1.1\r\n", os.urandom(200) + b"\n"):
+            with connect(b.port) as sock:
+                sock.sendall(junk)
+                assert read_line(sock).startswith("ERR ")
+        workers = [ready(b.port, 1), ready(b.port, 2)]
+        assert [read_line(s) for s in workers] == [f"GO {TOKEN} 1 sha256:abc", f"GO {TOKEN} 2 sha256:abc"]
+
+
+def test_duplicate_rank_replaces_the_older_connection() -> None:
+    with running_barrier(3, image_id="sha256:abc") as b:
+        older = ready(b.port, 1)
+        wait_for(lambda: logged(b, "rank 1 ready"))
+        newer = ready(b.port, 1)
+        assert read_line(older) == ""  # closed by rank 0
+        assert any("reconnected" in line for line in b.logs)
+        rank2 = ready(b.port, 2)
+        assert read_line(newer) == f"GO {TOKEN} 1 sha256:abc"
+        assert read_line(rank2) == f"GO {TOKEN} 2 sha256:abc"
+
+
+def test_client_that_disconnects_stops_counting() -> None:
+    with running_barrier(3, image_id="sha256:abc") as b:
+        with connect(b.port) as half:  # dies mid-line
+            half.sendall(f"READY {TOKEN} 1".encode())
+        ready(b.port, 1).close()  # said READY, then went away before GO
+        wait_for(lambda: logged(b, "disconnected before GO"))
+        rank2 = ready(b.port, 2)
+        assert silent_for(rank2, 0.4)  # rank 1 is missing again
+        rank1 = ready(b.port, 1)
+        assert read_line(rank2) == f"GO {TOKEN} 2 sha256:abc"
+        assert read_line(rank1) == f"GO {TOKEN} 1 sha256:abc"
+
+
+def test_slowloris_is_cut_off_and_does_not_stall_real_workers() -> None:
+    with running_barrier(3, image_id="sha256:abc", line_timeout=1.0) as b:
+        slow = connect(b.port)
+        slow.sendall(b"READY ")  # and never finishes the line
+        t0 = time.monotonic()
+        workers = [ready(b.port, 1), ready(b.port, 2)]
+        assert [read_line(s) for s in workers] == [f"GO {TOKEN} 1 sha256:abc", f"GO {TOKEN} 2 sha256:abc"]
+        assert time.monotonic() - t0 < 0.9
+
+
+def test_slowloris_gets_line_timeout() -> None:
+    with running_barrier(3, line_timeout=0.5) as b:
+        slow = connect(b.port)
+        slow.sendall(f"READY {TOKEN}".encode())
+        t0 = time.monotonic()
+        assert read_line(slow, 3) == "ERR line timeout"
+        assert 0.4 < time.monotonic() - t0 < 2.5
+
+
+def test_one_megabyte_line_is_cut_off_at_the_limit() -> None:
+    with running_barrier(2, image_id="sha256:abc") as b:
+        with connect(b.port) as big:
+            try:
+                big.sendall(b"A" * (1 << 20))
+            except OSError:
+                pass  # rank 0 may stop reading before all of it arrived
+            assert read_line(big) == "ERR line too long"  # rank 0 keeps draining, so no RST eats it
+        assert any("line too long" in line for line in b.logs)
+        assert read_line(ready(b.port, 1)) == f"GO {TOKEN} 1 sha256:abc"
+
+
+def test_hundreds_of_idle_connections_do_not_delay_the_release() -> None:
+    with running_barrier(4, image_id="sha256:abc") as b:
+        idle = [connect(b.port) for _ in range(500)]
+        t0 = time.monotonic()
+        workers = [ready(b.port, rank) for rank in (1, 2, 3)]
+        replies = [read_line(s) for s in workers]
+        elapsed = time.monotonic() - t0
+        assert replies == [f"GO {TOKEN} {rank} sha256:abc" for rank in (1, 2, 3)]
+        assert elapsed < 1.0
+        assert b.outcome().exit_code == 0
+        for sock in idle:
+            sock.close()
+
+
+def test_running_out_of_file_descriptors_drops_idle_clients_not_the_barrier(tmp_path: Path) -> None:
+    import resource
+
+    ready_file = tmp_path / "barrier.addr"
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "slurm_multi", "barrier", "serve", "--nnodes=3", f"--bind={LOOPBACK}",
+         f"--port={free_ports(1)[0]}", "--image-id=sha256:abc", "--timeout=20", f"--ready-file={ready_file}"],
+        env=cli_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64)),
+    )  # fmt: skip
+    port = wait_ready_file(ready_file, serve)
+    idle = [connect(port) for _ in range(120)]
+    workers = [ready(port, 1), ready(port, 2)]
+    assert [read_line(s) for s in workers] == [f"GO {TOKEN} 1 sha256:abc", f"GO {TOKEN} 2 sha256:abc"]
+    _, err = serve.communicate(timeout=10)
+    assert serve.returncode == 0
+    assert "out of file descriptors" in err and "Traceback" not in err
+    for sock in idle:
+        sock.close()
+
+
+def test_progress_line_counts_ready_workers() -> None:
+    with running_barrier(4, progress_every=0.2) as b:
+        worker = ready(b.port, 2)
+        wait_for(lambda: logged(b, "1/3 workers ready (start), image not released yet"))
+        worker.close()
+
+
+def test_controller_abort_reaches_waiting_and_late_workers() -> None:
+    with running_barrier(4, linger=1.5) as b:
+        waiting = [ready(b.port, 1), ready(b.port, 2, "image")]
+        wait_for(lambda: logged(b, "rank 2 ready (image)"))
+        t0 = time.monotonic()
+        assert control_line(b.port, f"ABORT {TOKEN} image build failed on node0") == "OK"
+        for sock in waiting:
+            assert read_line(sock) == f"ABORT {TOKEN} image build failed on node0"
+        assert time.monotonic() - t0 < 0.5
+        assert read_line(ready(b.port, 3)) == f"ABORT {TOKEN} image build failed on node0"
+        assert read_line(ready(b.port, 3, token="bad")) == "ERR bad token"  # ABORT carries the token
+        assert control_line(b.port, f"RELEASE {TOKEN} sha256:abc").startswith("ABORT ")
+        outcome = b.outcome()
+        assert outcome.exit_code == 1 and "image build failed" in outcome.message
+        assert time.monotonic() - t0 >= 1.4  # lingered for late joiners
+
+
+def test_timeout_names_missing_ranks_and_aborts_connected_workers() -> None:
+    with running_barrier(6, timeout=0.8, image_id="sha256:abc", linger=0) as b:
+        workers = [ready(b.port, rank) for rank in (1, 3, 4)]
+        outcome = b.outcome()
+        assert outcome.exit_code == 3
+        assert "missing ranks 2,5 of 6; connected: 1,3,4" in outcome.message
+        for sock in workers:
+            line = read_line(sock)
+            assert line.startswith(f"ABORT {TOKEN} timeout after") and "missing ranks 2,5 of 6" in line
+
+
+# --------------------------------------------------------------------------------------------------
+# clients
+
+
+def test_join_returns_the_image_id_and_reconnects_after_a_drop() -> None:
+    listener = socket.create_server((LOOPBACK, 0))
+    port = listener.getsockname()[1]
+    seen: list[str] = []
+
+    def flaky_rank0() -> None:
+        first, _ = listener.accept()
+        seen.append(read_line(first))
+        first.close()  # rank 0 dropped us while we waited
+        second, _ = listener.accept()
+        seen.append(read_line(second))
+        second.sendall(f"GO {TOKEN} 2 sha256:abc\n".encode())
+        second.close()
+
+    thread = threading.Thread(target=flaky_rank0, daemon=True)
+    thread.start()
+    image = join(LOOPBACK, [port], TOKEN, 2, connect_timeout=5, wait_timeout=5, log=lambda m: None)
+    thread.join(5)
+    listener.close()
+    assert image == "sha256:abc"
+    assert seen == [f"READY {TOKEN} 2 start"] * 2
+
+
+def test_join_skips_another_jobs_barrier_on_a_shared_candidate_port() -> None:
+    other = BarrierServer("other-jobs-token", 2, LOOPBACK, [0], image_id="x", log=lambda m: None)
+    threading.Thread(target=other.serve, args=(time.monotonic() + 10,), daemon=True).start()
+    try:
+        with running_barrier(2, image_id="sha256:ours") as b:
+            image = join(LOOPBACK, [other.port, b.port], TOKEN, 1, connect_timeout=5, log=lambda m: None)
+            assert image == "sha256:ours"
+    finally:
+        other.request_stop()
+
+
+def test_join_raises_on_abort() -> None:
+    with running_barrier(3, linger=0.5) as b:
+        assert control_line(b.port, f"ABORT {TOKEN} out of disk") == "OK"
+        with pytest.raises(BarrierAborted) as err:
+            join(LOOPBACK, [b.port], TOKEN, 1, connect_timeout=5, log=lambda m: None)
+        assert err.value.exit_code == 1 and err.value.reason == "out of disk"
+
+
+def test_join_cli_prints_the_image_id_on_stdout() -> None:
+    with running_barrier(2, image_id="sha256:abc") as b:
+        result = slurm_multi(f"barrier join --rank 1 --nnodes 2 --master-addr {LOOPBACK} --port {b.port}")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "sha256:abc\n"
+    assert TOKEN not in result.stdout + result.stderr
+
+
+def test_join_cli_that_cannot_connect_exits_3_naming_ports_and_attempts() -> None:
+    p1, p2 = free_ports(2)
+    t0 = time.monotonic()
+    result = slurm_multi(
+        f"barrier join --rank 1 --nnodes 2 --master-addr {LOOPBACK} --port {p1} --port {p2}",
+        "--connect-timeout=1",
+    )
+    assert result.returncode == 3
+    assert 0.9 < time.monotonic() - t0 < 10
+    last = result.stderr.strip().splitlines()[-1]
+    assert f"rank 0 did not answer on 127.0.0.1:{p1},{p2} after" in last
+    assert "attempts, last error: connection refused); is rank 0's task running?" in last
+    assert "Traceback" not in result.stderr and TOKEN not in result.stderr
+
+
+def test_join_cli_exit_codes_for_abort_bad_token_and_bad_usage() -> None:
+    with running_barrier(3, linger=5) as b:
+        join_cmd = f"barrier join --nnodes 3 --master-addr {LOOPBACK} --port {b.port}"
+        wrong = slurm_multi(f"{join_cmd} --rank 1", env=cli_env(SM_BARRIER_TOKEN="wrong-token"))
+        assert wrong.returncode == 2 and "rejected our token" in wrong.stderr
+        out_of_range = slurm_multi(f"{join_cmd} --rank 3")
+        assert out_of_range.returncode == 2 and "not a worker rank" in out_of_range.stderr
+        no_token = slurm_multi(f"{join_cmd} --rank 1", env=cli_env(SM_BARRIER_TOKEN=""))
+        assert no_token.returncode == 2 and "SM_BARRIER_TOKEN is not set or empty" in no_token.stderr
+        assert control_line(b.port, f"ABORT {TOKEN} image pull failed") == "OK"
+        aborted = slurm_multi(f"{join_cmd} --rank 1")
+        assert aborted.returncode == 1
+        assert "barrier: rank 0 aborted: image pull failed" in aborted.stderr
+        for result in (wrong, out_of_range, no_token, aborted):
+            assert "Traceback" not in result.stderr
+            assert TOKEN not in result.stdout + result.stderr
+            assert result.stdout == ""
+
+
+def test_serve_cli_end_to_end_never_prints_the_token(tmp_path: Path) -> None:
+    ready_file = tmp_path / "barrier.addr"
+    serve = spawn(
+        f"barrier serve --nnodes 3 --bind {LOOPBACK} --port {free_ports(1)[0]} --timeout 20",
+        f"--ready-file={ready_file}",
+    )
+    port = wait_ready_file(ready_file, serve)
+    join_cmd = f"barrier join --nnodes 3 --master-addr {LOOPBACK} --port {port}"
+    image_join = spawn(f"{join_cmd} --rank 2 --phase image")
+    joins = [spawn(f"{join_cmd} --rank {rank}") for rank in (1, 2)]
+    with connect(port) as intruder:
+        intruder.sendall(f"READY {TOKEN[:-1]} 1\n".encode())
+        assert read_line(intruder) == "ERR bad token"
+    release = slurm_multi("barrier release --image-id sha256:feed", f"--ready-file={ready_file}")
+    outputs = [p.communicate(timeout=20) for p in (image_join, *joins, serve)]
+    assert release.returncode == 0, release.stderr
+    assert [p.returncode for p in (image_join, *joins, serve)] == [0, 0, 0, 0]
+    assert [out for out, _ in outputs[:3]] == ["sha256:feed\n"] * 3
+    serve_err = outputs[3][1]
+    assert "rejected 127.0.0.1:" in serve_err and "released 2 worker(s) with image sha256:feed" in serve_err
+    assert not ready_file.exists()
+    everything = release.stdout + release.stderr + "".join(out + err for out, err in outputs)
+    assert TOKEN not in everything and TOKEN[:-1] not in everything
+
+
+def test_serve_cli_sigterm_aborts_connected_workers(tmp_path: Path) -> None:
+    ready_file = tmp_path / "barrier.addr"
+    serve = spawn(
+        f"barrier serve --nnodes 3 --bind {LOOPBACK} --port {free_ports(1)[0]}", f"--ready-file={ready_file}"
+    )
+    port = wait_ready_file(ready_file, serve)
+    worker = ready(port, 1)
+    time.sleep(0.2)
+    serve.send_signal(signal.SIGTERM)
+    assert read_line(worker) == f"ABORT {TOKEN} rank 0 terminated"
+    out, err = serve.communicate(timeout=10)
+    assert serve.returncode == 1
+    assert "rank 0 terminated" in err and TOKEN not in out + err and "Traceback" not in err
+
+
+def test_serve_cli_timeout_exits_3_listing_missing_ranks(tmp_path: Path) -> None:
+    ready_file = tmp_path / "barrier.addr"
+    serve = spawn(
+        f"barrier serve --nnodes 4 --bind {LOOPBACK} --port {free_ports(1)[0]} --image-id sha256:abc",
+        "--timeout=1",
+        "--linger=0",
+        f"--ready-file={ready_file}",
+    )
+    port = wait_ready_file(ready_file, serve)
+    worker = ready(port, 2)
+    assert read_line(worker).startswith(f"ABORT {TOKEN} timeout after 1 s; missing ranks 1,3 of 4")
+    out, err = serve.communicate(timeout=10)
+    assert serve.returncode == 3
+    assert "timeout after 1 s; missing ranks 1,3 of 4; connected: 2" in err
+    assert TOKEN not in out + err
+
+
+def test_release_and_abort_cli_answer_ok_and_report_a_missing_server() -> None:
+    with running_barrier(2, linger=5) as b:
+        where = f"--master-addr {LOOPBACK} --port {b.port}"
+        release = slurm_multi(f"barrier release --image-id sha256:abc {where}")
+        assert release.returncode == 0, release.stderr
+        abort = slurm_multi(f"barrier abort {where}", "--reason", "too late")
+        assert abort.returncode == 0, abort.stderr
+    nobody = slurm_multi(
+        f"barrier release --image-id x --master-addr {LOOPBACK} --port {free_ports(1)[0]}",
+        "--connect-timeout=0.5",
+    )
+    assert nobody.returncode == 3 and "is `barrier serve` running?" in nobody.stderr
+    for result in (release, abort, nobody):
+        assert TOKEN not in result.stdout + result.stderr
+
+
+def test_the_token_has_no_command_line_option() -> None:
+    for command in ("serve", "join", "release", "abort"):
+        help_text = CliRunner().invoke(barrier.cli, [command, "--help"]).output
+        assert "--token-env" in help_text and "--token " not in help_text
