@@ -1,0 +1,182 @@
+# shellcheck shell=bash
+# The image stage: make the same image (by ID) present on every node.
+# Shared tar cache layout, for image IMAGE with key K = sanitised IMAGE:
+#   <cache>/K.tar   written as a sibling temp file, then renamed (a reader never sees half a tar)
+#   <cache>/K.id    sidecar written after the rename: id=, image=, fingerprint=, bytes=
+#   <cache>/.K.lock flock: writers exclusive, readers shared, so concurrent jobs cannot corrupt it
+
+FINGERPRINT_LABEL=org.slurm-multi.fingerprint
+
+image::local_id() { docker image inspect -f '{{.Id}}' "$1" 2>/dev/null; }
+
+image::label() {
+  docker image inspect -f "{{ index .Config.Labels \"${2}\" }}" "$1" 2>/dev/null | sed 's/^<no value>$//'
+}
+
+image::cache_key() {
+  local ref=$1 sum
+  sum=$(printf '%s' "${ref}" | sha256sum | cut -c1-8)
+  printf '%s-%s' "$(printf '%s' "${ref}" | tr -c 'A-Za-z0-9._-' '_')" "${sum}"
+}
+
+# image::sidecar_get FILE KEY
+image::sidecar_get() {
+  [[ -f $1 ]] || return 0
+  sed -n "s/^$2=//p" "$1" | head -n 1
+}
+
+# image::fingerprint: what the image would be built from (dockerfile, context files, build args).
+# A local image whose label differs was built from something else under a reused tag.
+image::fingerprint() {
+  [[ -n ${SM_DOCKERFILE:-} && -f ${SM_DOCKERFILE} ]] || return 0
+  local ctx=${SM_DOCKER_CONTEXT:-$(dirname "${SM_DOCKERFILE}")}
+  {
+    sha256sum <"${SM_DOCKERFILE}"
+    (cd "${ctx}" && find . -type f ! -name '.*' -print0 | LC_ALL=C sort -z | xargs -0 -r sha256sum)
+    printf '%s\n' "${SM_BUILD_ARGS[@]+"${SM_BUILD_ARGS[@]}"}" | LC_ALL=C sort
+  } | sha256sum | cut -c1-32
+}
+
+image::build() {
+  local fp=$1 ctx args=() kv
+  ctx=${SM_DOCKER_CONTEXT:-$(dirname "${SM_DOCKERFILE}")}
+  [[ -d ${ctx} ]] || { log::error image "docker context ${ctx} is not a directory on $(hostname)"; return 1; }
+  for kv in "${SM_BUILD_ARGS[@]+"${SM_BUILD_ARGS[@]}"}"; do args+=(--build-arg "${kv}"); done
+  local cmd=(docker build -q -t "${SM_IMAGE}" -f "${SM_DOCKERFILE}" --label "${FINGERPRINT_LABEL}=${fp}" "${args[@]+"${args[@]}"}" "${ctx}")
+  log::cmd image "${cmd[@]}"
+  "${cmd[@]}" >/dev/null 2> >(grep -vE 'DEPRECATED|legacy builder|buildx|BuildKit|environment-variable|^ *$' >&2)
+}
+
+# image::cache_load CACHE KEY WANT_ID: load the cached tar if its sidecar says WANT_ID (or any id
+# when WANT_ID is empty). Prints the loaded ID. Fails if there is no matching tar.
+image::cache_load() {
+  local cache=$1 key=$2 want=$3 tar sidecar id t0 loaded lockfd
+  tar=${cache}/${key}.tar sidecar=${cache}/${key}.id
+  exec {lockfd}>>"${cache}/.${key}.lock"
+  flock -s -w "${SM_CACHE_LOCK_TIMEOUT:-900}" "${lockfd}" || { exec {lockfd}>&-; return 1; }
+  id=$(image::sidecar_get "${sidecar}" id)
+  if [[ ! -s ${tar} || -z ${id} || (-n ${want} && ${id} != "${want}") ]]; then
+    exec {lockfd}>&-
+    return 1
+  fi
+  t0=$(util::now)
+  log::cmd image docker load -q -i "${tar}"
+  if ! docker load -q -i "${tar}" >/dev/null; then
+    exec {lockfd}>&-
+    log::error image "docker load of ${tar} failed"
+    return 1
+  fi
+  exec {lockfd}>&-
+  loaded=$(image::local_id "${SM_IMAGE}")
+  log::info image "loaded ${SM_IMAGE} from the cache ($(du -h "${tar}" | cut -f1), $(util::elapsed "${t0}") s)"
+  printf '%s' "${loaded}"
+}
+
+# image::cache_save CACHE KEY ID FINGERPRINT: save the image unless the cache already holds ID.
+image::cache_save() {
+  local cache=$1 key=$2 id=$3 fp=$4 tar sidecar tmp t0 bytes lockfd
+  tar=${cache}/${key}.tar sidecar=${cache}/${key}.id tmp=${cache}/.${key}.tar.tmp.$$.${RANDOM}
+  mkdir -p "${cache}" || { log::error image "cannot create the image cache ${cache}"; return 1; }
+  exec {lockfd}>>"${cache}/.${key}.lock"
+  flock -x -w "${SM_CACHE_LOCK_TIMEOUT:-900}" "${lockfd}" ||
+    { exec {lockfd}>&-; log::error image "timed out waiting for the cache lock ${cache}/.${key}.lock"; return 1; }
+  if [[ -s ${tar} && $(image::sidecar_get "${sidecar}" id) == "${id}" ]]; then
+    exec {lockfd}>&-
+    log::info image "cache hit: ${tar} already holds ${id:7:12}; no save"
+    return 0
+  fi
+  [[ -s ${tar} ]] && log::info image "stale tar in the cache (holds $(image::sidecar_get "${sidecar}" id | cut -c8-19), want ${id:7:12}); replacing it"
+  t0=$(util::now)
+  log::cmd image docker save -o "${tmp}" "${SM_IMAGE}"
+  local err
+  if ! err=$(docker save -o "${tmp}" "${SM_IMAGE}" 2>&1); then
+    rm -f "${tmp}"
+    exec {lockfd}>&-
+    log::error image "cannot save ${SM_IMAGE} into ${cache}: ${err##*: } (is the disk full? the run goes on without the cache)"
+    return 1
+  fi
+  bytes=$(stat -c %s "${tmp}")
+  # Rename first, sidecar second: a sidecar never describes a tar that is not complete.
+  mv -f "${tmp}" "${tar}"
+  printf 'id=%s\nimage=%s\nfingerprint=%s\nbytes=%s\nsaved_by=%s job %s\n' "${id}" "${SM_IMAGE}" "${fp}" \
+    "${bytes}" "$(hostname)" "${SLURM_JOB_ID:-}" >"${sidecar}.tmp.$$" && mv -f "${sidecar}.tmp.$$" "${sidecar}"
+  exec {lockfd}>&-
+  log::info image "saved ${SM_IMAGE} into ${tar} ($((bytes / 1024 / 1024)) MB, $(util::elapsed "${t0}") s)"
+}
+
+# image::ensure_on_rank0: obtain the image (fresh local, matching tar, rebuild, pull); print its ID.
+image::ensure_on_rank0() {
+  local fp id label key cache=${SM_IMAGE_CACHE:-}
+  fp=$(image::fingerprint)
+  key=$(image::cache_key "${SM_IMAGE}")
+  id=$(image::local_id "${SM_IMAGE}" || true)
+  if [[ -n ${id} ]]; then
+    label=$(image::label "${SM_IMAGE}" "${FINGERPRINT_LABEL}")
+    if [[ -n ${fp} && -n ${label} && ${label} != "${fp}" ]]; then
+      log::info image "${SM_IMAGE} is present but was built from another dockerfile/context (tag reused); rebuilding"
+      id=
+    else
+      log::info image "${SM_IMAGE} is present locally (${id:7:12})"
+    fi
+  fi
+  if [[ -z ${id} && -n ${cache} ]]; then
+    local tar_fp
+    tar_fp=$(image::sidecar_get "${cache}/${key}.id" fingerprint)
+    if [[ -n ${fp} && -n ${tar_fp} && ${tar_fp} != "${fp}" ]]; then
+      log::info image "the cached tar was built from another dockerfile/context (stale); not loading it"
+    else
+      id=$(image::cache_load "${cache}" "${key}" "" || true)
+    fi
+  fi
+  if [[ -z ${id} && -n ${SM_DOCKERFILE:-} ]]; then
+    image::build "${fp}" || { log::error image "docker build of ${SM_IMAGE} from ${SM_DOCKERFILE} failed"; return 1; }
+    id=$(image::local_id "${SM_IMAGE}")
+  fi
+  if [[ -z ${id} ]]; then
+    log::cmd image docker pull -q "${SM_IMAGE}"
+    docker pull -q "${SM_IMAGE}" >/dev/null || {
+      log::error image "${SM_IMAGE} is not on $(hostname), not in the cache${cache:+ ${cache}} and cannot be built or pulled"
+      return 1
+    }
+    id=$(image::local_id "${SM_IMAGE}")
+  fi
+  if [[ -n ${cache} && ${NNODES:-1} -gt 1 ]]; then
+    image::cache_save "${cache}" "${key}" "${id}" "${fp}" || true
+  fi
+  printf '%s' "${id}"
+}
+
+# image::ensure_on_worker WANT_ID: make rank 0's image present here.
+image::ensure_on_worker() {
+  local want=$1 id key cache=${SM_IMAGE_CACHE:-}
+  key=$(image::cache_key "${SM_IMAGE}")
+  id=$(image::local_id "${SM_IMAGE}" || true)
+  if [[ ${id} == "${want}" ]]; then
+    log::info image "${SM_IMAGE} already present with rank 0's ID ${want:7:12}; no load"
+    return 0
+  fi
+  [[ -n ${id} ]] && log::info image "local ${SM_IMAGE} is ${id:7:12}, rank 0 has ${want:7:12}"
+  if [[ -n ${cache} ]]; then
+    id=$(image::cache_load "${cache}" "${key}" "${want}" || true)
+    if [[ -n ${id} ]]; then
+      [[ ${id} == "${want}" ]] && return 0
+      log::error image "loaded ${cache}/${key}.tar but ${SM_IMAGE} is ${id:7:12}, not rank 0's ${want:7:12}"
+      return 1
+    fi
+    log::info image "no tar of ${want:7:12} in ${cache}"
+  fi
+  if [[ -n ${SM_DOCKERFILE:-} && -f ${SM_DOCKERFILE} ]]; then
+    log::info image "rebuilding ${SM_IMAGE} from the manifest (${SM_DOCKERFILE})"
+    image::build "$(image::fingerprint)" || { log::error image "rebuild of ${SM_IMAGE} failed"; return 1; }
+    log::warn image "rebuilt ${SM_IMAGE} is $(image::local_id "${SM_IMAGE}" | cut -c8-19), not byte-identical to rank 0's ${want:7:12} (same dockerfile, context and build args)"
+    return 0
+  fi
+  if ! settings::truthy "${SM_LOCAL_IMAGE:-false}"; then
+    log::cmd image docker pull -q "${SM_IMAGE}"
+    if docker pull -q "${SM_IMAGE}" >/dev/null && [[ $(image::local_id "${SM_IMAGE}") == "${want}" ]]; then
+      return 0
+    fi
+  fi
+  log::error image "rank 0 has ${SM_IMAGE} (${want:7:12}) but $(hostname) has no copy, no tar in the cache (${cache:-none configured}) and no dockerfile to rebuild from; set --image-cache to a shared directory"
+  return 1
+}

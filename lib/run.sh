@@ -1,0 +1,141 @@
+# shellcheck shell=bash
+# shellcheck disable=SC2034 # state shared by the sourced libraries and bin/sm-node
+# The run stage: docker run the workload with host networking, the node's GPUs, de-duplicated
+# mounts, the restored env and the rank env; a bounded diagnostic snapshot on failure.
+
+# run::container_name: one name per job and rank, so cleanup can always find the container.
+run::container_name() { printf 'sm-%s-r%s' "${SLURM_JOB_ID:-local}" "${SM_RANK:-0}"; }
+
+# run::workload_argv: the command inside the container, NUL-separated on stdout.
+# `-- CMD…` wins; else the manifest's script (+ args), run by sh for .sh and python3 for .py.
+run::workload_argv() {
+  if ((${#SM_CMD[@]})); then
+    printf '%s\0' "${SM_CMD[@]}"
+    return 0
+  fi
+  [[ -n ${SM_MODEL_SCRIPTS:-} ]] || return 0
+  case ${SM_MODEL_SCRIPTS} in
+    *.sh) printf '%s\0' sh "${SM_MODEL_SCRIPTS}" ;;
+    *.py) printf '%s\0' python3 "${SM_MODEL_SCRIPTS}" ;;
+    *) printf '%s\0' "${SM_MODEL_SCRIPTS}" ;;
+  esac
+  util::split_words "${SM_MODEL_ARGS:-}" ||
+    { log::error run "cannot split the model args (unbalanced quotes?): ${SM_MODEL_ARGS}"; return 2; }
+}
+
+# Variables a job step carries that the workload and profilers (nsys %q{}) need.
+RUN_RANK_ENV=(MASTER_ADDR MASTER_PORT NNODES NODE_RANK RANK WORLD_SIZE LOCAL_RANK
+  SLURM_JOB_ID SLURM_PROCID SLURM_NODEID SLURMD_NODENAME SLURM_NNODES SLURM_JOB_NODELIST SLURM_STEP_ID
+  SM_OUTPUT_DIR SM_RANK)
+
+# run::docker_argv: the full `docker run` argv, NUL-separated on stdout. Values of restored env
+# vars are passed by name (`-e NAME`), so secrets never appear in argv or logs.
+run::docker_argv() {
+  local name opts=() mounts=() gpu=() cmd=() m
+  name=$(run::container_name)
+  for m in "${SM_MOUNTS[@]+"${SM_MOUNTS[@]}"}"; do mounts+=(--mount "${m}"); done
+  mounts+=(--mount "${SM_SCRATCH}/output:/sm-out")
+  mapfile -d '' opts < <(util::sm mounts dedup -0 "${mounts[@]}" -- "${SM_DOCKER_OPTS[@]+"${SM_DOCKER_OPTS[@]}"}") ||
+    return 2
+  if [[ ${SM_GPU_VENDOR:-none} != none && -n ${SM_GPU_VENDOR:-} ]]; then
+    mapfile -d '' gpu < <(util::sm gpus docker-args -0 --detected "${SM_SCRATCH}/gpus.json" \
+      --vendor "${SM_GPU_VENDOR}" --docker-gpus "${SM_DOCKER_GPUS:-}") || return 2
+  fi
+  mapfile -d '' cmd < <(run::workload_argv) || return 2
+  local argv=(docker run --name "${name}" --network host --init "${gpu[@]+"${gpu[@]}"}" "${opts[@]+"${opts[@]}"}")
+  local var
+  for var in "${RUN_RANK_ENV[@]}" "${SM_DOCKER_ENV_NAMES[@]+"${SM_DOCKER_ENV_NAMES[@]}"}" "${SM_EXTRA_ENV_NAMES[@]+"${SM_EXTRA_ENV_NAMES[@]}"}"; do
+    [[ -n ${!var+x} ]] && argv+=(-e "${var}")
+  done
+  argv+=("${SM_IMAGE}" "${SM_PROFILE_PREFIX[@]+"${SM_PROFILE_PREFIX[@]}"}" "${cmd[@]+"${cmd[@]}"}")
+  printf '%s\0' "${argv[@]}"
+}
+
+# run::diagnose NAME REASON: a bounded, non-fatal snapshot next to the failure.
+run::diagnose() {
+  local name=$1 reason=$2 dir=${SM_SCRATCH}/diagnostics
+  mkdir -p "${dir}" || return 0
+  log::info run "capturing diagnostics (${reason}) into node_${SM_RANK}/diagnostics/"
+  {
+    printf 'reason: %s\nnode: %s\ntime: %s\n' "${reason}" "$(hostname)" "$(date -u +%FT%TZ)"
+    timeout 10 docker inspect -f 'status={{.State.Status}} exit={{.State.ExitCode}} oom_killed={{.State.OOMKilled}} error={{.State.Error}} started={{.State.StartedAt}} finished={{.State.FinishedAt}}' "${name}" 2>&1
+  } >"${dir}/container-state.txt" 2>&1 || true
+  timeout 10 docker logs --tail 200 "${name}" >"${dir}/container-log-tail.txt" 2>&1 || true
+  timeout 10 docker top "${name}" >"${dir}/container-processes.txt" 2>&1 || true
+  timeout 10 ps -eo pid,ppid,stat,etime,rss,args --sort=-rss 2>&1 | head -n 60 >"${dir}/host-processes.txt" || true
+  timeout 10 ss -ltnp >"${dir}/listening-sockets.txt" 2>&1 || true
+  [[ -f ${SM_NODE_LOG:-} ]] && tail -n 100 "${SM_NODE_LOG}" >"${dir}/node-log-tail.txt" 2>/dev/null
+  # Secrets stay out of diagnostics too.
+  local f
+  for f in "${dir}"/*.txt; do
+    util::sm redact <"${f}" >"${f}.r" 2>/dev/null && mv -f "${f}.r" "${f}"
+  done
+  return 0
+}
+
+# run::stop_container NAME: SIGTERM (so profilers write their reports), SIGKILL after the grace.
+run::stop_container() {
+  local name=$1
+  docker container inspect "${name}" >/dev/null 2>&1 || return 0
+  log::cmd run docker stop -t "${SM_STOP_GRACE:-30}" "${name}"
+  timeout "$((${SM_STOP_GRACE:-30} + 15))" docker stop -t "${SM_STOP_GRACE:-30}" "${name}" >/dev/null 2>&1 || true
+}
+
+# run::docker: run the container, enforce SM_TIMEOUT; sets RUN_EXIT (124 = timed out).
+run::docker() {
+  local argv=() name pid rc=0 deadline=0
+  mapfile -d '' argv < <(run::docker_argv) || return 2
+  ((${#argv[@]})) || { log::error run "could not build the docker command"; return 2; }
+  name=$(run::container_name)
+  docker rm -f "${name}" >/dev/null 2>&1 || true
+  log::cmd run "${argv[@]}"
+  "${argv[@]}" </dev/null &
+  pid=$!
+  RUN_DOCKER_PID=${pid}
+  ((SM_TIMEOUT > 0)) && deadline=$((SECONDS + SM_TIMEOUT))
+  while kill -0 "${pid}" 2>/dev/null; do
+    if ((deadline > 0 && SECONDS >= deadline)); then
+      log::error run "workload exceeded --timeout ${SM_TIMEOUT} s; stopping ${name}"
+      run::diagnose "${name}" "timeout after ${SM_TIMEOUT} s"
+      run::stop_container "${name}"
+      wait "${pid}" 2>/dev/null || true
+      RUN_EXIT=124
+      return 0
+    fi
+    sleep 0.2
+  done
+  wait "${pid}" || rc=$?
+  RUN_DOCKER_PID=
+  RUN_EXIT=${rc}
+  if ((rc != 0)); then
+    log::error run "container ${name} exited ${rc}"
+    run::diagnose "${name}" "container exited ${rc}"
+  fi
+  return 0
+}
+
+# run::bare: the bare-metal runtime (--runtime none): the workload runs as this task itself.
+run::bare() {
+  local cmd=() rc=0 pid
+  mapfile -d '' cmd < <(run::workload_argv) || { RUN_EXIT=2; return 0; }
+  ((${#cmd[@]})) || { log::error run "no workload command: give -- CMD or a manifest with scripts"; RUN_EXIT=2; return 0; }
+  cmd=("${SM_PROFILE_PREFIX[@]+"${SM_PROFILE_PREFIX[@]}"}" "${cmd[@]}")
+  log::cmd run "${cmd[@]}"
+  (cd "${SM_SCRATCH}/output" && SM_OUTPUT_DIR=${SM_SCRATCH}/output exec "${cmd[@]}") </dev/null &
+  pid=$!
+  RUN_DOCKER_PID=${pid}
+  if ((SM_TIMEOUT > 0)); then
+    local deadline=$((SECONDS + SM_TIMEOUT))
+    while kill -0 "${pid}" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.2; done
+    if kill -0 "${pid}" 2>/dev/null; then
+      log::error run "workload exceeded --timeout ${SM_TIMEOUT} s; sending SIGTERM"
+      kill -TERM "${pid}" 2>/dev/null
+      wait "${pid}" 2>/dev/null || true
+      RUN_EXIT=124
+      return 0
+    fi
+  fi
+  wait "${pid}" || rc=$?
+  RUN_DOCKER_PID=
+  RUN_EXIT=${rc}
+}

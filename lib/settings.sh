@@ -1,0 +1,112 @@
+# shellcheck shell=bash
+# Settings: every option of sbatch/multi.sbatch and bin/sm-node, each also an SM_* environment
+# variable; madengine's names are accepted as aliases. Command line > environment > manifest.
+
+# name|option|default|help — the one table that --help, --dry-run and the README are made from.
+SETTINGS_TABLE=(
+  "SM_MANIFEST|--manifest FILE||madengine build_manifest.json to restore the run context from"
+  "SM_MODEL|--model NAME||model key or name in the manifest (needed when it has several)"
+  "SM_IMAGE|--image IMAGE||docker image to run (instead of, or overriding, the manifest's)"
+  "SM_IMAGE_CACHE|--image-cache DIR||shared directory for image tars (alias MAD_DOCKER_BUILDS)"
+  "SM_OUT|--out DIR|./slurm_output|where job outputs go: <out>/<model>/<jobid>/"
+  "SM_TIMEOUT|--timeout SECONDS|3600|workload time limit per node (0 = none)"
+  "SM_BARRIER_TIMEOUT|--barrier-timeout SECONDS|600|how long rank 0 waits for every worker"
+  "SM_MASTER_PORT|--master-port PORT|29500|MASTER_PORT for the workload; the barrier port derives from it"
+  "SM_PROFILE|--profile none|nsys|nsight-slurm|none|profile every rank (see docs/profiling.md)"
+  "SM_RUNTIME|--runtime docker|pyxis|none|docker|how each node runs the workload"
+  "SM_COLLECT|--collect true|false|true|aggregate results at the end of the job (alias MAD_COLLECT_METRICS)"
+  "SM_STOP_GRACE|--stop-grace SECONDS|30|SIGTERM-to-SIGKILL grace when a container is stopped"
+  "SM_PEER_GRACE|--peer-grace SECONDS|30|after one node fails, how long the others may run on"
+)
+
+# madengine aliases: alias -> our name.
+SETTINGS_ALIASES=(
+  "MAD_DOCKER_BUILDS|SM_IMAGE_CACHE"
+  "MAD_BARRIER_TOKEN|SM_BARRIER_TOKEN"
+  "MAD_COLLECT_METRICS|SM_COLLECT"
+)
+
+# settings::apply_aliases: an alias fills our variable when ours is unset.
+settings::apply_aliases() {
+  local entry alias name
+  for entry in "${SETTINGS_ALIASES[@]}"; do
+    alias=${entry%%|*} name=${entry#*|}
+    if [[ -z ${!name:-} && -n ${!alias:-} ]]; then
+      printf -v "${name}" '%s' "${!alias}"
+      export "${name?}"
+    fi
+  done
+}
+
+# settings::apply_defaults: defaults for what neither the command line nor the environment set.
+# Manifest-restored values are applied later by the node and never overwrite these.
+settings::apply_defaults() {
+  local entry name option default help
+  for entry in "${SETTINGS_TABLE[@]}"; do
+    settings::_fields "${entry}"
+    if [[ -z ${!name:-} && -n ${default} ]]; then
+      printf -v "${name}" '%s' "${default}"
+      export "${name?}"
+    fi
+  done
+}
+
+# settings::_fields ENTRY: split a SETTINGS_TABLE entry into name, option, default, help (the
+# caller's locals). The option may itself contain '|' (its choices), so split from both ends.
+settings::_fields() {
+  local rest
+  name=${1%%|*} help=${1##*|} rest=${1%|*}
+  default=${rest##*|} rest=${rest%|*}
+  option=${rest#*|}
+}
+
+# settings::usage_options: the options block of --help.
+settings::usage_options() {
+  local entry name option default help
+  for entry in "${SETTINGS_TABLE[@]}"; do
+    settings::_fields "${entry}"
+    printf '  %-34s %s\n' "${option}" "${help}"
+    printf '  %-34s env %s%s\n' "" "${name}" "${default:+, default ${default}}"
+  done
+}
+
+# settings::option_var OPTION: the variable an option sets (empty if unknown).
+settings::option_var() {
+  local want=$1 entry name option default help
+  for entry in "${SETTINGS_TABLE[@]}"; do
+    settings::_fields "${entry}"
+    option=${option%% *}
+    [[ ${option} == "${want}" ]] && { printf '%s' "${name}"; return 0; }
+  done
+  return 1
+}
+
+# settings::validate: one-line errors for values that cannot work.
+settings::validate() {
+  local n
+  for n in SM_TIMEOUT SM_BARRIER_TIMEOUT SM_MASTER_PORT SM_STOP_GRACE SM_PEER_GRACE; do
+    [[ ${!n} =~ ^[0-9]+$ ]] || { log::error settings "${n}='${!n}' must be a whole number"; return 2; }
+  done
+  ((SM_MASTER_PORT >= 1 && SM_MASTER_PORT <= 65535)) ||
+    { log::error settings "--master-port ${SM_MASTER_PORT} is not a TCP port (1-65535)"; return 2; }
+  case ${SM_PROFILE} in none | nsys | nsight-slurm) ;; *)
+    log::error settings "--profile '${SM_PROFILE}': expected none, nsys or nsight-slurm"; return 2 ;;
+  esac
+  case ${SM_RUNTIME} in docker | pyxis | none) ;; *)
+    log::error settings "--runtime '${SM_RUNTIME}': expected docker, pyxis or none"; return 2 ;;
+  esac
+  case ${SM_COLLECT,,} in true | false | 1 | 0 | yes | no) ;; *)
+    log::error settings "--collect '${SM_COLLECT}': expected true or false"; return 2 ;;
+  esac
+  if [[ -n ${SM_MANIFEST:-} && ! -r ${SM_MANIFEST} ]]; then
+    log::error settings "--manifest ${SM_MANIFEST}: no such readable file"
+    return 2
+  fi
+  if [[ -z ${SM_MANIFEST:-} && -z ${SM_IMAGE:-} ]]; then
+    log::error settings "nothing to run: give --manifest FILE or --image IMAGE"
+    return 2
+  fi
+  return 0
+}
+
+settings::truthy() { [[ ${1,,} == true || $1 == 1 || ${1,,} == yes ]]; }

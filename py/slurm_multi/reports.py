@@ -1,0 +1,359 @@
+"""Wait for profiler reports to appear and settle on BYTES before anyone kills their writers.
+
+nsys writes `<name>.nsys-rep` only when its session ends, and the file then grows for a while (tens
+of MB of metadata is normal). srtctl's teardown once judged the *count* of reports settled after 20 s
+while nsys was still writing them and killed it mid-write (11 reports, all 0 bytes). So a report
+counts only when it is non-empty and its size has not changed for the settle window, no `.qdstrm`
+(nsys' raw stream, present until the conversion ends) is left, and nothing else is still changing.
+
+`Settler` holds that logic and is fed (path -> size) snapshots and a clock, so it is tested without
+sleeping; `wait_for_reports` is the polling loop around it; `cli` is the click command.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Callable
+
+import click
+
+from slurm_multi.common import HelperError, talk, timeout_error, usage_error
+
+QDSTRM_SUFFIX = ".qdstrm"
+PROGRESS_EVERY_SECONDS = 5.0
+
+# What a tracked file is doing right now (see Settler.kind).
+EMPTY = "empty"  # 0 bytes: never counts (nsys creates the file before it writes into it)
+GROWING = "growing"  # non-empty, size changed less than the settle window ago
+SETTLING = "settling"  # non-empty, unchanged since first seen, but not yet for the whole window
+SETTLED = "settled"  # non-empty, unchanged for the settle window
+
+
+def human_bytes(size: int) -> str:
+    """12_000_000 -> '12.0 MB' (decimal units, like `ls -h --si`)."""
+    if size < 1000:
+        return f"{size} bytes"
+    value = float(size)
+    for unit in ("kB", "MB", "GB", "TB"):
+        value /= 1000.0
+        if value < 1000.0 or unit == "TB":
+            return f"{value:.1f} {unit}"
+    raise AssertionError("unreachable")
+
+
+@dataclass
+class Tracked:
+    """One report file: its last seen size and when that size last changed (or was first seen)."""
+
+    size: int
+    changed_at: float
+    changes: int = 0
+
+
+@dataclass
+class Settler:
+    """Decides when reports are done, from successive snapshots; knows nothing about the filesystem.
+
+    Done = at least `baseline + expect` settled reports, no `.qdstrm` left, and no report (empty or
+    not) that changed within the settle window: a file that grows resets its settle clock, and a
+    freshly created empty file is about to be written, so it holds the wait too.
+    """
+
+    expect: int = 1
+    baseline: int = 0
+    settle_seconds: float = 60.0
+    files: dict[str, Tracked] = field(default_factory=dict)
+    qdstrm: list[str] = field(default_factory=list)
+    observed: bool = False
+
+    @property
+    def target(self) -> int:
+        return self.baseline + self.expect
+
+    def observe(self, sizes: Mapping[str, int], qdstrm: Iterable[str], now: float) -> None:
+        """Feed one snapshot: every matching report path with its size, and every .qdstrm path."""
+        for path in list(self.files):
+            if path not in sizes:  # deleted or renamed away: forget it
+                del self.files[path]
+        for path, size in sizes.items():
+            tracked = self.files.get(path)
+            if tracked is None:
+                self.files[path] = Tracked(size=size, changed_at=now)
+            elif tracked.size != size:
+                tracked.size, tracked.changed_at, tracked.changes = size, now, tracked.changes + 1
+        self.qdstrm = sorted(qdstrm)
+        self.observed = True
+
+    def kind(self, path: str, now: float) -> str:
+        tracked = self.files[path]
+        if tracked.size == 0:
+            return EMPTY
+        if now - tracked.changed_at >= self.settle_seconds:
+            return SETTLED
+        return GROWING if tracked.changes else SETTLING
+
+    def recent(self, path: str, now: float) -> bool:
+        return now - self.files[path].changed_at < self.settle_seconds
+
+    def settled(self, now: float) -> list[str]:
+        return sorted(p for p in self.files if self.kind(p, now) == SETTLED)
+
+    def done(self, now: float) -> bool:
+        if not self.observed or self.qdstrm:
+            return False
+        if any(self.recent(p, now) for p in self.files):
+            return False
+        return len(self.settled(now)) >= self.target
+
+    def counts(self, now: float) -> dict[str, int]:
+        counts = {EMPTY: 0, GROWING: 0, SETTLING: 0, SETTLED: 0}
+        for path in self.files:
+            counts[self.kind(path, now)] += 1
+        return counts
+
+    def progress(self, now: float, waited: float) -> str:
+        """'2/4 settled, 1 growing (12.0 MB), 1 .qdstrm, waited 14 s'."""
+        counts = self.counts(now)
+        parts = [f"{counts[SETTLED]}/{self.target} settled"]
+        unsettled_bytes = sum(
+            t.size for p, t in self.files.items() if self.kind(p, now) in (GROWING, SETTLING)
+        )
+        busy = counts[GROWING] + counts[SETTLING]
+        if busy:
+            parts.append(f"{busy} growing ({human_bytes(unsettled_bytes)})")
+        if counts[EMPTY]:
+            parts.append(f"{counts[EMPTY]} empty")
+        if self.qdstrm:
+            parts.append(f"{len(self.qdstrm)} .qdstrm")
+        parts.append(f"waited {waited:.0f} s")
+        return ", ".join(parts)
+
+    def describe(self, path: str, now: float) -> str:
+        """One file's state: '0 bytes', 'growing: 12.0 MB, changed 0.5 s ago', 'settled (12.0 MB)'."""
+        tracked = self.files[path]
+        age = now - tracked.changed_at
+        kind = self.kind(path, now)
+        if kind == EMPTY:
+            return f"0 bytes (unchanged for {age:.1f} s)"
+        if kind == SETTLED:
+            return f"settled ({human_bytes(tracked.size)})"
+        if kind == GROWING:
+            return f"growing: {human_bytes(tracked.size)}, changed {age:.1f} s ago"
+        return (
+            f"settling: {human_bytes(tracked.size)}, unchanged for {age:.1f} s of {self.settle_seconds:g} s"
+        )
+
+    def state_lines(self, now: float, relative_to: str | None = None) -> list[str]:
+        """One line per report and per .qdstrm, for the timeout message."""
+
+        def name(path: str) -> str:
+            return os.path.relpath(path, relative_to) if relative_to else path
+
+        lines = [f"{name(p)}: {self.describe(p, now)}" for p in sorted(self.files)]
+        lines += [f"{name(q)} still present" for q in self.qdstrm]
+        return lines
+
+    def shortfall(self, now: float) -> str:
+        """Why the wait is not over, as a clause for the summary line."""
+        counts = self.counts(now)
+        reasons = []
+        settled = counts[SETTLED]
+        if settled < self.target:
+            reasons.append(
+                f"{settled}/{self.target} settled (baseline {self.baseline} + expect {self.expect})"
+            )
+        busy = counts[GROWING] + counts[SETTLING]
+        if busy:
+            reasons.append(f"{busy} still changing")
+        if counts[EMPTY]:
+            reasons.append(f"{counts[EMPTY]} empty")
+        if self.qdstrm:
+            reasons.append(
+                f"{len(self.qdstrm)} .qdstrm left (nsys never finished writing: was it killed, "
+                "not stopped with SIGTERM?)"
+            )
+        return "; ".join(reasons) or "nothing pending"
+
+
+def scan(directory: str, pattern: str, recursive: bool) -> tuple[dict[str, int], list[str]] | None:
+    """(report path -> size, .qdstrm paths) under `directory`; None while it does not exist."""
+    if not os.path.exists(directory):
+        return None
+    if not os.path.isdir(directory):
+        raise usage_error(f"reports: {directory} is not a directory; pass the report directory")
+    sizes: dict[str, int] = {}
+    qdstrm: list[str] = []
+    stack = [directory]
+    while stack:
+        current = stack.pop()
+        try:
+            entries = list(os.scandir(current))
+        except FileNotFoundError:
+            continue  # a subdirectory vanished between listing and reading
+        except PermissionError as err:
+            message = f"reports: cannot read {current}: {err.strerror}; fix its permissions"
+            raise HelperError(message) from None
+        for entry in entries:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    if recursive:
+                        stack.append(entry.path)
+                    continue
+                if not entry.is_file():
+                    continue
+                if entry.name.endswith(QDSTRM_SUFFIX):
+                    qdstrm.append(entry.path)
+                elif fnmatch.fnmatchcase(entry.name, pattern):
+                    sizes[entry.path] = entry.stat().st_size
+            except FileNotFoundError:
+                continue  # renamed or removed while we looked: the next snapshot tells
+    return sizes, qdstrm
+
+
+@dataclass
+class WaitResult:
+    ok: bool
+    settled: list[str]
+    waited: float
+    lines: list[str]
+    summary: str
+
+
+def wait_for_reports(
+    directory: str,
+    pattern: str = "*.nsys-rep",
+    expect: int = 1,
+    baseline: int = 0,
+    settle_seconds: float = 60.0,
+    timeout_seconds: float = 600.0,
+    poll_seconds: float = 1.0,
+    recursive: bool = False,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    say: Callable[[str], None] = lambda message: talk("reports", message),
+    progress_every: float = PROGRESS_EVERY_SECONDS,
+) -> WaitResult:
+    settler = Settler(expect=expect, baseline=baseline, settle_seconds=settle_seconds)
+    start = clock()
+    last_progress = start
+    say(
+        f"waiting for {settler.target} non-empty {pattern} in {directory} (baseline {baseline} + "
+        f"expect {expect}) to settle for {settle_seconds:g} s on bytes, timeout {timeout_seconds:g} s"
+    )
+    while True:
+        now = clock()
+        waited = now - start
+        snapshot = scan(directory, pattern, recursive)
+        if snapshot is not None:
+            settler.observe(snapshot[0], snapshot[1], now)
+            if settler.done(now):
+                settled = settler.settled(now)
+                say(f"{len(settled)}/{settler.target} settled after {waited:.0f} s")
+                return WaitResult(True, settled, waited, [], "")
+        if waited >= timeout_seconds:
+            break
+        if now - last_progress >= progress_every:
+            last_progress = now
+            if snapshot is None:
+                say(f"{directory} does not exist yet, waited {waited:.0f} s")
+            else:
+                say(settler.progress(now, waited))
+        sleep(max(0.0, min(poll_seconds, timeout_seconds - waited)))
+    if snapshot is None:
+        summary = (
+            f"reports: {directory} did not appear within {timeout_seconds:g} s; "
+            "is the report directory right, and did any rank start nsys?"
+        )
+        return WaitResult(False, [], waited, [], summary)
+    summary = (
+        f"reports: timed out after {timeout_seconds:g} s waiting for {pattern} in {directory}: "
+        f"{settler.shortfall(now)}"
+    )
+    return WaitResult(False, settler.settled(now), waited, settler.state_lines(now, directory), summary)
+
+
+@click.group("reports", context_settings={"help_option_names": ["-h", "--help"]})
+def cli() -> None:
+    """Wait for profiler reports (nsys .nsys-rep) to appear and settle."""
+
+
+@cli.command("wait")
+@click.argument("directory", metavar="DIR", type=click.Path(file_okay=False))
+@click.option("--pattern", default="*.nsys-rep", show_default=True, help="Glob matched on file names.")
+@click.option(
+    "--expect",
+    type=click.IntRange(min=0),
+    default=1,
+    show_default=True,
+    help="How many new reports to wait for.",
+)
+@click.option(
+    "--baseline",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Reports that existed before the sessions were stopped.",
+)
+@click.option(
+    "--settle-seconds",
+    type=click.FloatRange(min=0),
+    default=60.0,
+    show_default=True,
+    help="How long a report's byte size must stay unchanged.",
+)
+@click.option(
+    "--timeout-seconds",
+    type=click.FloatRange(min=0),
+    default=600.0,
+    show_default=True,
+    help="Give up (exit 3) after this long.",
+)
+@click.option(
+    "--poll-seconds",
+    type=click.FloatRange(min=0.01),
+    default=1.0,
+    show_default=True,
+    help="How often to look at the directory.",
+)
+@click.option(
+    "--recursive/--no-recursive", default=False, show_default=True, help="Also look in subdirectories."
+)
+def wait_command(
+    directory: str,
+    pattern: str,
+    expect: int,
+    baseline: int,
+    settle_seconds: float,
+    timeout_seconds: float,
+    poll_seconds: float,
+    recursive: bool,
+) -> None:
+    """Exit 0 once baseline+expect non-empty reports in DIR have kept their byte size for the settle
+    window and no *.qdstrm is left; print the settled report paths on stdout.
+
+    Zero-byte reports never count; a report that grows restarts its settle clock. A missing DIR is
+    waited for. On timeout (exit 3) every report's state is listed on stderr, and the reports that
+    did settle are still printed on stdout.
+
+    Example: slurm-multi reports wait logs/nsight-slurm-direct --expect 4 --baseline 0
+    """
+    result = wait_for_reports(
+        directory,
+        pattern=pattern,
+        expect=expect,
+        baseline=baseline,
+        settle_seconds=settle_seconds,
+        timeout_seconds=timeout_seconds,
+        poll_seconds=poll_seconds,
+        recursive=recursive,
+    )
+    for path in result.settled:
+        click.echo(path)
+    if not result.ok:
+        for line in result.lines:
+            talk("reports", line)
+        raise timeout_error(result.summary)
