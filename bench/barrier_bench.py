@@ -246,6 +246,14 @@ def serve_echo(conn: Connection, clients: int, timeout: float) -> None:
     conn.send((0 if answered >= clients else 1, f"echoed {answered} lines"))
 
 
+def listen_backlog_cap(path: str = "/proc/sys/net/core/somaxconn") -> int | None:
+    """The kernel's cap on listen() backlogs, or None when it cannot be read."""
+    try:
+        return int(Path(path).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def ensure_nofile(needed: int) -> int:
     """Raise the open-files limit to `needed` (the hard limit too when root); return the soft limit."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -343,6 +351,12 @@ def bench_size(clients: int, repeats: int, warmup: bool = True) -> dict[str, Any
         f"after the last READY (median: last READY sent {format_seconds(last_sent)}, first GO "
         f"{format_seconds(first_go)}), the echo answers each line at once"
     )
+    backlog = listen_backlog_cap()
+    if backlog is not None and backlog < clients:
+        notes += (
+            f"; net.core.somaxconn is {backlog} < {clients}: the accept queue overflows and SYN "
+            "retransmits (1 s each) inflate both sides"
+        )
     return make_row(
         name,
         what,

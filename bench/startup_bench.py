@@ -85,7 +85,12 @@ def run(repeats: int = 10, only: Sequence[str] | None = None) -> list[dict[str, 
         workdir = Path(tmp)
         empty_dir = workdir / "empty-path"
         empty_dir.mkdir()
-        chosen = [h for h in helpers(workdir) if not only or h.name in only]
+        known = helpers(workdir)
+        unknown = sorted(set(only or ()) - {h.name for h in known})
+        if unknown:
+            names = ", ".join(h.name for h in known)
+            raise ValueError(f"unknown helper {', '.join(unknown)!s}; known: {names}")
+        chosen = [h for h in known if not only or h.name in only]
         for helper in [None, *chosen]:  # warm-up and check: every command must succeed
             run_once(helper, empty_dir, check=True)
         talk("startup", f"{repeats} rounds of `python -c pass` + {len(chosen)} helpers")

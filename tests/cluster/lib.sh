@@ -118,7 +118,23 @@ cluster::write_hosts() {
     for ((i = 1; i <= nnodes; i++)); do
       printf '%s\tnode%s\n' "$(cluster::node_addr "node${i}")" "${i}"
     done
-  } >"$(cluster::node_dir "${node}")/hosts"
+  } >"$(cluster::node_dir "${node}")/hosts.new"
+  # Same inode: truncate and rewrite, never replace (the node bind-mounts this file).
+  cat "$(cluster::node_dir "${node}")/hosts.new" >"$(cluster::node_dir "${node}")/hosts"
+  rm -f "$(cluster::node_dir "${node}")/hosts.new"
+}
+
+# cluster::set_self_name NODE QUIRK: rewrite a running node's hosts file in place (same inode, so
+# the bind mount inside the node sees it at once) and record the quirk.
+cluster::set_self_name() {
+  local node=$1 quirk=$2 nnodes
+  [[ ${quirk} =~ ^(loopback|linklocal|none)$ ]] ||
+    log::die cluster "self-name ${node}=${quirk}: expected loopback, linklocal or none" 2
+  grep -q "^${node} " "${CLUSTER_STATE}/nodes" 2>/dev/null ||
+    log::die cluster "self-name: no node '${node}' in the running cluster" 2
+  nnodes=$(wc -l <"${CLUSTER_STATE}/nodes")
+  cluster::write_hosts "${node}" "${nnodes}" "${quirk}"
+  sed -i "s/^\(${node} [^ ]*\) .*/\1 ${quirk}/" "${CLUSTER_STATE}/nodes"
 }
 
 cluster::link_local() {

@@ -16,17 +16,22 @@ e2e::ensure_cluster() {
     shift 2
     : "${arg}"
   done
-  local have
+  local have entry args=(--nodes 3) names=()
   have=$(awk '{ printf "%s%s %s", (NR > 1 ? "|" : ""), $1, $3 }' "${CLUSTER_STATE}/nodes" 2>/dev/null || true)
-  if [[ ${have} == "${want}" ]] && "${REPO_ROOT}/tests/cluster/status" >/dev/null 2>&1; then
-    return 0
-  fi
-  local args=(--nodes 3) entry
   local IFS='|'
   for entry in ${want}; do
+    names+=("${entry% *}=${entry#* }")
     [[ ${entry#* } == none ]] || args+=(--self-name "${entry% *}=${entry#* }")
   done
   unset IFS
+  if [[ ${have} == "${want}" ]] && "${REPO_ROOT}/tests/cluster/status" >/dev/null 2>&1; then
+    return 0
+  fi
+  # Only the quirks differ: rewrite the hosts files in place, no restart.
+  if [[ -n ${have} ]] && "${REPO_ROOT}/tests/cluster/status" >/dev/null 2>&1; then
+    "${REPO_ROOT}/tests/cluster/self-name" "${names[@]}"
+    return 0
+  fi
   "${REPO_ROOT}/tests/cluster/up" --no-install "${args[@]}" >&3 2>&1 ||
     "${REPO_ROOT}/tests/cluster/up" "${args[@]}"
 }

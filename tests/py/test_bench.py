@@ -1,0 +1,362 @@
+"""The benchmark harness: statistics, the report, the cluster hook, and each benchmark at tiny sizes
+(so a change to a helper cannot silently break `make bench`)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BENCH = REPO / "bench"
+sys.path.insert(0, str(BENCH))
+
+import barrier_bench  # noqa: E402
+import benchlib  # noqa: E402
+import collect_bench  # noqa: E402
+import report  # noqa: E402
+import startup_bench  # noqa: E402
+
+ROW_FIELDS = {
+    "row", "what", "baseline", "median_s", "spread_s", "baseline_median_s", "baseline_spread_s",
+    "ratio", "target", "met", "runs", "notes",
+}  # fmt: skip
+
+
+def bench_env() -> dict[str, str]:
+    return benchlib.helper_env({"SM_PYTHON": sys.executable})
+
+
+# --------------------------------------------------------------------------------------------------
+# statistics and rows
+
+
+def test_median_of_odd_and_even_sample_counts() -> None:
+    assert benchlib.median([3.0, 1.0, 2.0]) == 2.0
+    assert benchlib.median([4.0, 1.0, 2.0, 3.0]) == 2.5
+    with pytest.raises(ValueError):
+        benchlib.median([])
+
+
+def test_spread_is_min_and_max() -> None:
+    assert benchlib.spread([0.3, 0.1, 0.2]) == [0.1, 0.3]
+    assert benchlib.spread([5.0]) == [5.0, 5.0]
+
+
+def test_ratio_is_measured_over_baseline_and_none_for_a_zero_baseline() -> None:
+    assert benchlib.ratio(3.0, 2.0) == pytest.approx(1.5)
+    assert benchlib.ratio(1.0, 0.0) is None
+    assert benchlib.ratio(float("nan"), 1.0) is None
+
+
+def test_targets_parse_and_judge_the_ratio() -> None:
+    assert benchlib.target_limit("<= 2.0x") == 2.0
+    assert benchlib.target_limit("<=3x") == 3.0
+    assert benchlib.target_limit(None) is None
+    assert benchlib.target_met(1.99, "<= 2.0x") is True
+    assert benchlib.target_met(2.0, "<= 2.0x") is True
+    assert benchlib.target_met(2.01, "<= 2.0x") is False
+    assert benchlib.target_met(None, "<= 2.0x") is None
+    assert benchlib.target_met(5.0, None) is None
+    with pytest.raises(ValueError):
+        benchlib.target_limit("under 2")
+
+
+def test_make_row_uses_the_medians_of_both_sides() -> None:
+    row = benchlib.make_row("r", "what", "base", [3.0, 1.0, 2.0, 9.0, 2.5], [1.0, 1.0, 2.0], target="<= 2.0x")
+    assert ROW_FIELDS <= set(row)
+    assert row["median_s"] == 2.5 and row["spread_s"] == [1.0, 9.0]
+    assert row["baseline_median_s"] == 1.0 and row["baseline_spread_s"] == [1.0, 2.0]
+    assert row["ratio"] == pytest.approx(2.5)
+    assert row["met"] is False
+    assert row["runs"] == 5 and row["baseline_runs"] == 3
+
+
+def test_skipped_row_has_no_numbers_and_says_why() -> None:
+    row = benchlib.skipped_row("cluster", "", "", "test cluster not up")
+    assert ROW_FIELDS <= set(row)
+    assert row["skipped"] == "test cluster not up"
+    assert row["median_s"] is None and row["ratio"] is None and row["met"] is None
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(0.00042, "420 µs"), (0.0123, "12.3 ms"), (0.213, "213 ms"), (1.4234, "1.42 s"), (None, "-")],
+)
+def test_durations_print_in_a_readable_unit(seconds: float | None, text: str) -> None:
+    assert benchlib.format_seconds(seconds) == text
+
+
+# --------------------------------------------------------------------------------------------------
+# the report
+
+
+def _rows() -> list[dict]:
+    return [
+        benchlib.make_row(
+            "barrier release, 4096 ranks", "w", "b", [0.2, 0.21, 0.22], [0.1] * 3, target="<= 2.0x"
+        ),
+        benchlib.make_row(
+            "results collect, 1000 node dirs", "w", "b", [0.9] * 3, [0.1] * 3, target="<= 3.0x"
+        ),
+        benchlib.make_row("start-up: redact", "a | b", "b", [0.04] * 3, [0.01] * 3),
+        benchlib.skipped_row("toolkit overhead / image distribution", "", "", "test cluster not up"),
+    ]
+
+
+def test_table_has_the_documented_columns_and_one_line_per_row() -> None:
+    text = report.render_markdown(_rows(), report.run_meta(0))
+    lines = text.splitlines()
+    header = next(line for line in lines if line.startswith("| Row"))
+    assert header == (
+        "| Row | Measured (median, spread) | Baseline (median, spread) | Ratio | Target | Met |"
+    )
+    table = [line for line in lines if line.startswith("| ") and line != header]
+    assert len(table) == 4
+    assert "| barrier release, 4096 ranks | 210 ms (200 ms – 220 ms, n=3) | 100 ms" in table[0]
+    assert table[0].endswith("| 2.10x | <= 2.0x | **no** |")
+    assert table[1].endswith("| 9.00x | <= 3.0x | **no** |")
+    assert table[2].endswith("| 4.00x | - | - |")
+    assert table[3] == (
+        "| toolkit overhead / image distribution | skipped (test cluster not up) | - | - | - | - |"
+    )
+    assert "a \\| b" in text  # a pipe in a description cannot break the table
+    assert "Targets missed: barrier release, 4096 ranks, results collect, 1000 node dirs." in text
+
+
+def test_a_met_target_reads_yes() -> None:
+    row = benchlib.make_row("x", "w", "b", [1.0], [1.0], target="<= 2.0x")
+    assert report.table_row(row)[-1] == "yes"
+    assert report.targets_met([row]) is True
+    assert report.targets_met([benchlib.skipped_row("y", "", "", "why")]) is None
+
+
+def test_rows_load_from_lists_and_single_objects(tmp_path: Path) -> None:
+    (tmp_path / "a.json").write_text(json.dumps(_rows()[:2]))
+    (tmp_path / "b.json").write_text(json.dumps(_rows()[3]))
+    rows = report.load_rows([tmp_path / "a.json", tmp_path / "b.json"])
+    assert [r["row"] for r in rows] == [
+        "barrier release, 4096 ranks",
+        "results collect, 1000 node dirs",
+        "toolkit overhead / image distribution",
+    ]
+
+
+@pytest.mark.parametrize("content", ["not json", '[{"what": "no name"}]', "[1]"])
+def test_a_malformed_row_file_is_a_clear_error(tmp_path: Path, content: str) -> None:
+    path = tmp_path / "rows.json"
+    path.write_text(content)
+    with pytest.raises(report.ReportError, match="rows.json"):
+        report.load_rows([path])
+
+
+def test_results_json_is_timestamped_and_copied_to_latest(tmp_path: Path) -> None:
+    meta = report.run_meta(0)
+    first = report.write_results(tmp_path, _rows(), meta)
+    second = report.write_results(tmp_path, _rows(), meta)  # same second: a new file, not overwritten
+    assert first.name == "19700101T000000Z.json" and second.name == "19700101T000000Z-2.json"
+    document = json.loads((tmp_path / "latest.json").read_text())
+    assert document == json.loads(second.read_text())
+    assert document["schema"] == 1 and document["targets_met"] is False
+    assert [r["row"] for r in document["rows"]] == [r["row"] for r in _rows()]
+
+
+def test_report_exits_1_with_strict_only_when_a_target_is_missed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = tmp_path / "rows.json"
+    rows.write_text(json.dumps(_rows()))
+    assert report.main([str(rows), "--results-dir", str(tmp_path / "r")]) == 0
+    assert "| Row |" in capsys.readouterr().out
+    assert report.main([str(rows), "--results-dir", str(tmp_path / "r"), "--strict"]) == 1
+    (tmp_path / "bad.json").write_text("{")
+    assert report.main([str(tmp_path / "bad.json"), "--results-dir", str(tmp_path / "r")]) == 2
+
+
+# --------------------------------------------------------------------------------------------------
+# the client driver and each benchmark at tiny sizes
+
+
+def _one_shot_server(reply: bytes) -> tuple[socket.socket, threading.Thread]:
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(256)
+            conn.sendall(reply)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return listener, thread
+
+
+def test_the_client_driver_reports_a_wrong_reply_instead_of_timing_it() -> None:
+    listener, thread = _one_shot_server(b"ERR bad token\n")
+    with listener:
+        result = barrier_bench.drive_clients(
+            listener.getsockname(), [b"READY t 1\n"], [b"GO t 1 img"], timeout=5
+        )
+    thread.join(5)
+    assert result.errors and "unexpected reply" in result.errors[0]
+
+
+def test_the_client_driver_reports_a_refused_connection() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # bound, not listening: connecting is refused
+        result = barrier_bench.drive_clients(("127.0.0.1", port), [b"x\n"], [b"x"], timeout=5)
+    assert result.errors and "connect" in result.errors[0]
+
+
+def test_barrier_bench_measures_both_sides_and_the_barrier_waits_for_everyone() -> None:
+    (row,) = barrier_bench.run(sizes=[8], repeats=2, warmup=False)
+    assert row["row"] == "barrier release, 8 ranks"
+    assert row["runs"] == 2 and row["baseline_runs"] == 2
+    assert row["median_s"] > 0 and row["baseline_median_s"] > 0 and row["ratio"] > 0
+    assert row["target"] is None  # the target applies at 4096 ranks
+    # No GO may leave before the last READY was sent: the barrier really waited.
+    assert row["barrier_first_go_s"] >= row["barrier_last_ready_sent_s"]
+
+
+def test_collect_bench_job_dir_is_judged_success_from_the_last_rank(tmp_path: Path) -> None:
+    from slurm_multi.results import collect
+
+    jobdir = collect_bench.make_jobdir(tmp_path, 4)
+    summary = collect(jobdir, write=False)
+    assert summary.verdict == "SUCCESS"
+    assert summary.chosen_csv == f"node_3/{collect_bench.RESULTS_CSV}"
+    assert collect_bench.read_all(jobdir) > 4 * 1000  # a few KB per node
+
+
+def test_collect_bench_runs_in_process_and_through_the_cli() -> None:
+    (row,) = collect_bench.run(nodes=5, repeats=1, cli_repeats=1)
+    assert row["row"] == "results collect, 5 node dirs"
+    assert row["median_s"] > 0 and row["baseline_median_s"] > 0
+    assert row["cli_median_s"] > 0 and "via the CLI" in row["notes"]
+    assert row["target"] is None  # the target applies at 1,000 node dirs
+
+
+def test_startup_bench_runs_every_helper_successfully(tmp_path: Path) -> None:
+    rows = startup_bench.run(repeats=1)
+    names = [row["row"] for row in rows]
+    assert names == [f"start-up: {helper.name}" for helper in startup_bench.helpers(tmp_path)]
+    assert "start-up: slurm-multi --help" in names and "start-up: gpus detect (no GPU tools)" in names
+    assert all(row["median_s"] > 0 and row["baseline_median_s"] > 0 for row in rows)
+    assert len({row["baseline_median_s"] for row in rows}) == 1  # one shared `python -c pass` series
+
+
+def test_startup_bench_rejects_an_unknown_helper_name() -> None:
+    with pytest.raises(ValueError, match="unknown helper"):
+        startup_bench.run(repeats=1, only=["no such helper"])
+
+
+# --------------------------------------------------------------------------------------------------
+# bench/run and its cluster hook
+
+
+def test_bench_run_help_and_usage_errors() -> None:
+    done = subprocess.run([BENCH / "run", "--help"], capture_output=True, text=True, env=bench_env())
+    assert done.returncode == 0
+    for option in ("--only", "--repeats", "--quick", "--smoke", "--results-dir", "--strict"):
+        assert option in done.stdout
+    for argv in (["--only", "nope"], ["--repeats", "0"], ["--bogus"]):
+        done = subprocess.run([BENCH / "run", *argv], capture_output=True, text=True, env=bench_env())
+        assert done.returncode == 2, argv
+        assert done.stdout == ""
+        assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_bench_run_smoke_prints_the_table_and_writes_json(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [BENCH / "run", "--smoke", "--only", "barrier,collect,startup", "--results-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=bench_env(),
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "| Row | Measured (median, spread)" in done.stdout
+    for name in ("barrier release, 16 ranks", "results collect, 20 node dirs", "start-up: redact"):
+        assert f"| {name} |" in done.stdout
+    assert "toolkit overhead" not in done.stdout  # not selected: the cluster hook did not run
+    document = json.loads((tmp_path / "latest.json").read_text())
+    assert len(document["rows"]) == done.stdout.count("\n| ") - 1
+
+
+def _fake_root(tmp_path: Path, cluster_up: bool, script: str | None) -> Path:
+    root = tmp_path / "root"
+    (root / "tests" / "cluster").mkdir(parents=True)
+    (root / "bench").mkdir()
+    status = root / "tests" / "cluster" / "status"
+    status.write_text(f"#!/usr/bin/env bash\nexit {0 if cluster_up else 1}\n")
+    status.chmod(0o755)
+    if script is not None:
+        (root / "bench" / "cluster_bench.sh").write_text(script)
+    return root
+
+
+def _hook(root: Path, out: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    code = (
+        f"source {REPO}/lib/log.sh; source {BENCH}/lib.sh; BENCH_ROOT={root}; BENCH_PY={sys.executable}; "
+        f'bench::cluster_hook {out} "$@"'
+    )
+    return subprocess.run(["bash", "-c", code, "hook", *args], capture_output=True, text=True, timeout=60)
+
+
+ROW_WRITER = """#!/usr/bin/env bash
+out=
+while (($#)); do
+  case $1 in
+    --out-dir) out=$2; shift 2 ;;
+    *) echo "$1" >>"$(dirname "$0")/args"; shift ;;
+  esac
+done
+echo '[{"row": "toolkit overhead, 2 nodes", "median_s": 1.0, "ratio": 1.1}]' >"$out/overhead.json"
+echo 'this goes to stderr, not into the table'
+"""
+
+
+@pytest.mark.parametrize(
+    ("cluster_up", "script", "why"),
+    [
+        (True, None, "bench/cluster_bench.sh not present yet"),
+        (False, ROW_WRITER, "test cluster not up; run make cluster-up"),
+    ],
+)
+def test_cluster_hook_writes_a_skipped_row_when_it_cannot_measure(
+    tmp_path: Path, cluster_up: bool, script: str | None, why: str
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    done = _hook(_fake_root(tmp_path, cluster_up, script), out)
+    assert done.returncode == 0, done.stderr
+    (row,) = report.load_rows(sorted(out.glob("*.json")))
+    assert row["row"] == "toolkit overhead / image distribution" and row["skipped"] == why
+
+
+def test_cluster_hook_runs_the_cluster_script_with_the_options_when_the_cluster_is_up(tmp_path: Path) -> None:
+    root = _fake_root(tmp_path, True, ROW_WRITER)
+    out = tmp_path / "out"
+    out.mkdir()
+    done = _hook(root, out, "--repeats", "2")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ""  # the script's stdout must not mix into the table
+    (row,) = report.load_rows(sorted(out.glob("*.json")))
+    assert row["row"] == "toolkit overhead, 2 nodes"
+    assert (root / "bench" / "args").read_text().split() == ["--repeats", "2"]
+
+
+def test_cluster_hook_reports_a_failing_cluster_script(tmp_path: Path) -> None:
+    root = _fake_root(tmp_path, True, "#!/usr/bin/env bash\nexit 3\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    done = _hook(root, out)
+    assert done.returncode == 1
+    (row,) = report.load_rows(sorted(out.glob("*.json")))
+    assert row["skipped"].startswith("failed: exit 3")
