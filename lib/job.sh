@@ -79,7 +79,8 @@ job::run() {
   export SM_JOBDIR
   mkdir -p "${SM_JOBDIR}" || log::die multi "cannot create the job directory ${SM_JOBDIR}" 1
   export SM_BATCH_LOG=${SM_JOBDIR}/batch.log
-  exec > >(util::sm redact | tee -a "${SM_BATCH_LOG}") 2>&1
+  # The logger ignores SIGTERM (scancel signals the whole batch step): teardown must still be heard.
+  exec > >(trap '' TERM INT HUP; util::sm redact | tee -a "${SM_BATCH_LOG}") 2>&1
   # The barrier's per-job secret; never printed (it travels in the environment, not in argv).
   [[ -n ${SM_BARRIER_TOKEN:-} ]] || SM_BARRIER_TOKEN=$(util::generate_token)
   export SM_BARRIER_TOKEN

@@ -29,7 +29,9 @@ node::init() {
   if [[ ${SM_NODE_LOG_REDIRECTED:-0} != 1 ]]; then
     export SM_NODE_LOG_REDIRECTED=1
     # Everything this task prints goes to the node log (secrets masked) and on to srun's output.
-    exec > >(util::sm redact | tee -a "${SM_NODE_LOG}") 2>&1
+    # The logger ignores SIGTERM: scancel signals every process of the step, and a dead logger
+    # would take the task down (SIGPIPE) before it stops the workload and stages its outputs.
+    exec > >(trap '' TERM INT HUP; util::sm redact | tee -a "${SM_NODE_LOG}") 2>&1
   fi
 }
 
@@ -146,7 +148,7 @@ node::stage_image() {
       rc=0
       util::sm barrier serve "${bargs[@]}" --timeout "${SM_BARRIER_TIMEOUT}" \
         --ready-file "${SM_SCRATCH}/barrier.addr" || rc=$?
-      echo "${rc}" >"${SM_SCRATCH}/barrier.rc"
+      [[ -d ${SM_SCRATCH} ]] && echo "${rc}" >"${SM_SCRATCH}/barrier.rc"
     ) &
     export SM_BARRIER_PID=$!
     if id=$(image::ensure_on_rank0); then
@@ -299,6 +301,12 @@ node::on_exit() {
   local rc=$?
   trap - EXIT TERM INT
   ((NODE_EXIT != 0)) || NODE_EXIT=${rc}
+  # rank 0 leaving early (e.g. after an ABORT): stop its barrier server, which tells any worker
+  # still connected to abort, so it does not hold the step open.
+  if [[ -n ${SM_BARRIER_PID:-} ]] && kill -0 "${SM_BARRIER_PID}" 2>/dev/null; then
+    pkill -TERM -P "${SM_BARRIER_PID}" 2>/dev/null || true
+    wait "${SM_BARRIER_PID}" 2>/dev/null || true
+  fi
   if [[ ${NODE_STAGE_STATUS[stage]:-} != ok ]]; then
     node::stage stage || true
   fi

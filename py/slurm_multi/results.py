@@ -931,11 +931,24 @@ def collect(
     if extra and _present(meta.get("nnodes")):
         warnings.append(f"{', '.join(extra)} beyond nnodes {nnodes}: judged like the others")
     nodes = [read_node(root, rank, found.get(rank), names, patterns) for rank in ranks]
+    if not _present(meta.get("image_id")):
+        meta["image_id"] = rank0_image_id(root, found.get(0))
     results_csv = Path(cell(meta.get("results_csv"))).name or None
     summary = judge(root, meta, job_id, model_name, nnodes, results_csv, nodes, warnings)
     if write:
         write_outputs(root, summary)
     return summary
+
+
+def rank0_image_id(root: Path, node_dir: str | None) -> str:
+    """The image every node ran (rank 0's, sent in GO), from node_0/status.json if it says."""
+    if node_dir is None:
+        return ""
+    try:
+        data = json.loads((root / node_dir / "status.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return ""
+    return cell(data.get("image_id")) if isinstance(data, dict) else ""
 
 
 def judge(

@@ -116,6 +116,8 @@ cluster::write_hosts() {
     esac
     printf '%s\tctl\n' "${CLUSTER_CTL_ADDR}"
     for ((i = 1; i <= nnodes; i++)); do
+      # Like Debian, a loopback node knows its own name only as 127.0.1.1.
+      [[ ${quirk} == loopback && node${i} == "${node}" ]] && continue
       printf '%s\tnode%s\n' "$(cluster::node_addr "node${i}")" "${i}"
     done
   } >"$(cluster::node_dir "${node}")/hosts.new"

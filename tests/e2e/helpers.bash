@@ -52,10 +52,61 @@ e2e::image_id() {
   "${REPO_ROOT}/tests/cluster/exec" "$1" docker image inspect -f '{{.Id}}' "${2:-toy/model:local}" 2>/dev/null || true
 }
 
-# e2e::sbatch_wait ARGS...: submit with --wait from a shared dir; sets JOB_ID and JOB_RC.
+# e2e::sbatch_wait ARGS...: submit, then poll until the job ends (sbatch --wait polls slowly);
+# sets JOB_ID and JOB_RC (the batch script's exit code).
 e2e::sbatch_wait() {
-  local out
-  out=$(sbatch --parsable --wait "$@" 2>&1) && JOB_RC=0 || JOB_RC=$?
+  local out state line deadline=$((SECONDS + ${E2E_JOB_TIMEOUT:-300}))
+  out=$(sbatch --parsable "$@" 2>&1) || { echo "sbatch failed: ${out}" >&2; return 1; }
   JOB_ID=$(printf '%s\n' "${out}" | grep -Eo '^[0-9]+' | head -1)
-  export JOB_ID JOB_RC
+  while ((SECONDS < deadline)); do
+    line=$(scontrol show job -o "${JOB_ID}" 2>/dev/null)
+    state=$(grep -o 'JobState=[A-Z_]*' <<<"${line}" | cut -d= -f2)
+    case ${state} in
+      PENDING | RUNNING | CONFIGURING | COMPLETING | SUSPENDED | "") sleep 0.3 ;;
+      *)
+        JOB_RC=$(grep -o ' ExitCode=[0-9]*' <<<"${line}" | cut -d= -f2)
+        export JOB_ID JOB_RC JOB_STATE=${state}
+        return 0
+        ;;
+    esac
+  done
+  echo "job ${JOB_ID} did not end within ${E2E_JOB_TIMEOUT:-300} s" >&2
+  scancel "${JOB_ID}" 2>/dev/null
+  return 1
 }
+
+# e2e::run_job [SBATCH_ARGS...] -- [MULTI_ARGS...]: submit sbatch/multi.sbatch and wait.
+# Sets JOB_ID, JOB_RC, JOB_DIR (the job's output dir) and JOB_OUT (the batch output file).
+e2e::run_job() {
+  local sargs=()
+  while (($#)) && [[ $1 != -- ]]; do
+    sargs+=("$1")
+    shift
+  done
+  (($#)) && shift
+  local out=${E2E_OUT:-${BATS_FILE_TMPDIR}/out}
+  mkdir -p "${out}"
+  cd "${BATS_FILE_TMPDIR}" || return 1
+  e2e::sbatch_wait "${sargs[@]}" -o "${BATS_FILE_TMPDIR}/job-%j.out" "${REPO_ROOT}/sbatch/multi.sbatch" \
+    --out "${out}" "$@"
+  JOB_OUT=${BATS_FILE_TMPDIR}/job-${JOB_ID}.out
+  JOB_DIR=$(find "${out}" -mindepth 2 -maxdepth 2 -type d -name "${JOB_ID}" | head -n 1)
+  export JOB_OUT JOB_DIR
+  if [[ -z ${JOB_DIR} ]]; then
+    echo "no job dir for job ${JOB_ID} (rc ${JOB_RC}); batch output:" >&2
+    cat "${JOB_OUT}" >&2 2>/dev/null || true
+    return 1
+  fi
+}
+
+# e2e::json FILE EXPR: evaluate a Python expression over the parsed JSON file (bound to `d`).
+e2e::json() {
+  "${SM_PYTHON}" -c 'import json, sys; d = json.load(open(sys.argv[1])); print(eval(sys.argv[2]))' "$1" "$2"
+}
+
+# e2e::perf_column FILE COLUMN: one column of perf.csv, one value per row.
+e2e::perf_column() {
+  "${SM_PYTHON}" -c 'import csv, sys; [print(r[sys.argv[2]]) for r in csv.DictReader(open(sys.argv[1]))]' "$1" "$2"
+}
+
+TOY_MANIFEST=${REPO_ROOT}/examples/toy/build_manifest.json
