@@ -109,4 +109,4 @@ e2e::perf_column() {
   "${SM_PYTHON}" -c 'import csv, sys; [print(r[sys.argv[2]]) for r in csv.DictReader(open(sys.argv[1]))]' "$1" "$2"
 }
 
-TOY_MANIFEST=${REPO_ROOT}/examples/toy/build_manifest.json
+export TOY_MANIFEST=${REPO_ROOT}/examples/toy/build_manifest.json
