@@ -14,6 +14,21 @@ SETTINGS_TABLE=(
   "SM_MASTER_PORT|--master-port PORT|29500|MASTER_PORT for the workload; the barrier port derives from it"
   "SM_PROFILE|--profile none|nsys|nsight-slurm|none|profile every rank (see docs/profiling.md)"
   "SM_RUNTIME|--runtime docker|pyxis|none|docker|how each node runs the workload"
+  "SM_NTASKS_PER_NODE|--ntasks-per-node N||worker tasks per node (pyxis, none; default the allocation's; docker: 1)"
+  "SM_CONTAINER_IMAGE|--container-image IMAGE||pyxis: srun --container-image (default: the image)"
+  "SM_FRAMEWORK|--framework NAME||the workload's framework, e.g. trtllm (enables cuda-api and capture ranges)"
+  "SM_PROFILE_START_ITER|--profile-start-iter N||profile window start (TLLM_PROFILE_START_STOP=<start>-<stop>)"
+  "SM_PROFILE_STOP_ITER|--profile-stop-iter N||profile window stop (give both or neither)"
+  "SM_PROFILE_TOOL_OPTIONS|--profile-tool-options OPTS||nsys options, one quoted string (default: the TRT-LLM playbook set)"
+  "SM_PROFILE_DIR|--profile-dir DIR||where reports go (default <jobdir>/profile; nsight-slurm: <jobdir>)"
+  "SM_NSYS_PATH|--nsys-path PATH|nsys|nsys inside the container (docker, pyxis) or on the node (none)"
+  "SM_NSYS_HOST_PATH|--nsys-host-path FILE||a host nsys, mounted read-only at /opt/slurm-multi/bin/nsys and used"
+  "SM_NSIGHT_SLURM_HOME|--nsight-slurm-home DIR||Nsight Cloud for Slurm install root (<home>/bin/nsight-slurm)"
+  "SM_NSIGHT_SLURM_MODE|--nsight-slurm-mode at-launch|manual|cuda-api||default cuda-api for --framework trtllm, else at-launch"
+  "SM_NSIGHT_SLURM_TOOL_PATH|--nsight-slurm-tool-path PATH|/usr/local/bin/nsys|nsys as the nsight-slurm connector runs it"
+  "SM_NVTX_INJECTION_PATH|--nvtx-injection-path PATH||NVTX_INJECTION64_PATH for the workers"
+  "SM_FLUSH_SETTLE_SECONDS|--flush-settle-seconds S|60|a report counts once its byte size is unchanged this long"
+  "SM_FLUSH_TIMEOUT_SECONDS|--flush-timeout-seconds S|600|stop waiting for reports after this long"
   "SM_COLLECT|--collect true|false|true|aggregate results at the end of the job (alias MAD_COLLECT_METRICS)"
   "SM_STOP_GRACE|--stop-grace SECONDS|30|SIGTERM-to-SIGKILL grace when a container is stopped"
   "SM_PEER_GRACE|--peer-grace SECONDS|30|after one node fails, how long the others may run on"
@@ -102,9 +117,13 @@ settings::validate() {
     log::error settings "--manifest ${SM_MANIFEST}: no such readable file"
     return 2
   fi
-  if [[ -z ${SM_MANIFEST:-} && -z ${SM_IMAGE:-} ]]; then
-    log::error settings "nothing to run: give --manifest FILE or --image IMAGE"
+  if [[ -z ${SM_MANIFEST:-} && -z ${SM_IMAGE:-} ]] && ! [[ ${SM_RUNTIME} == none && -n ${SM_CMD[0]+x} ]]; then
+    log::error settings "nothing to run: give --manifest FILE or --image IMAGE (or, with --runtime none, -- CMD)"
     return 2
+  fi
+  # Profiling and runtime combinations (lib/profile.sh): one-line errors before anything starts.
+  if declare -F profile::validate >/dev/null; then
+    profile::validate || return 2
   fi
   return 0
 }
