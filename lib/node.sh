@@ -3,13 +3,12 @@
 # One node's task: prepare -> image -> barrier -> run -> stage. Each stage can run alone on a
 # compute node (`bin/sm-node --stage NAME`); prepare saves the context the later stages read.
 
-declare -A NODE_STAGE_SECONDS=() NODE_STAGE_STATUS=()
+declare -gA NODE_STAGE_SECONDS=() NODE_STAGE_STATUS=()
 NODE_STAGE_ORDER=()
 NODE_REASON=
 NODE_EXIT=0
 RUN_EXIT=
 RUN_DOCKER_PID=
-SM_CMD=()
 
 # node::init JOBDIR: rank, scratch, node dir and the node log (live on shared storage).
 node::init() {

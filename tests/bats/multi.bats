@@ -1,0 +1,88 @@
+#!/usr/bin/env bats
+# sbatch/multi.sbatch outside a job: --help, option errors and the dry-run plan need no Slurm.
+
+load helpers
+
+setup() {
+  cd "${BATS_TEST_TMPDIR}"
+  # A docker that records any call: the dry-run must never touch docker.
+  mkdir -p shim
+  printf '#!/bin/sh\necho "$@" >>%q/docker-called\nexit 1\n' "${BATS_TEST_TMPDIR}" >shim/docker
+  chmod +x shim/docker
+  export PATH="${BATS_TEST_TMPDIR}/shim:${PATH}"
+  unset SLURM_JOB_ID SLURM_JOB_NUM_NODES SLURM_JOB_NODELIST
+}
+
+@test "--help lists every option with its environment variable and an example" {
+  run bash "${REPO_ROOT}/sbatch/multi.sbatch" --help
+  assert_success
+  for opt in --manifest --model --image --image-cache --out --timeout --dry-run --help; do
+    assert_output --partial "${opt}"
+  done
+  for var in SM_MANIFEST SM_MODEL SM_IMAGE SM_IMAGE_CACHE SM_OUT SM_TIMEOUT; do
+    assert_output --partial "env ${var}"
+  done
+  assert_output --partial "MAD_DOCKER_BUILDS"
+  assert_output --partial "MAD_BARRIER_TOKEN"
+  assert_output --partial "MAD_COLLECT_METRICS"
+  assert_output --partial "Examples:"
+}
+
+@test "an unknown option is a one-line error plus the usage, exit 2" {
+  run bash "${REPO_ROOT}/sbatch/multi.sbatch" --manifest "${REPO_ROOT}/examples/toy/build_manifest.json" --bogus 1
+  assert_failure 2
+  assert_line --index 0 --partial "unknown option '--bogus'"
+  assert_output --partial "Usage: sbatch -N NODES sbatch/multi.sbatch"
+}
+
+@test "outside a job without --dry-run it says how to submit, exit 2" {
+  run bash "${REPO_ROOT}/sbatch/multi.sbatch" --manifest "${REPO_ROOT}/examples/toy/build_manifest.json"
+  assert_failure 2
+  assert_output --partial "not inside a Slurm job: submit with 'sbatch -N 2 sbatch/multi.sbatch"
+}
+
+@test "a missing manifest or nothing to run is a clear error" {
+  run bash "${REPO_ROOT}/sbatch/multi.sbatch" --dry-run --manifest /nonexistent.json
+  assert_failure 2
+  assert_output --partial "--manifest /nonexistent.json: no such readable file"
+  run bash "${REPO_ROOT}/sbatch/multi.sbatch" --dry-run
+  assert_failure 2
+  assert_output --partial "nothing to run: give --manifest FILE or --image IMAGE"
+  run bash "${REPO_ROOT}/sbatch/multi.sbatch" --dry-run --image x --timeout soon
+  assert_failure 2
+  assert_output --partial "SM_TIMEOUT='soon' must be a whole number"
+}
+
+@test "--dry-run -N 3 prints the plan for 3 nodes without Slurm or docker, secrets masked" {
+  export HF_TOKEN=hf_dryrun_secret_value MAD_BARRIER_TOKEN=barrier-secret-value-123
+  run bash "${REPO_ROOT}/sbatch/multi.sbatch" --dry-run -N 3 --manifest "${REPO_ROOT}/examples/toy/build_manifest.json"
+  assert_success
+  assert_output --partial "slurm-multi plan: 3 nodes, model toy_model"
+  assert_output --partial "Node 0: rank 0 (serves the barrier)"
+  assert_output --partial "Node 2: worker"
+  assert_output --regexp "srun --nodes=3 --ntasks-per-node=1 .*bin/sm-node --jobdir"
+  assert_output --regexp "docker run --name sm-DRYRUN-r2 --network host --init --shm-size 64M -v [^ ]*/slurm-multi.DRYRUN.r2/output:/sm-out .* -e HF_TOKEN toy/model:local sh run.sh --steps 20"
+  assert_output --partial "mounts (host -> container)"
+  assert_output --partial "HF_TOKEN=***"
+  assert_output --partial "SM_BARRIER_TOKEN     *** (given)"
+  refute_output --partial hf_dryrun_secret_value
+  refute_output --partial barrier-secret-value-123
+  assert_file_not_exists "${BATS_TEST_TMPDIR}/docker-called"
+}
+
+@test "--dry-run takes the workload command after --" {
+  run bash "${REPO_ROOT}/sbatch/multi.sbatch" --dry-run -N 1 --image busybox:latest -- sh -c 'echo "hi there"'
+  assert_success
+  assert_output --partial "Node 0: single node (no cache, no barrier)"
+  assert_output --regexp "busybox:latest sh -c echo\\\\ \\\\\"hi\\\\ there\\\\\""
+}
+
+@test "command line beats environment beats defaults, and madengine aliases fill ours" {
+  export SM_TIMEOUT=77 MAD_DOCKER_BUILDS=/shared/cache MAD_COLLECT_METRICS=false
+  run bash "${REPO_ROOT}/sbatch/multi.sbatch" --dry-run -N 2 --image x --timeout 99
+  assert_success
+  assert_output --regexp "SM_TIMEOUT +99"
+  assert_output --regexp "SM_IMAGE_CACHE +/shared/cache"
+  assert_output --regexp "SM_COLLECT +false"
+  assert_output --regexp "SM_BARRIER_TIMEOUT +600"
+}
