@@ -4,7 +4,7 @@
 load helpers
 
 setup() {
-  cd "${BATS_TEST_TMPDIR}"
+  cd "${BATS_TEST_TMPDIR}" || return 1
   # A docker that records any call: the dry-run must never touch docker.
   mkdir -p shim
   printf '#!/bin/sh\necho "$@" >>%q/docker-called\nexit 1\n' "${BATS_TEST_TMPDIR}" >shim/docker
