@@ -80,6 +80,8 @@ image::cache_save() {
   exec {lockfd}>>"${cache}/.${key}.lock"
   flock -x -w "${SM_CACHE_LOCK_TIMEOUT:-900}" "${lockfd}" ||
     { exec {lockfd}>&-; log::error image "timed out waiting for the cache lock ${cache}/.${key}.lock"; return 1; }
+  # Holding the lock, any temp file of this key is a dead writer's (e.g. a SIGKILLed save).
+  rm -f "${cache}/.${key}.tar.tmp."*
   if [[ -s ${tar} && $(image::sidecar_get "${sidecar}" id) == "${id}" ]]; then
     exec {lockfd}>&-
     log::info image "cache hit: ${tar} already holds ${id:7:12}; no save"

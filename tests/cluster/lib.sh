@@ -44,15 +44,26 @@ cluster::install_packages() {
   rm -f /usr/sbin/policy-rc.d
 }
 
+# cluster::alive PID: running and not a zombie (a SIGKILLed daemon whose parent is gone can stay
+# a zombie for a while, and `kill -0` still succeeds on it).
+cluster::alive() {
+  [[ $1 =~ ^[0-9]+$ ]] && [[ -r /proc/$1/status ]] && ! grep -q '^State:[[:space:]]*Z' "/proc/$1/status" 2>/dev/null
+}
+
+# cluster::pidfile_alive FILE: the daemon of this pid file runs.
+cluster::pidfile_alive() {
+  [[ -f $1 ]] && cluster::alive "$(<"$1")"
+}
+
 # Stop a daemon by its pid file (never by name: other daemons of that name may be someone else's).
 cluster::stop_pidfile() {
   local pidfile=$1 pid i
   [[ -f ${pidfile} ]] || return 0
   pid=$(<"${pidfile}")
-  if [[ ${pid} =~ ^[0-9]+$ ]] && kill -0 "${pid}" 2>/dev/null; then
+  if cluster::alive "${pid}"; then
     kill -TERM "${pid}" 2>/dev/null || true
     for ((i = 0; i < 100; i++)); do
-      kill -0 "${pid}" 2>/dev/null || break
+      cluster::alive "${pid}" || break
       sleep 0.1
     done
     kill -KILL "${pid}" 2>/dev/null || true
@@ -205,13 +216,13 @@ cluster::start_munge() {
   chown munge:munge /etc/munge/munge.key
   chmod 0400 /etc/munge/munge.key
   # munged runs as munge and writes its pid file where munge may write.
-  runuser -u munge -- /usr/sbin/munged --pid-file="${CLUSTER_MUNGE_PID}" --force
+  runuser -u munge -- /usr/sbin/munged --pid-file="${CLUSTER_MUNGE_PID}" --force </dev/null 3>&- 4>&- 5>&- 6>&- 7>&- 8>&- 9>&-
   cluster::wait_for "munged pid file" test -s "${CLUSTER_MUNGE_PID}"
 }
 
 cluster::start_slurmctld() {
   setsid unshare --uts -- bash -c 'hostname ctl && exec slurmctld -D -i' \
-    >"${CLUSTER_STATE}/slurmctld.out" 2>&1 </dev/null &
+    >"${CLUSTER_STATE}/slurmctld.out" 2>&1 </dev/null 3>&- 4>&- 5>&- 6>&- 7>&- 8>&- 9>&- &
 }
 
 # dockerd and slurmd share the node's net namespace; slurmd gets its own UTS and mount namespaces
@@ -226,7 +237,7 @@ cluster::start_dockerd() {
       mount --bind "$2/hosts" /etc/hosts
       exec dockerd -H "unix://$2/docker.sock" --data-root "$3/docker" --exec-root "$2/docker-exec" \
         --pidfile "$2/dockerd.pid" --bridge=none --iptables=false --ip-masq=false --ip-forward=false \
-        --userland-proxy=false' _ "${node}" "${dir}" "${data}" >"${dir}/dockerd.log" 2>&1 </dev/null &
+        --userland-proxy=false' _ "${node}" "${dir}" "${data}" >"${dir}/dockerd.log" 2>&1 </dev/null 3>&- 4>&- 5>&- 6>&- 7>&- 8>&- 9>&- &
 }
 
 cluster::start_slurmd() {
@@ -244,7 +255,7 @@ cluster::start_slurmd() {
       mount --bind "$2/hosts" /etc/hosts
       mount --bind "$2" /run/sm-node
       [ -L /var/run/docker.sock ] || mount --bind "$2/docker.sock" /var/run/docker.sock
-      exec slurmd -D -N "$1"' _ "${node}" "${dir}" >"${dir}/slurmd.out" 2>&1 </dev/null &
+      exec slurmd -D -N "$1"' _ "${node}" "${dir}" >"${dir}/slurmd.out" 2>&1 </dev/null 3>&- 4>&- 5>&- 6>&- 7>&- 8>&- 9>&- &
 }
 
 # cluster::wait_for WHAT CMD…: poll CMD for up to SM_CLUSTER_WAIT seconds (default 60).
@@ -270,7 +281,7 @@ cluster::exec() {
   shift
   pid=$(cat "$(cluster::node_dir "${node}")/slurmd.pid" 2>/dev/null) ||
     log::die cluster "${node} is not running (no slurmd pid file); is the cluster up? try tests/cluster/up" 2
-  if ! [[ ${pid} =~ ^[0-9]+$ ]] || ! kill -0 "${pid}" 2>/dev/null; then
+  if ! cluster::alive "${pid}"; then
     log::die cluster "${node}: slurmd (pid ${pid}) is not running" 1
   fi
   nsenter -t "${pid}" --net --uts --mount --wd="${PWD}" -- "$@"

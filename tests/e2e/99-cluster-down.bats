@@ -22,7 +22,7 @@ load helpers
   run grep -E " (${CLUSTER_DATA}|${CLUSTER_STATE}|/run/sm-node)" /proc/mounts
   assert_failure
   for f in "${pids[@]}"; do
-    run kill -0 "${f}"
+    run cluster::alive "${f}"
     assert_failure
   done
   run tests/cluster/status

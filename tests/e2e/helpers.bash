@@ -55,9 +55,15 @@ e2e::image_id() {
 # e2e::sbatch_wait ARGS...: submit, then poll until the job ends (sbatch --wait polls slowly);
 # sets JOB_ID and JOB_RC (the batch script's exit code).
 e2e::sbatch_wait() {
-  local out state line deadline=$((SECONDS + ${E2E_JOB_TIMEOUT:-300}))
+  local out
   out=$(sbatch --parsable "$@" 2>&1) || { echo "sbatch failed: ${out}" >&2; return 1; }
-  JOB_ID=$(printf '%s\n' "${out}" | grep -Eo '^[0-9]+' | head -1)
+  e2e::wait_job "$(printf '%s\n' "${out}" | grep -Eo '^[0-9]+' | head -1)"
+}
+
+# e2e::wait_job ID: poll until job ID ends; sets JOB_ID, JOB_RC and JOB_STATE.
+e2e::wait_job() {
+  local state line deadline=$((SECONDS + ${E2E_JOB_TIMEOUT:-300}))
+  JOB_ID=$1
   while ((SECONDS < deadline)); do
     line=$(scontrol show job -o "${JOB_ID}" 2>/dev/null)
     state=$(grep -o 'JobState=[A-Z_]*' <<<"${line}" | cut -d= -f2)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -779,3 +780,155 @@ def test_an_absurd_nnodes_is_ignored_and_derived_from_the_node_dirs(tmp_path: Pa
     (jobdir / "job.json").write_text(json.dumps(dict(job, nnodes="9" * 5000, nodes="x")))
     summary = collect(jobdir)
     assert (summary.verdict, summary.nnodes) == ("SUCCESS", 2)
+
+
+# ----------------------------------------------------------------------------- fast paths (same answers)
+
+LOG_PIECES = [
+    "step 3/20 | loss 2.31",
+    "no errors here",
+    "room zoom bloom",
+    "hiperror and ncclsystemerror in lower case",
+    "RuntimeError: boom",
+    "xRuntimeErrorx",
+    "xOOMx",
+    "container killed: OOM",
+    "Out Of Memory",
+    "CUDA error: bad",
+    "[rank0]: Traceback (most recent call last):",
+    "Traceback (most recent call last):",
+    '  File "x.py", line 3, in <module>',
+    "    raise KeyError(1)",
+    "KeyError: 1",
+    "[rank0]: ValueError: bad",
+    "torch.distributed.elastic.multiprocessing.api.SignalException: Process 1 got signal: 15",
+    "FATAL: disk full",
+    "end of line",
+    "",
+    "   ",
+    "İſK ünïcode \x00 \x1b[31m",
+]
+LOG_LINE_ENDS = ["\n", "\r\n", "\r"]
+USER_PATTERN_SETS = [(), ("FATAL",), (r"^FATAL", r"line$"), (r"(?<=x)OOM",), (r"(?i)end of",)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from(LOG_PIECES), st.sampled_from(LOG_LINE_ENDS)), max_size=60),
+    st.booleans(),
+    st.sampled_from(USER_PATTERN_SETS),
+    st.booleans(),
+    st.sampled_from([(1 << 20, 64 * 1024), (1, 1), (7, 16), (64, 100)]),
+    st.binary(max_size=3),
+)
+def test_scan_log_file_gives_what_scanning_the_files_lines_gives(
+    lines, final_end, extra, defaults, sizes, junk
+):
+    """scan_log_file reads in chunks and skips chunks without a possible hit; the reference is
+    scan_log_errors over the lines of the file opened as text with newline=""."""
+    data = "".join(text + end for text, end in lines)
+    data = data if final_end else data.rstrip("\r\n")
+    patterns = results.compile_patterns(list(extra), defaults=defaults)
+    chunk_chars, read_block = sizes
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "node.log"
+        path.write_bytes(data.encode() + junk)
+        with open(path, encoding="utf-8", errors="replace", newline="") as handle:
+            expected = scan_log_errors(handle, patterns)
+        saved = results.SCAN_CHUNK_CHARS, results.READ_BLOCK
+        results.SCAN_CHUNK_CHARS, results.READ_BLOCK = chunk_chars, read_block
+        try:
+            assert results.scan_log_file(path, patterns) == expected
+        finally:
+            results.SCAN_CHUNK_CHARS, results.READ_BLOCK = saved
+
+
+def test_a_hit_deep_in_a_log_larger_than_a_chunk_keeps_its_line_number(tmp_path: Path):
+    lines = [f"iteration {n} | loss 2.0\r\n" if n % 3 else f"iteration {n}\r" for n in range(1, 150001)]
+    lines[120000] = "RuntimeError: late\n"
+    path = tmp_path / "node.log"
+    path.write_text("".join(lines), newline="")
+    assert path.stat().st_size > 2 * results.SCAN_CHUNK_CHARS
+    hits = results.scan_log_file(path, results.DEFAULT_ERROR_PATTERNS)
+    assert [(h.line, h.pattern, h.text) for h in hits] == [(120001, "RuntimeError", "RuntimeError: late")]
+
+
+LITERAL_ALPHABET = st.sampled_from(
+    ["RuntimeError", "CUDA error", "HIP error", "hipErrorX", "NCCL error", "RCCL error", "ncclSystemError",
+     "ncclInternalError", "Segmentation fault", "SIGSEGV", "OOM", "oUT oF MeMoRy", "OutOfMemoryError",
+     "ModuleNotFoundError", "core dumped", "x", "_", " ", "-", "é", "İ", "ſ", "K", "Runtime", "Error",
+     "error"]
+)  # fmt: skip
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(LITERAL_ALPHABET, max_size=6).map("".join))
+def test_the_chunk_prefilter_never_rules_out_a_line_a_default_pattern_matches(line: str):
+    prefilter = results._prefilter(tuple(p.regex for p in results.DEFAULT_ERROR_PATTERNS))
+    if any(p.regex is not None and p.regex.search(line) for p in results.DEFAULT_ERROR_PATTERNS):
+        assert prefilter.may_hit(line)
+        assert prefilter.may_hit(f"before\n{line}\r\nafter")
+
+
+def test_every_default_pattern_has_literals_so_clean_logs_skip_the_regexes():
+    for pattern in results.DEFAULT_ERROR_PATTERNS:
+        if pattern.regex is not None:
+            assert (pattern.regex.pattern, pattern.regex.flags) in results._REQUIRED_LITERALS, pattern.name
+    prefilter = results._prefilter(tuple(p.regex for p in results.DEFAULT_ERROR_PATTERNS))
+    assert not prefilter.always and not prefilter.regexes
+    assert not prefilter.may_hit("iteration 10 | lm loss 2.3 | no errors, room to zoom\n" * 50)
+
+
+def test_out_of_memory_matches_no_character_whose_lower_case_is_not_in_the_phrase():
+    """The prefilter looks for 'out of memory' in text.lower(): true only if every character the
+    case-insensitive regex accepts for a letter of it lower-cases to that letter."""
+    every = "".join(chr(c) for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF)
+    for letter in set("out of memory"):
+        assert {c.lower() for c in re.findall(f"(?i:{letter})", every)} == {letter}
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(st.text(max_size=6), inner, max_size=4)
+        | st.lists(inner, max_size=3).map(tuple)
+    ),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(JSON_VALUES)
+def test_the_summary_json_writer_writes_what_json_dumps_writes(value: Any):
+    assert results._dumps_indent2(value) == json.dumps(value, indent=2, ensure_ascii=False)
+
+
+def test_the_summary_json_writer_leaves_odd_keys_and_objects_to_json():
+    assert results._dumps_indent2({1: [2.5, {None: True}]}) == json.dumps(
+        {1: [2.5, {None: True}]}, indent=2, ensure_ascii=False
+    )
+    with pytest.raises(TypeError):
+        results._dumps_indent2({"a": object()})
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b'{"a": 1,\r\n "b": [1,\r 2]}', b'{\r\n"a": "x\ty"}', b'{"a": "x\r\ny"}', b"\xef\xbb\xbf{}",
+     b'{"a": "\xff"}', b"[1, 2]", b"", b"{\"a\": 1} x"],
+)  # fmt: skip
+def test_json_files_read_as_they_read_in_text_mode(tmp_path: Path, data: bytes):
+    path = tmp_path / "status.json"
+    path.write_bytes(data)
+
+    def outcome(read) -> Any:
+        try:
+            return read()
+        except ValueError as exc:
+            return type(exc).__name__, str(exc)
+
+    def text_mode() -> Any:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+
+    assert outcome(lambda: results._read_json(path)) == outcome(text_mode)

