@@ -79,7 +79,8 @@ demo: setup ## run a real 2-node job on the test cluster (NODES=2, PROFILE=none|
 collect: setup ## re-run results collection for a finished job dir (JOBDIR=...)
 	@bin/sm-collect $(JOBDIR)
 
-bench: setup ## measure overheads against baselines taken in the same run
+bench: setup ## measure overheads against baselines taken in the same run (brings the cluster up)
+	@tests/cluster/status >/dev/null 2>&1 || tests/cluster/up --nodes $(CLUSTER_NODES)
 	@bench/run
 
 clean: ## remove the venv and local outputs (not the cluster: see cluster-down)

@@ -89,9 +89,11 @@ image::cache_save() {
   fi
   [[ -s ${tar} ]] && log::info image "stale tar in the cache (holds $(image::sidecar_get "${sidecar}" id | cut -c8-19), want ${id:7:12}); replacing it"
   t0=$(util::now)
-  log::cmd image docker save -o "${tmp}" "${SM_IMAGE}"
+  # To stdout, not -o: the file then grows under our own temp name, so whatever a killed save
+  # leaves is ours to recognise and remove.
+  log::cmd image docker save "${SM_IMAGE}" ">${tmp}"
   local err
-  if ! err=$(docker save -o "${tmp}" "${SM_IMAGE}" 2>&1); then
+  if ! err=$(docker save "${SM_IMAGE}" 2>&1 >"${tmp}"); then
     rm -f "${tmp}"
     exec {lockfd}>&-
     log::error image "cannot save ${SM_IMAGE} into ${cache}: ${err##*: } (is the disk full? the run goes on without the cache)"

@@ -64,6 +64,11 @@ job::write_job_json() {
 
 # job::srun_argv: how the batch step starts one sm-node task per node (NUL-separated).
 job::srun_argv() {
+  # Other runtimes and nsight-slurm change the step's shape: lib/launch.sh builds it then.
+  if declare -F launch::step_argv >/dev/null; then
+    launch::step_argv
+    return
+  fi
   local argv=(srun --nodes="${SLURM_JOB_NUM_NODES:-1}" --ntasks-per-node=1 --kill-on-bad-exit=0
     --job-name=sm-node --label "${SM_HOME}/bin/sm-node" --jobdir "${SM_JOBDIR}")
   ((${#SM_CMD[@]})) && argv+=(-- "${SM_CMD[@]}")
@@ -79,11 +84,12 @@ job::run() {
   export SM_JOBDIR
   mkdir -p "${SM_JOBDIR}" || log::die multi "cannot create the job directory ${SM_JOBDIR}" 1
   export SM_BATCH_LOG=${SM_JOBDIR}/batch.log
-  # The logger ignores SIGTERM (scancel signals the whole batch step): teardown must still be heard.
-  exec > >(trap '' TERM INT HUP; util::sm redact | tee -a "${SM_BATCH_LOG}") 2>&1
-  # The barrier's per-job secret; never printed (it travels in the environment, not in argv).
+  # The barrier's per-job secret; never printed (it travels in the environment, not in argv). Made
+  # before the log filter starts, so the filter knows to mask it.
   [[ -n ${SM_BARRIER_TOKEN:-} ]] || SM_BARRIER_TOKEN=$(util::generate_token)
   export SM_BARRIER_TOKEN
+  # The logger ignores SIGTERM (scancel signals the whole batch step): teardown must still be heard.
+  exec > >(trap '' TERM INT HUP; util::sm redact | tee -a "${SM_BATCH_LOG}") 2>&1
   [[ -n ${SM_MANIFEST:-} ]] && SM_MANIFEST=$(readlink -f "${SM_MANIFEST}") && export SM_MANIFEST
   job::write_job_json "${SM_JOBDIR}/job.json"
   log::info multi "job ${SLURM_JOB_ID}: ${SLURM_JOB_NUM_NODES} nodes (${SLURM_JOB_NODELIST}), outputs in ${SM_JOBDIR}"
@@ -110,7 +116,7 @@ job::run() {
 # job::step_id: the id of our sm-node step (for scancel --signal=TERM <job>.<step>).
 job::step_id() {
   [[ -n ${JOB_STEP_ID} ]] || JOB_STEP_ID=$(squeue -s -j "${SLURM_JOB_ID}" -h -o '%i|%j' 2>/dev/null |
-    awk -F'|' '$2 == "sm-node" { split($1, a, "."); print a[2]; exit }')
+    awk -F'|' '$2 == "sm-node" || $2 == "nsight-slurm-connector" { split($1, a, "."); print a[2]; exit }')
   printf '%s' "${JOB_STEP_ID}"
 }
 
@@ -161,6 +167,24 @@ job::stop_step() {
   scancel --signal=TERM "${SLURM_JOB_ID}.${step}" 2>/dev/null || true
 }
 
+# job::reap: a node task that died without staging (SIGKILL, crash) left a container and outputs
+# behind; one short step per node stops the container and stages them. Skipped when every node
+# staged already.
+job::reap() {
+  local r missing=0
+  for ((r = 0; r < ${SLURM_JOB_NUM_NODES:-1}; r++)); do
+    [[ -f ${SM_JOBDIR}/node_${r}/status.json ]] || missing=1
+  done
+  ((missing)) || return 0
+  [[ ${SM_RUNTIME:-docker} == docker ]] || return 0
+  local argv=(srun --overlap --nodes="${SLURM_JOB_NUM_NODES:-1}" --ntasks-per-node=1 --kill-on-bad-exit=0
+    --job-name=sm-reap --label "${SM_HOME}/bin/sm-node" --stage reap --jobdir "${SM_JOBDIR}")
+  log::cmd multi "${argv[@]}"
+  # A node that is down cannot be reaped; do not let it hold the teardown for long.
+  timeout "${SM_REAP_TIMEOUT:-$((SM_STOP_GRACE + 30))}" "${argv[@]}" ||
+    log::warn multi "the reaper step did not finish on every node (a node down?); going on"
+}
+
 # job::teardown REASON: every exit path ends here, once: flush, stop tasks, aggregate.
 job::teardown() {
   ((JOB_TEARDOWN_STARTED == 0)) || return 0
@@ -176,6 +200,7 @@ job::teardown() {
   else
     teardown::pre_cleanup "${reason}"
   fi
+  job::reap
   teardown::post_cleanup
   if settings::truthy "${SM_COLLECT}"; then
     local cargs=("${SM_JOBDIR}")

@@ -16,7 +16,7 @@ node::init() {
   [[ -n ${SM_JOBDIR} ]] || log::die node "no job directory: pass --jobdir DIR (the batch step does)" 2
   export SM_RANK=${SM_RANK:-${SLURM_NODEID:-0}}
   export NNODES=${NNODES:-${SLURM_NNODES:-${SLURM_JOB_NUM_NODES:-1}}}
-  export NODE_RANK=${SM_RANK} RANK=${RANK:-${SM_RANK}} WORLD_SIZE=${WORLD_SIZE:-${NNODES}} LOCAL_RANK=${LOCAL_RANK:-0}
+  export NODE_RANK=${SM_NODE_RANK:-${SM_RANK}} RANK=${RANK:-${SM_RANK}} WORLD_SIZE=${WORLD_SIZE:-${NNODES}} LOCAL_RANK=${LOCAL_RANK:-0}
   export SLURMD_NODENAME=${SLURMD_NODENAME:-$(hostname)}
   export SM_NODE_DIR=${SM_JOBDIR}/node_${SM_RANK}
   export SM_SCRATCH=${SM_SCRATCH:-${TMPDIR:-/tmp}/slurm-multi.${SLURM_JOB_ID:-local}.r${SM_RANK}}
@@ -30,7 +30,7 @@ node::init() {
     # Everything this task prints goes to the node log (secrets masked) and on to srun's output.
     # The logger ignores SIGTERM: scancel signals every process of the step, and a dead logger
     # would take the task down (SIGPIPE) before it stops the workload and stages its outputs.
-    exec > >(trap '' TERM INT HUP; util::sm redact | tee -a "${SM_NODE_LOG}") 2>&1
+    exec > >(trap '' TERM INT HUP; util::sm redact --secrets-file "${SM_SCRATCH}/secrets" | tee -a "${SM_NODE_LOG}") 2>&1
   fi
 }
 
@@ -76,16 +76,36 @@ node::stage_prepare() {
   else
     node::fail "GPU detection failed (see node.log)" || return
   fi
+  if [[ ${SM_RUNTIME:-docker} == docker ]]; then
+    local engine
+    if ! engine=$(timeout 20 docker version --format '{{.Server.Version}}' 2>&1); then
+      node::fail "docker engine not reachable on $(hostname): ${engine##*$'\n'}" || return
+    fi
+  fi
   if [[ -n ${SM_MANIFEST:-} ]]; then
     log::cmd prepare slurm-multi manifest restore "${SM_MANIFEST}" ${SM_MODEL:+--model "${SM_MODEL}"}
     restore=$(util::sm manifest restore "${SM_MANIFEST}" ${SM_MODEL:+--model "${SM_MODEL}"}) ||
       node::fail "manifest restore of ${SM_MANIFEST} failed" 2 || return
     # The output is bash made for sourcing: every value is quoted by the helper.
     source /dev/stdin <<<"${restore}"
+    node::remember_secrets
     node::resolve_manifest_paths
   fi
-  [[ -n ${SM_IMAGE:-} ]] || node::fail "no image: give --image or a manifest with docker_image" 2 || return
+  [[ -n ${SM_IMAGE:-} || ${SM_RUNTIME:-docker} == none ]] ||
+    node::fail "no image: give --image or a manifest with docker_image" 2 || return
   node::save_context
+}
+
+# Secret values the manifest brought (literals under secret names) join the log filter's list.
+node::remember_secrets() {
+  local var
+  (
+    umask 077
+    for var in $(compgen -v); do
+      [[ ${var^^} =~ TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|^MAD_SECRETS ]] || continue
+      [[ -n ${!var:-} && ${!var} != *$'\n'* ]] && printf '%s\n' "${!var}"
+    done >>"${SM_SCRATCH}/secrets"
+  )
 }
 
 # Relative dockerfile/context paths in a manifest are relative to where madengine ran: try the
@@ -110,7 +130,7 @@ node::save_context() {
   local file=${SM_SCRATCH}/context.sh names=() var
   for var in $(compgen -v SM_) MASTER_ADDR MASTER_PORT NNODES NODE_RANK RANK WORLD_SIZE LOCAL_RANK \
     "${SM_DOCKER_ENV_NAMES[@]+"${SM_DOCKER_ENV_NAMES[@]}"}"; do
-    case ${var} in SM_NODE_LOG_REDIRECTED | SM_BARRIER_PID) continue ;; esac
+    case ${var} in SM_NODE_LOG_REDIRECTED | SM_BARRIER_PID | SM_CMD) continue ;; esac
     [[ -n ${!var+x} ]] && names+=("${var}")
   done
   (umask 077 && declare -p "${names[@]}" | sed 's/^declare -- /declare -g /; s/^declare -\([a-zA-Z]\{1,\}\) /declare -g\1 /' >"${file}")
@@ -132,6 +152,7 @@ node::barrier_args() {
 
 node::stage_image() {
   local id reason rc=0 bargs=()
+  [[ ${SM_RUNTIME:-docker} == docker ]] || { log::info image "runtime ${SM_RUNTIME}: no image to distribute"; return 0; }
   if ! node::multi; then
     id=$(image::ensure_on_rank0) || node::fail "image: cannot obtain ${SM_IMAGE} (see node.log)" || return
     export SM_IMAGE_ID=${id}
@@ -172,7 +193,9 @@ node::stage_image() {
       node::barrier_control abort --reason "${reason}" || true
       node::fail "${reason}" || return
     fi
-    export SM_IMAGE_ID=${id}
+    # What this node really runs (a rebuilt image has its own ID).
+    SM_IMAGE_ID=$(image::local_id "${SM_IMAGE}" || echo "${id}")
+    export SM_IMAGE_ID
     node::save_context
   fi
 }
@@ -193,6 +216,7 @@ node::barrier_control() {
 
 node::stage_barrier() {
   node::multi || { log::info barrier "single node: no barrier"; return 0; }
+  [[ ${SM_RUNTIME:-docker} == docker ]] || { log::info barrier "runtime ${SM_RUNTIME}: no image to wait for, no barrier"; return 0; }
   local rc=0 bargs=()
   if node::is_rank0; then
     while [[ ! -f ${SM_SCRATCH}/barrier.rc ]]; do sleep 0.1; done
@@ -215,11 +239,15 @@ node::stage_barrier() {
 # ---- run -----------------------------------------------------------------------------------------
 
 node::stage_run() {
+  if declare -F profile::before_run >/dev/null; then
+    profile::before_run || node::fail "profile: cannot set up profiling (see node.log)" 2 || return
+  fi
   case ${SM_RUNTIME:-docker} in
     docker) run::docker || node::fail "run: could not start the container" || return ;;
     none) run::bare ;;
     *) node::fail "runtime ${SM_RUNTIME} is launched by the batch step, not by sm-node" 2 || return ;;
   esac
+  if declare -F profile::after_run >/dev/null; then profile::after_run; fi # nsys: this rank's report settles
   NODE_EXIT=${RUN_EXIT}
   case ${RUN_EXIT} in
     0) return 0 ;;
@@ -281,6 +309,32 @@ node::write_status() {
   } >"${file}.tmp" && mv -f "${file}.tmp" "${file}"
 }
 
+# node::stage_reap: run by the batch step after the tasks ended, on every node. A task that died
+# without staging (SIGKILL, OOM killer, a crash) left its container running under dockerd and its
+# outputs in scratch: stop the container gracefully, stage what it left, write its status.
+node::stage_reap() {
+  local name
+  name=$(run::container_name)
+  if [[ -f ${SM_NODE_DIR}/status.json ]]; then
+    docker rm -f "${name}" >/dev/null 2>&1 || true
+    return 0
+  fi
+  log::warn reap "the task on $(hostname) ended without staging; collecting what it left"
+  [[ -f ${SM_SCRATCH}/context.sh ]] && node::load_context
+  NODE_EXIT=137
+  NODE_REASON="the sm-node task on $(hostname) died before staging (killed?); outputs recovered by the reaper"
+  if docker container inspect "${name}" >/dev/null 2>&1; then
+    run::diagnose "${name}" "task died; container left behind"
+    run::stop_container "${name}"
+    RUN_EXIT=$(docker container inspect -f '{{.State.ExitCode}}' "${name}" 2>/dev/null || echo "")
+  fi
+  node::stage_stage
+  NODE_STAGE_ORDER+=(reap) NODE_STAGE_SECONDS[reap]=0 NODE_STAGE_STATUS[reap]=ok
+  node::write_status
+  [[ ${SM_KEEP_SCRATCH:-0} == 1 ]] || rm -rf "${SM_SCRATCH}"
+  return 0
+}
+
 # ---- the whole task ------------------------------------------------------------------------------
 
 # node::on_term: scancel / srun cancel / time limit. Stop the container gracefully (SIGTERM first,
@@ -289,6 +343,8 @@ node::on_term() {
   NODE_TERMINATED=1
   log::warn node "received a termination signal; stopping the workload gracefully"
   run::stop_container "$(run::container_name)"
+  # Bare metal: the workload is our child (under nsight-slurm only this task gets the signal).
+  if [[ ${SM_RUNTIME:-docker} == none && -n ${RUN_DOCKER_PID} ]]; then kill -TERM "${RUN_DOCKER_PID}" 2>/dev/null || true; fi
   [[ -n ${RUN_DOCKER_PID} ]] && wait "${RUN_DOCKER_PID}" 2>/dev/null
   [[ -n ${SM_BARRIER_PID:-} ]] && kill -TERM "${SM_BARRIER_PID}" 2>/dev/null
   ((NODE_EXIT != 0)) || NODE_EXIT=143
@@ -298,8 +354,12 @@ node::on_term() {
 
 node::on_exit() {
   local rc=$?
-  trap - EXIT TERM INT
+  # Finishing up: a second SIGTERM must not cut the report wait or the staging short (Slurm's
+  # SIGKILL after KillWait still bounds it).
+  trap - EXIT
+  trap '' TERM INT
   ((NODE_EXIT != 0)) || NODE_EXIT=${rc}
+  if declare -F profile::after_run >/dev/null; then profile::after_run; fi
   # rank 0 leaving early (e.g. after an ABORT): stop its barrier server, which tells any worker
   # still connected to abort, so it does not hold the step open.
   if [[ -n ${SM_BARRIER_PID:-} ]] && kill -0 "${SM_BARRIER_PID}" 2>/dev/null; then
@@ -320,7 +380,16 @@ node::run_all() {
   trap node::on_term TERM INT
   local name
   for name in prepare image barrier run; do
-    node::stage "${name}" || { ((NODE_EXIT != 0)) || NODE_EXIT=$?; return "${NODE_EXIT}"; }
+    if ! node::stage "${name}"; then
+      ((NODE_EXIT != 0)) || NODE_EXIT=$?
+      # A worker that cannot start tells rank 0, which aborts everyone within seconds instead
+      # of waiting for the barrier timeout. (rank 0 aborts its own barrier in the image stage.)
+      if [[ ${name} != run ]] && node::multi && ! node::is_rank0; then
+        node::barrier_control abort --connect-timeout 5 \
+          --reason "$(hostname) (rank ${SM_RANK}): ${NODE_REASON}" >/dev/null 2>&1 || true
+      fi
+      return "${NODE_EXIT}"
+    fi
   done
   node::stage stage
   return "${NODE_EXIT}"

@@ -24,7 +24,7 @@ SETTINGS_TABLE=(
   "SM_NSYS_PATH|--nsys-path PATH|nsys|nsys inside the container (docker, pyxis) or on the node (none)"
   "SM_NSYS_HOST_PATH|--nsys-host-path FILE||a host nsys, mounted read-only at /opt/slurm-multi/bin/nsys and used"
   "SM_NSIGHT_SLURM_HOME|--nsight-slurm-home DIR||Nsight Cloud for Slurm install root (<home>/bin/nsight-slurm)"
-  "SM_NSIGHT_SLURM_MODE|--nsight-slurm-mode at-launch|manual|cuda-api||default cuda-api for --framework trtllm, else at-launch"
+  "SM_NSIGHT_SLURM_MODE|--nsight-slurm-mode MODE||at-launch, manual or cuda-api (default: cuda-api with --framework trtllm, else at-launch)"
   "SM_NSIGHT_SLURM_TOOL_PATH|--nsight-slurm-tool-path PATH|/usr/local/bin/nsys|nsys as the nsight-slurm connector runs it"
   "SM_NVTX_INJECTION_PATH|--nvtx-injection-path PATH||NVTX_INJECTION64_PATH for the workers"
   "SM_FLUSH_SETTLE_SECONDS|--flush-settle-seconds S|60|a report counts once its byte size is unchanged this long"

@@ -32,3 +32,11 @@ setup_file() {
   assert_output --partial "chosen CSV: node_2/perf_toy.csv"
   assert_equal "$(e2e::image_id node3)" "$(e2e::image_id node1)"
 }
+
+@test "make demo PROFILE=nsys leaves one settled report per rank" {
+  run make --no-print-directory -C "${REPO_ROOT}" demo PROFILE=nsys
+  assert_success
+  assert_output --regexp "results: job [0-9]+ \(toy_model, 2 nodes\): SUCCESS"
+  assert_output --regexp "profile/[0-9]+_node1_rank0\.nsys-rep \([1-9][0-9]* bytes\)"
+  assert_output --regexp "profile/[0-9]+_node2_rank1\.nsys-rep \([1-9][0-9]* bytes\)"
+}

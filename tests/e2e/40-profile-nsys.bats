@@ -1,0 +1,142 @@
+#!/usr/bin/env bats
+# --profile nsys with the docker runtime on the real cluster: the fake nsys (tests/fakes/nsys) is
+# mounted into the toy container with --nsys-host-path and writes its report only when the session
+# ends, growing it over NSYS_FAKE_WRITE_SECONDS -- like the real tool. Every rank's report must be
+# there, complete and settled, also when the job is scancelled mid-run.
+
+load helpers
+
+# The fake's report: a header line, then CHUNKS appends of CHUNK_KIB KiB.
+FAKE_CHUNKS=4
+FAKE_CHUNK_KIB=32
+
+# wait_for_nodes [--docker] NODE...: these nodes' daemons up (another test file may be restarting
+# one of them on purpose); these tests never start the cluster themselves.
+wait_for_nodes() {
+  local docker=0 node line deadline=$((SECONDS + 120)) ok
+  [[ $1 == --docker ]] && { docker=1; shift; }
+  while :; do
+    ok=1
+    for node in "$@"; do
+      line=$("${REPO_ROOT}/tests/cluster/status" 2>/dev/null | awk -v n="${node}" '$1 == n')
+      [[ $(awk '{ print $4 }' <<<"${line}") == up ]] || ok=0
+      ((docker == 0)) || [[ $(awk '{ print $5 }' <<<"${line}") == up ]] || ok=0
+    done
+    ((ok)) && return 0
+    ((SECONDS < deadline)) || { echo "cluster nodes $* not up (tests/cluster/status); these tests never start the cluster" >&2; return 1; }
+    sleep 1
+  done
+}
+
+setup_file() {
+  export E2E_CACHE=${BATS_FILE_TMPDIR}/image-cache
+  mkdir -p "${E2E_CACHE}"
+  # The toy image is static busybox without /bin/sh; the fake nsys is a #!/bin/sh script, so the
+  # test manifest mounts the host's static busybox there and passes the fake's knobs to the container.
+  export NSYS_MANIFEST=${BATS_FILE_TMPDIR}/build_manifest.json
+  "${SM_PYTHON}" - "${TOY_MANIFEST}" "${NSYS_MANIFEST}" "$(command -v busybox)" "${REPO_ROOT}" \
+    "${FAKE_CHUNKS}" "${FAKE_CHUNK_KIB}" <<'PY'
+import json, sys
+src, dst, busybox, repo, chunks, kib = sys.argv[1:]
+m = json.load(open(src))
+for section in ("built_images", "built_models"):
+    for entry in m[section].values():
+        entry["dockerfile"] = f"{repo}/examples/toy/Dockerfile"
+        if "dockercontext" in entry:
+            entry["dockercontext"] = f"{repo}/examples/toy"
+m["context"]["docker_mounts"] = {"/bin/sh": busybox}
+m["context"]["docker_env_vars"].update(
+    NSYS_FAKE_WRITE_SECONDS="1", NSYS_FAKE_CHUNKS=chunks, NSYS_FAKE_CHUNK_KIB=kib
+)
+json.dump(m, open(dst, "w"), indent=2)
+PY
+}
+
+setup() {
+  wait_for_nodes --docker node1 node2
+}
+
+# nsys_job_args: the options every job here uses (short flush values: the fake writes in 1 s).
+nsys_job_args() {
+  printf '%s\0' --manifest "${NSYS_MANIFEST}" --image-cache "${E2E_CACHE}" --profile nsys \
+    --nsys-host-path "${REPO_ROOT}/tests/fakes/nsys" --profile-start-iter 5 --profile-stop-iter 15 \
+    --flush-settle-seconds 3 --flush-timeout-seconds 60 --stop-grace 20
+}
+
+# assert_complete_report FILE: non-empty, nothing cut short: header line + every chunk.
+assert_complete_report() {
+  local file=$1 header size
+  assert_file_exists "${file}"
+  header=$(head -n 1 "${file}" | wc -c)
+  size=$(stat -c %s "${file}")
+  assert_equal "${size}" "$((header + FAKE_CHUNKS * FAKE_CHUNK_KIB * 1024))"
+  run head -n 1 "${file}"
+  assert_output --regexp '^FAKE-NSYS-REP session=profile-[0-9]+ app=sh$'
+}
+
+# node_of RANK: the node a rank ran on (its status.json).
+node_of() { e2e::json "${JOB_DIR}/node_$1/status.json" 'd["node"]'; }
+
+@test "nsys, 2 nodes: one complete, settled report per rank, named per rank, in the job dir" {
+  local args=()
+  mapfile -d '' args < <(nsys_job_args)
+  e2e::run_job -N2 -- "${args[@]}"
+  [[ ${JOB_RC} == 0 ]] || tail -n 60 "${JOB_DIR}/batch.log" # shown when the test fails
+  assert_equal "${JOB_RC}" 0
+  run ls "${JOB_DIR}/profile"
+  assert_equal "${#lines[@]}" 2
+  local r node
+  for r in 0 1; do
+    node=$(node_of "${r}")
+    assert_complete_report "${JOB_DIR}/profile/${JOB_ID}_${node}_rank${r}.nsys-rep"
+    run cat "${JOB_DIR}/node_${r}/node.log"
+    # nsys ran inside the container, with the rank env and the profile window.
+    assert_output --regexp "docker run .* -v ${JOB_DIR}/profile:${JOB_DIR}/profile .*-e TLLM_PROFILE_START_STOP .*toy/model:local /opt/slurm-multi/bin/nsys profile -t cuda-sw\\\\,nvtx\\\\,python-gil .* -o ${JOB_DIR}/profile/%q\\\\\{SLURM_JOB_ID\\\\\}_%q\\\\\{SLURMD_NODENAME\\\\\}_rank%q\\\\\{SLURM_PROCID\\\\\} sh run.sh"
+    assert_output --partial "Generated:"
+    assert_output --partial "nsys report of rank ${r} settled"
+  done
+  run find "${JOB_DIR}" -name '*.qdstrm'
+  assert_output ""
+  run cat "${JOB_DIR}/batch.log"
+  assert_output --partial "profile: flush: 2 report(s) settled in ${JOB_DIR}/profile"
+}
+
+@test "nsys, scancelled mid-run: every rank's report is complete, flushed before the steps were killed" {
+  local args=() out state deadline r node
+  mapfile -d '' args < <(nsys_job_args)
+  mkdir -p "${BATS_FILE_TMPDIR}/out"
+  cd "${BATS_FILE_TMPDIR}"
+  out=$(sbatch --parsable -N2 -o "${BATS_FILE_TMPDIR}/job-%j.out" "${REPO_ROOT}/sbatch/multi.sbatch" \
+    --out "${BATS_FILE_TMPDIR}/out" "${args[@]}" -- sh run.sh --steps 400)
+  JOB_ID=${out%%;*}
+  JOB_DIR=${BATS_FILE_TMPDIR}/out/toy_model/${JOB_ID}
+  # Wait until both ranks are training under nsys (the toy logs every 5th of its 400 steps).
+  deadline=$((SECONDS + 120))
+  until grep -qs 'step 30/400' "${JOB_DIR}/node_0/node.log" && grep -qs 'step 30/400' "${JOB_DIR}/node_1/node.log"; do
+    ((SECONDS < deadline)) || { cat "${BATS_FILE_TMPDIR}/job-${JOB_ID}.out" >&2; scancel "${JOB_ID}"; false; }
+    sleep 0.3
+  done
+  scancel "${JOB_ID}"
+  deadline=$((SECONDS + 120))
+  while state=$(scontrol show job -o "${JOB_ID}" 2>/dev/null | grep -o 'JobState=[A-Z]*'); [[ ${state} =~ RUNNING|COMPLETING|PENDING ]]; do
+    ((SECONDS < deadline)) || break
+    sleep 0.5
+  done
+  for r in 0 1; do
+    node=$(node_of "${r}")
+    assert_complete_report "${JOB_DIR}/profile/${JOB_ID}_${node}_rank${r}.nsys-rep"
+    # The task outlived its own report's settling and staged: it was not SIGKILLed.
+    assert_equal "$(e2e::json "${JOB_DIR}/node_${r}/status.json" 'd["exit_code"]')" 143
+    run grep -n -e "nsys report of rank ${r} settled" -e 'node: done: exit 143' "${JOB_DIR}/node_${r}/node.log"
+    assert_line --index 0 --partial "nsys report of rank ${r} settled"
+    assert_line --index 1 --partial 'node: done: exit 143'
+    run grep -c 'step 400/400' "${JOB_DIR}/node_${r}/node.log"
+    assert_output 0
+  done
+  run find "${JOB_DIR}" -name '*.qdstrm'
+  assert_output ""
+  # The batch step's flush waited for both reports BEFORE its teardown signalled the step (when
+  # the step had not ended by itself by then).
+  run grep -e 'profile: flush: 2 report(s) settled' -e 'multi: + scancel --signal=TERM' "${JOB_DIR}/batch.log"
+  assert_line --index 0 --partial 'profile: flush: 2 report(s) settled'
+}

@@ -1,0 +1,187 @@
+#!/usr/bin/env bats
+# --profile nsight-slurm, bare metal (--runtime none), 2 nodes x 2 tasks, on the real cluster with
+# the fake Nsight Cloud for Slurm (tests/fakes/nsight-slurm-home: a real pyzmq coordinator dialled
+# with IPv6 on) and the fake nsys. node1 resolves its own name to its fe80:: address first, as the
+# hecate nodes did: without the head node's IPv4 as the coordinator address, node1's own ranks time
+# out; with it, every rank joins and every rank's report arrives.
+
+# shellcheck disable=SC2016 # the single-quoted scripts expand in the job or the subshell, on purpose
+load helpers
+
+# wait_for_nodes [--docker] NODE...: these nodes' daemons up (another test file may be restarting
+# one of them on purpose); these tests never start the cluster themselves.
+wait_for_nodes() {
+  local docker=0 node line deadline=$((SECONDS + 120)) ok
+  [[ $1 == --docker ]] && { docker=1; shift; }
+  while :; do
+    ok=1
+    for node in "$@"; do
+      line=$("${REPO_ROOT}/tests/cluster/status" 2>/dev/null | awk -v n="${node}" '$1 == n')
+      [[ $(awk '{ print $4 }' <<<"${line}") == up ]] || ok=0
+      ((docker == 0)) || [[ $(awk '{ print $5 }' <<<"${line}") == up ]] || ok=0
+    done
+    ((ok)) && return 0
+    ((SECONDS < deadline)) || { echo "cluster nodes $* not up (tests/cluster/status); these tests never start the cluster" >&2; return 1; }
+    sleep 1
+  done
+}
+
+setup_file() {
+  # The fakes are python3 scripts that need pyzmq: the venv's python3 first on PATH (jobs inherit it).
+  export PATH="${REPO_ROOT}/.venv/bin:${PATH}"
+  export NSIGHT_HOME=${REPO_ROOT}/tests/fakes/nsight-slurm-home
+  export NSYS_FAKE_WRITE_SECONDS=1 NSYS_FAKE_CHUNKS=3 NSYS_FAKE_CHUNK_KIB=16
+  export NSIGHT_FAKE_CONNECT_TIMEOUT=4
+}
+
+setup() {
+  wait_for_nodes node1 node2
+  # Set per test: another test file may have reset the quirks in between.
+  "${REPO_ROOT}/tests/cluster/self-name" node1=linklocal
+  export FAKE_RECORD_DIR=${BATS_TEST_TMPDIR}/calls
+}
+
+teardown_file() {
+  "${REPO_ROOT}/tests/cluster/self-name" node1=none
+}
+
+# nsight_job: 2 nodes (node1 = the batch node, with the quirk) x 2 tasks, bare metal.
+nsight_job() {
+  e2e::run_job -N2 -w node1,node2 --ntasks-per-node=2 -- --runtime none --ntasks-per-node 2 \
+    --profile nsight-slurm --nsight-slurm-home "${NSIGHT_HOME}" \
+    --nsight-slurm-tool-path "${REPO_ROOT}/tests/fakes/nsys" --profile-start-iter 5 --profile-stop-iter 15 \
+    --flush-settle-seconds 2 --flush-timeout-seconds "${1:-60}" \
+    -- sh -c 'echo "rank ${RANK} of ${WORLD_SIZE} on $(hostname)"; echo "performance: 4${RANK}.5 samples_per_second"; sleep 2'
+}
+
+# node1_quirk_held: the quirk was still in place when the job ended (another engineer's tests may
+# reset it; then this run proves nothing and says so).
+node1_quirk_held() {
+  run awk '$1 == "node1" { print $3 }' "${CLUSTER_STATE}/nodes"
+  assert_output linklocal
+}
+
+# records TOOL FILTER: one line per recorded call of TOOL (python expression over `r`).
+records() {
+  "${SM_PYTHON}" - "${FAKE_RECORD_DIR}/$1.jsonl" "$2" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    print(eval(sys.argv[2]))
+PY
+}
+
+@test "nsight-slurm, bare metal, 2x2, node1 link-local: every rank joins and every rank's report arrives" {
+  run tests/cluster/exec node1 "${SM_PYTHON}" -c \
+    'import socket; print(socket.getaddrinfo("node1", 1, socket.AF_INET6, socket.SOCK_STREAM, 0, socket.AI_V4MAPPED)[0][4][0])'
+  assert_output --regexp '^fe80:'
+  nsight_job
+  node1_quirk_held
+  [[ ${JOB_RC} == 0 ]] || tail -n 60 "${JOB_DIR}/batch.log" # shown when the test fails
+  assert_equal "${JOB_RC}" 0
+  local state=${JOB_DIR}/.nsight-slurm/jobs/${JOB_ID}
+  # Every rank registered with the one coordinator, published as the head node's IPv4 literal.
+  run e2e::json "${state}/sessions.json" 'sorted((s["rank"], s["node"], s["state"]) for s in d["sessions"])'
+  assert_output "[(0, 'node1', 'exited'), (1, 'node1', 'exited'), (2, 'node2', 'exited'), (3, 'node2', 'exited')]"
+  run grep -o 'coordinator started: tcp://[^ ]*' "${JOB_DIR}/nsight-slurm.out"
+  assert_output --regexp '^coordinator started: tcp://10\.77\.0\.11:[0-9]+$'
+  # One non-empty report per rank, named after the rank's own node, written straight to shared storage.
+  run ls "${JOB_DIR}/nsight-slurm-direct"
+  assert_output "$(printf '%s\n' "${JOB_ID}_node1_rank0.nsys-rep" "${JOB_ID}_node1_rank1.nsys-rep" \
+    "${JOB_ID}_node2_rank2.nsys-rep" "${JOB_ID}_node2_rank3.nsys-rep")"
+  local f
+  for f in "${JOB_DIR}"/nsight-slurm-direct/*; do
+    assert [ "$(stat -c %s "${f}")" -gt $((3 * 16 * 1024)) ]
+  done
+  run find "${JOB_DIR}" -name '*.qdstrm'
+  assert_output ""
+  # The workload ran under nsys as 4 ranks, with the worker env.
+  for r in 0 1 2 3; do
+    assert_equal "$(e2e::json "${JOB_DIR}/node_${r}/status.json" 'd["exit_code"]')" 0
+    run grep "rank ${r} of 4 on" "${JOB_DIR}/node_${r}/node.log"
+    assert_success
+  done
+  run records nsight-slurm-connector 'r["env"]["SLURM_PROCID"], r["env"]["SLURMD_NODENAME"], r["env"]["TLLM_PROFILE_START_STOP"], r["env"]["TLLM_PROFILE_LOG_RANKS"], r["env"]["DYN_ENABLE_RUST_NVTX"]'
+  assert_equal "$(sort <<<"${output}")" "$(printf '%s\n' "('0', 'node1', '5-15', 'all', '1')" "('1', 'node1', '5-15', 'all', '1')" \
+    "('2', 'node2', '5-15', 'all', '1')" "('3', 'node2', '5-15', 'all', '1')")"
+  # The IPv4 override is in the wrapper CLI calls' environment only, never in the launcher's.
+  run records nsight-slurm 'r["argv"][1], r["env"].get("SLURMD_NODENAME"), r["env"].get("SLURM_SUBMIT_DIR")'
+  assert_line --index 0 "('configure', '10.77.0.11', '${JOB_DIR}')"
+  assert_line "('coordinator', '10.77.0.11', '${JOB_DIR}')"
+  assert_line "('stop', '10.77.0.11', '${JOB_DIR}')"
+  assert_line "('srun', 'node1', '${JOB_DIR}')"
+  run records nsight-slurm 'r["argv"][1] == "srun" and " ".join(r["argv"])'
+  assert_line --regexp " srun --nodes=2 --ntasks-per-node=2 --kill-on-bad-exit=0 --label -- ${REPO_ROOT}/bin/sm-node --jobdir "
+  refute_output --partial -- '--export'
+  # Every wrapper call in order: the once-per-job configure sequence, the worker step, then the
+  # teardown flush (stop) and, after the steps ended, the coordinator stop.
+  run bash -c "grep -E '^\+ env ' '${JOB_DIR}/nsight-slurm.out' | sed -E 's|.*/bin/nsight-slurm ([a-z-]+( [a-z-]+)?).*|\1|'"
+  assert_output "$(printf '%s\n' 'configure tool-path' 'configure tool-command' 'configure profiling-mode' \
+    'configure tool-options' 'configure report-output' 'disable pyxis' 'coordinator start' 'configure' \
+    'srun --nodes' 'stop --job' 'coordinator stop')"
+}
+
+@test "nsight-slurm without the IPv4 override: node1's ranks time out, node2's join, and the probe says why" {
+  export SM_NSIGHT_NO_IPV4_OVERRIDE=1
+  nsight_job 15
+  node1_quirk_held
+  local state=${JOB_DIR}/.nsight-slurm/jobs/${JOB_ID} port
+  run grep -o 'coordinator started: tcp://node1:[0-9]*' "${JOB_DIR}/nsight-slurm.out"
+  assert_success
+  port=${output##*:}
+  run grep -E '^[0-9]+: \[Nsight ERROR\] Timeout connecting to Coordinator$' "${JOB_DIR}/batch.log"
+  assert_line '0: [Nsight ERROR] Timeout connecting to Coordinator'
+  assert_line '1: [Nsight ERROR] Timeout connecting to Coordinator'
+  assert_equal "${#lines[@]}" 2
+  run e2e::json "${state}/sessions.json" 'sorted((s["rank"], s["node"]) for s in d["sessions"])'
+  assert_output "[(2, 'node2'), (3, 'node2')]"
+  run ls "${JOB_DIR}/nsight-slurm-direct"
+  assert_output "$(printf '%s\n' "${JOB_ID}_node2_rank2.nsys-rep" "${JOB_ID}_node2_rank3.nsys-rep")"
+  assert_not_equal "${JOB_RC}" 0
+  # On node1, ZeroMQ with IPv6 on dials node1's fe80:: address: the probe flags it.
+  run bash -c "'${REPO_ROOT}/tests/cluster/exec' node1 env PYTHONPATH='${REPO_ROOT}/py' '${SM_PYTHON}' -m slurm_multi coordinator probe --timeout-seconds 2 tcp://node1:${port} 2>/dev/null"
+  assert_failure
+  run e2e::json /dev/stdin 'd["link_local"], d["zmq_ipv6_dials"].startswith("fe80:"), d["ipv4"]' <<<"${output}"
+  assert_output "(True, True, '10.77.0.11')"
+}
+
+@test "nsight-slurm scancelled mid-run: the flush still gets every rank's report before the steps die" {
+  local out deadline state
+  mkdir -p "${BATS_FILE_TMPDIR}/out"
+  cd "${BATS_FILE_TMPDIR}"
+  out=$(sbatch --parsable -N2 -w node1,node2 --ntasks-per-node=2 -o "${BATS_FILE_TMPDIR}/job-%j.out" \
+    "${REPO_ROOT}/sbatch/multi.sbatch" --out "${BATS_FILE_TMPDIR}/out" --runtime none --ntasks-per-node 2 \
+    --profile nsight-slurm --nsight-slurm-home "${NSIGHT_HOME}" --nsight-slurm-tool-path "${REPO_ROOT}/tests/fakes/nsys" \
+    --flush-settle-seconds 2 --flush-timeout-seconds 40 -- sh -c 'echo "rank ${RANK} training"; sleep 60')
+  JOB_ID=${out%%;*}
+  JOB_DIR=${BATS_FILE_TMPDIR}/out/job/${JOB_ID}
+  # Wait until all 4 ranks run under nsys (4 sessions registered, 4 streams open), then cancel.
+  deadline=$((SECONDS + 90))
+  until [[ $(find "${JOB_DIR}/nsight-slurm-direct" -name '*.qdstrm' 2>/dev/null | wc -l) == 4 ]]; do
+    ((SECONDS < deadline)) || { cat "${BATS_FILE_TMPDIR}/job-${JOB_ID}.out" >&2; scancel "${JOB_ID}"; false; }
+    sleep 0.3
+  done
+  scancel "${JOB_ID}"
+  deadline=$((SECONDS + 90))
+  while state=$(scontrol show job -o "${JOB_ID}" 2>/dev/null | grep -o 'JobState=[A-Z]*'); [[ ${state} =~ RUNNING|COMPLETING|PENDING ]]; do
+    ((SECONDS < deadline)) || break
+    sleep 0.5
+  done
+  node1_quirk_held
+  run ls "${JOB_DIR}/nsight-slurm-direct"
+  assert_output "$(printf '%s\n' "${JOB_ID}_node1_rank0.nsys-rep" "${JOB_ID}_node1_rank1.nsys-rep" \
+    "${JOB_ID}_node2_rank2.nsys-rep" "${JOB_ID}_node2_rank3.nsys-rep")"
+  local f
+  for f in "${JOB_DIR}"/nsight-slurm-direct/*; do
+    # Complete: the fake's header line plus every chunk (a SIGKILLed nsys leaves less, or nothing).
+    assert_equal "$(stat -c %s "${f}")" "$(($(head -n 1 "${f}" | wc -c) + 3 * 16 * 1024))"
+  done
+  for r in 0 1 2 3; do
+    assert_equal "$(e2e::json "${JOB_DIR}/node_${r}/status.json" 'd["exit_code"]')" 143
+  done
+  # The flush came first; the teardown's own SIGTERM to the step (if the step was still there)
+  # and the coordinator stop only after it.
+  run grep -e 'profile: flush: 4 report(s) settled' -e 'multi: + scancel --signal=TERM' -e 'coordinator stop --force' "${JOB_DIR}/batch.log"
+  assert_line --index 0 --partial 'profile: flush: 4 report(s) settled'
+  assert_line --index "$((${#lines[@]} - 1))" --partial 'coordinator stop --force'
+}
