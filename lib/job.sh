@@ -125,7 +125,7 @@ job::node_stage() {
   local log=${SM_JOBDIR}/node_$1/node.log
   [[ -f ${SM_JOBDIR}/node_$1/status.json ]] && { echo finished; return; }
   [[ -f ${log} ]] || { echo starting; return; }
-  grep -o ' stage [a-z]*' "${log}" 2>/dev/null | tail -n 1 | awk '{ print $2 }'
+  grep -o ' stage [a-z]*' "${log}" 2>/dev/null | tail -n 1 | awk '{ print $2 }' || true
 }
 
 # job::watch: wait for the tasks; show progress; when one node fails, give the others

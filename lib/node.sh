@@ -362,7 +362,14 @@ node::on_exit() {
   if declare -F profile::after_run >/dev/null; then profile::after_run; fi
   # rank 0 leaving early (e.g. after an ABORT): stop its barrier server, which tells any worker
   # still connected to abort, so it does not hold the step open.
+  # After an ABORT the server lingers until every worker has heard it (a worker may still be
+  # connecting), at most its linger time; then it is stopped.
   if [[ -n ${SM_BARRIER_PID:-} ]] && kill -0 "${SM_BARRIER_PID}" 2>/dev/null; then
+    local waited=0
+    while kill -0 "${SM_BARRIER_PID}" 2>/dev/null && ((waited < ${SM_BARRIER_LINGER:-15} * 5)); do
+      sleep 0.2
+      waited=$((waited + 1))
+    done
     pkill -TERM -P "${SM_BARRIER_PID}" 2>/dev/null || true
     wait "${SM_BARRIER_PID}" 2>/dev/null || true
   fi

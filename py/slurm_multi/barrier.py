@@ -514,6 +514,7 @@ class BarrierServer:
         self._state = WAITING
         self._outcome: Outcome | None = None
         self._abort_reason = ""
+        self._told_abort: set[int] = set()  # ranks that got ABORT: linger ends once all have
         self._stop_reason: str | None = None
         self._released_all = False
         self._closed = False
@@ -629,7 +630,9 @@ class BarrierServer:
                         self._state, flush_until = FINISHING, now + FLUSH_SECONDS
                     else:
                         self._state, linger_until = LINGERING, now + self.linger
-                if self._state == LINGERING and now >= linger_until:
+                # Linger answers late joiners with ABORT; once every worker has heard it, stop.
+                everyone_told = len(self._told_abort) >= self.nnodes - 1
+                if self._state == LINGERING and (now >= linger_until or everyone_told):
                     self._state, flush_until = FINISHING, now + FLUSH_SECONDS
                 if self._state == FINISHING and (not self._writers or now >= flush_until):
                     assert self._outcome is not None
@@ -832,6 +835,7 @@ class BarrierServer:
     def _on_ready(self, conn: _Conn, msg: Message) -> None:
         if self._abort_reason:
             self._send(conn, _line("ABORT", self.token, self._abort_reason))
+            self._told_abort.add(msg.rank)
             return
         if self._released_all or (msg.phase == "image" and self.image_id):
             self._go(conn, msg.rank)
@@ -881,8 +885,9 @@ class BarrierServer:
         self._abort_reason = reason
         told = 0
         for phase in PHASES:
-            for worker in self._waiters[phase].values():
+            for rank, worker in self._waiters[phase].items():
                 self._send(worker, _line("ABORT", self.token, reason))
+                self._told_abort.add(rank)
                 told += 1
             self._waiters[phase].clear()
         if told:

@@ -83,3 +83,21 @@ setup_file() {
   assert_output --partial "oom_killed=false"
   assert_equal "$(e2e::json "${JOB_DIR}/node_1/status.json" 'd["exit_code"]')" 3
 }
+
+@test "a workload past --timeout: stopped, a diagnostic snapshot beside it, exit 124 kept, FAILURE" {
+  e2e::run_job -N2 -- --manifest "${TOY_MANIFEST}" --image-cache "${E2E_CACHE}" --timeout 4 --stop-grace 5 \
+    -- sh run.sh --steps 2000
+  assert_equal "${JOB_RC}" 1
+  local r
+  for r in 0 1; do
+    assert_equal "$(e2e::json "${JOB_DIR}/node_${r}/status.json" 'd["exit_code"], d["status"]')" "(124, 'timeout')"
+    assert_file_exists "${JOB_DIR}/node_${r}/diagnostics/container-state.txt"
+    assert_file_exists "${JOB_DIR}/node_${r}/diagnostics/listening-sockets.txt"
+    assert_file_exists "${JOB_DIR}/node_${r}/diagnostics/host-processes.txt"
+    run cat "${JOB_DIR}/node_${r}/diagnostics/container-state.txt"
+    assert_output --partial "reason: timeout after 4 s"
+    assert_output --partial "status=running"
+  done
+  run e2e::json "${JOB_DIR}/summary.json" '" | ".join(d["reasons"])'
+  assert_output --partial "timed out after 4 s"
+}

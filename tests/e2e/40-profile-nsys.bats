@@ -10,24 +10,6 @@ load helpers
 FAKE_CHUNKS=4
 FAKE_CHUNK_KIB=32
 
-# wait_for_nodes [--docker] NODE...: these nodes' daemons up (another test file may be restarting
-# one of them on purpose); these tests never start the cluster themselves.
-wait_for_nodes() {
-  local docker=0 node line deadline=$((SECONDS + 120)) ok
-  [[ $1 == --docker ]] && { docker=1; shift; }
-  while :; do
-    ok=1
-    for node in "$@"; do
-      line=$("${REPO_ROOT}/tests/cluster/status" 2>/dev/null | awk -v n="${node}" '$1 == n')
-      [[ $(awk '{ print $4 }' <<<"${line}") == up ]] || ok=0
-      ((docker == 0)) || [[ $(awk '{ print $5 }' <<<"${line}") == up ]] || ok=0
-    done
-    ((ok)) && return 0
-    ((SECONDS < deadline)) || { echo "cluster nodes $* not up (tests/cluster/status); these tests never start the cluster" >&2; return 1; }
-    sleep 1
-  done
-}
-
 setup_file() {
   export E2E_CACHE=${BATS_FILE_TMPDIR}/image-cache
   mkdir -p "${E2E_CACHE}"
@@ -53,7 +35,7 @@ PY
 }
 
 setup() {
-  wait_for_nodes --docker node1 node2
+  e2e::wait_for_nodes --docker node1 node2
 }
 
 # nsys_job_args: the options every job here uses (short flush values: the fake writes in 1 s).

@@ -8,24 +8,6 @@
 # shellcheck disable=SC2016 # the single-quoted scripts expand in the job or the subshell, on purpose
 load helpers
 
-# wait_for_nodes [--docker] NODE...: these nodes' daemons up (another test file may be restarting
-# one of them on purpose); these tests never start the cluster themselves.
-wait_for_nodes() {
-  local docker=0 node line deadline=$((SECONDS + 120)) ok
-  [[ $1 == --docker ]] && { docker=1; shift; }
-  while :; do
-    ok=1
-    for node in "$@"; do
-      line=$("${REPO_ROOT}/tests/cluster/status" 2>/dev/null | awk -v n="${node}" '$1 == n')
-      [[ $(awk '{ print $4 }' <<<"${line}") == up ]] || ok=0
-      ((docker == 0)) || [[ $(awk '{ print $5 }' <<<"${line}") == up ]] || ok=0
-    done
-    ((ok)) && return 0
-    ((SECONDS < deadline)) || { echo "cluster nodes $* not up (tests/cluster/status); these tests never start the cluster" >&2; return 1; }
-    sleep 1
-  done
-}
-
 setup_file() {
   # The fakes are python3 scripts that need pyzmq: the venv's python3 first on PATH (jobs inherit it).
   export PATH="${REPO_ROOT}/.venv/bin:${PATH}"
@@ -35,7 +17,7 @@ setup_file() {
 }
 
 setup() {
-  wait_for_nodes node1 node2
+  e2e::wait_for_nodes node1 node2
   # Set per test: another test file may have reset the quirks in between.
   "${REPO_ROOT}/tests/cluster/self-name" node1=linklocal
   export FAKE_RECORD_DIR=${BATS_TEST_TMPDIR}/calls
@@ -180,8 +162,9 @@ PY
     assert_equal "$(e2e::json "${JOB_DIR}/node_${r}/status.json" 'd["exit_code"]')" 143
   done
   # The flush came first; the teardown's own SIGTERM to the step (if the step was still there)
-  # and the coordinator stop only after it.
+  # and the coordinator stop only after it. (Whether that SIGTERM is logged before or after the
+  # coordinator stop depends on when srun notices the cancelled step; both follow the flush.)
   run grep -e 'profile: flush: 4 report(s) settled' -e 'multi: + scancel --signal=TERM' -e 'coordinator stop --force' "${JOB_DIR}/batch.log"
   assert_line --index 0 --partial 'profile: flush: 4 report(s) settled'
-  assert_line --index "$((${#lines[@]} - 1))" --partial 'coordinator stop --force'
+  assert_line --partial 'coordinator stop --force'
 }

@@ -116,3 +116,21 @@ e2e::perf_column() {
 }
 
 export TOY_MANIFEST=${REPO_ROOT}/examples/toy/build_manifest.json
+
+# e2e::wait_for_nodes [--docker] NODE...: these nodes' daemons up (another test file may be restarting
+# one of them on purpose); these tests never start the cluster themselves.
+e2e::wait_for_nodes() {
+  local docker=0 node line deadline=$((SECONDS + 120)) ok
+  [[ $1 == --docker ]] && { docker=1; shift; }
+  while :; do
+    ok=1
+    for node in "$@"; do
+      line=$("${REPO_ROOT}/tests/cluster/status" 2>/dev/null | awk -v n="${node}" '$1 == n')
+      [[ $(awk '{ print $4 }' <<<"${line}") == up ]] || ok=0
+      ((docker == 0)) || [[ $(awk '{ print $5 }' <<<"${line}") == up ]] || ok=0
+    done
+    ((ok)) && return 0
+    ((SECONDS < deadline)) || { echo "cluster nodes $* not up (tests/cluster/status); these tests never start the cluster" >&2; return 1; }
+    sleep 1
+  done
+}

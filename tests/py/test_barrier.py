@@ -572,7 +572,8 @@ def test_progress_line_counts_ready_workers() -> None:
 
 
 def test_controller_abort_reaches_waiting_and_late_workers() -> None:
-    with running_barrier(4, linger=1.5) as b:
+    # 5 nodes: rank 4 never joins, so the server lingers its full time for it.
+    with running_barrier(5, linger=1.5) as b:
         waiting = [ready(b.port, 1), ready(b.port, 2, "image")]
         wait_for(lambda: logged(b, "rank 2 ready (image)"))
         t0 = time.monotonic()
@@ -586,6 +587,19 @@ def test_controller_abort_reaches_waiting_and_late_workers() -> None:
         outcome = b.outcome()
         assert outcome.exit_code == 1 and "image build failed" in outcome.message
         assert time.monotonic() - t0 >= 1.4  # lingered for late joiners
+
+
+def test_after_an_abort_the_linger_ends_once_every_worker_has_heard_it() -> None:
+    with running_barrier(3, linger=30) as b:
+        waiting = ready(b.port, 1, "image")
+        wait_for(lambda: logged(b, "rank 1 ready (image)"))
+        t0 = time.monotonic()
+        assert control_line(b.port, f"ABORT {TOKEN} build failed") == "OK"
+        assert read_line(waiting) == f"ABORT {TOKEN} build failed"
+        assert read_line(ready(b.port, 2)) == f"ABORT {TOKEN} build failed"  # the late one
+        outcome = b.outcome()
+        assert outcome.exit_code == 1
+        assert time.monotonic() - t0 < 10  # not the 30 s linger: nobody is left to tell
 
 
 def test_timeout_names_missing_ranks_and_aborts_connected_workers() -> None:
