@@ -87,6 +87,7 @@ node::stage_prepare() {
     restore=$(util::sm manifest restore "${SM_MANIFEST}" ${SM_MODEL:+--model "${SM_MODEL}"}) ||
       node::fail "manifest restore of ${SM_MANIFEST} failed" 2 || return
     # The output is bash made for sourcing: every value is quoted by the helper.
+    # shellcheck source=/dev/null
     source /dev/stdin <<<"${restore}"
     node::remember_secrets
     node::resolve_manifest_paths
