@@ -50,7 +50,8 @@ SKIP_REGEX='^(git clone |python3 -m venv |export SM_HOME=|make test$|make bench$
     count=$((count + 1))
   done < <(readme_commands)
   echo "ran ${count} README commands" >&3
-  ((count >= 15))
+  # A guard against an extraction that silently finds nothing.
+  ((count >= 12))
 }
 
 @test "every option of sbatch/multi.sbatch is documented (profiling ones in docs/profiling.md)" {
