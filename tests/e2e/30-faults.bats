@@ -3,6 +3,7 @@
 # Each must give a clear FAILURE naming the node, in bounded time, with every survivor staged.
 
 load helpers
+bats_require_minimum_version 1.5.0
 
 setup_file() {
   e2e::ensure_cluster

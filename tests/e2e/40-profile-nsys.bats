@@ -104,6 +104,10 @@ node_of() { e2e::json "${JOB_DIR}/node_$1/status.json" 'd["node"]'; }
     ((SECONDS < deadline)) || break
     sleep 0.5
   done
+  # The state says CANCELLED at once; the batch step's teardown (flush, stop, collect) runs on
+  # within KillWait. Its last act is summary.json.
+  while [[ ! -f ${JOB_DIR}/summary.json ]] && ((SECONDS < deadline)); do sleep 0.5; done
+  assert_file_exists "${JOB_DIR}/summary.json"
   for r in 0 1; do
     node=$(node_of "${r}")
     assert_complete_report "${JOB_DIR}/profile/${JOB_ID}_${node}_rank${r}.nsys-rep"

@@ -149,6 +149,10 @@ PY
     ((SECONDS < deadline)) || break
     sleep 0.5
   done
+  # The state says CANCELLED at once; the batch step's teardown (flush, stop, coordinator stop,
+  # collect) runs on within KillWait. Its last act is summary.json.
+  while [[ ! -f ${JOB_DIR}/summary.json ]] && ((SECONDS < deadline)); do sleep 0.5; done
+  assert_file_exists "${JOB_DIR}/summary.json"
   node1_quirk_held
   run ls "${JOB_DIR}/nsight-slurm-direct"
   assert_output "$(printf '%s\n' "${JOB_ID}_node1_rank0.nsys-rep" "${JOB_ID}_node1_rank1.nsys-rep" \
