@@ -22,15 +22,17 @@ world=${WORLD_SIZE:-${NNODES}}
 out=${SM_OUTPUT_DIR:-.}
 echo "toy: rank ${RANK}/${world} node_rank ${NODE_RANK:-?} on $(hostname), master ${MASTER_ADDR}:${MASTER_PORT}, ${TOY_GREETING:-}"
 
-# Reach rank 0: rank 0 accepts one hello per other rank; the others retry until it listens.
+# Reach rank 0: rank 0 keeps one listener open (nc -ll, a handler per connection) that records
+# each hello; the others retry until it listens.
 if [ "${RANK}" = 0 ]; then
-  (
-    i=1
-    while [ "${i}" -lt "${world}" ]; do
-      nc -l -p "${MASTER_PORT}" -w 60 </dev/null >>/tmp/toy-hellos 2>/dev/null && i=$((i + 1))
-    done
-  ) &
-  listener=$!
+  # shellcheck disable=SC2016 # the handler expands ${line} itself
+  printf '#!/bin/sh\nread -r line\necho "${line}" >>/tmp/toy-hellos\n' >/tmp/toy-hello.sh
+  chmod +x /tmp/toy-hello.sh
+  : >/tmp/toy-hellos
+  if [ "${world}" -gt 1 ]; then
+    nc -ll -p "${MASTER_PORT}" -e /tmp/toy-hello.sh </dev/null >/dev/null 2>&1 &
+    listener=$!
+  fi
 else
   tries=0
   until echo "hello from rank ${RANK}" | nc -w 3 "${MASTER_ADDR}" "${MASTER_PORT}" >/dev/null 2>&1; do
@@ -51,8 +53,12 @@ while [ "${hang}" = 1 ]; do sleep 1; done
 
 if [ "${RANK}" = 0 ] && [ "${world}" -gt 1 ]; then
   waited=0
-  while kill -0 "${listener}" 2>/dev/null && [ "${waited}" -lt 600 ]; do sleep 0.1; waited=$((waited + 1)); done
-  heard=$(grep -c hello /tmp/toy-hellos 2>/dev/null || echo 0)
+  while [ "$(grep -c hello /tmp/toy-hellos)" -lt $((world - 1)) ] && [ "${waited}" -lt 600 ]; do
+    sleep 0.1
+    waited=$((waited + 1))
+  done
+  kill "${listener}" 2>/dev/null
+  heard=$(grep -c hello /tmp/toy-hellos)
   echo "toy: rank 0 heard from ${heard} of $((world - 1)) ranks"
   [ "${heard}" -eq $((world - 1)) ] || { echo "toy: rank 0 did not hear from every rank" >&2; exit 5; }
 fi

@@ -129,15 +129,20 @@ teardown() {
   key=$(bash -c "${lib}; image::cache_key toy/model:local")
   "${REPO_ROOT}/tests/cluster/exec" node1 bash -c "${lib}; image::cache_save ${cache} ${key} ${id} fp" &
   local saver=$!
-  # Kill the docker save client once the temp file has started to grow.
-  local deadline=$((SECONDS + 30)) tmp=""
-  until [[ -n ${tmp} ]] || ((SECONDS > deadline)); do
-    tmp=$(find "${cache}" -name ".${key}.tar.tmp.*" -size +1k | head -n 1)
-    sleep 0.05
+  # Catch `docker save` in the act and freeze it, then SIGKILL it together with the task that ran
+  # it (a node task killed mid-save): nothing is left to clean up but the next writer.
+  local deadline=$((SECONDS + 30)) pid=""
+  until [[ -n ${pid} ]] || ((SECONDS > deadline)); do
+    pid=$(pgrep -f "^docker save toy/model:local" | head -n 1 || true)
   done
-  assert [ -n "${tmp}" ]
-  pkill -KILL -f "docker save toy/model:local" || true
+  assert [ -n "${pid}" ]
+  kill -STOP "${pid}"
+  pkill -KILL -f "image::cache_save ${cache}" || true
+  kill -KILL "${pid}"
   wait "${saver}" || true
+  local tmp
+  tmp=$(find "${cache}" -name ".${key}.tar.tmp.*" | head -n 1)
+  assert [ -n "${tmp}" ]
   assert_file_not_exists "${cache}/${key}.tar"
   assert_file_not_exists "${cache}/${key}.id"
   run "${REPO_ROOT}/tests/cluster/exec" node2 bash -c "${lib}; image::cache_load ${cache} ${key} ${id}"
