@@ -30,9 +30,12 @@ image::sidecar_get() {
 image::fingerprint() {
   [[ -n ${SM_DOCKERFILE:-} && -f ${SM_DOCKERFILE} ]] || return 0
   local ctx=${SM_DOCKER_CONTEXT:-$(dirname "${SM_DOCKERFILE}")}
+  # Small files by content; big ones (model blobs, padding) by size and mtime, so a warm run does
+  # not hash gigabytes on every start. Any change to either still changes the fingerprint.
   {
     sha256sum <"${SM_DOCKERFILE}"
-    (cd "${ctx}" && find . -type f ! -name '.*' -print0 | LC_ALL=C sort -z | xargs -0 -r sha256sum)
+    (cd "${ctx}" && find . -type f ! -name '.*' -size -1048576c -print0 | LC_ALL=C sort -z | xargs -0 -r sha256sum)
+    (cd "${ctx}" && find . -type f ! -name '.*' -size +1048575c -printf '%p %s %T@\n' | LC_ALL=C sort)
     printf '%s\n' "${SM_BUILD_ARGS[@]+"${SM_BUILD_ARGS[@]}"}" | LC_ALL=C sort
   } | sha256sum | cut -c1-32
 }
@@ -113,9 +116,12 @@ image::ensure_on_rank0() {
   local fp id label key cache=${SM_IMAGE_CACHE:-}
   fp=$(image::fingerprint)
   key=$(image::cache_key "${SM_IMAGE}")
-  id=$(image::local_id "${SM_IMAGE}" || true)
+  # One inspect for both the ID and the fingerprint label (a warm start pays for nothing else).
+  local both
+  both=$(docker image inspect -f "{{.Id}} {{with .Config.Labels}}{{index . \"${FINGERPRINT_LABEL}\"}}{{end}}" "${SM_IMAGE}" 2>/dev/null || true)
+  id=${both%% *} label=${both#* }
+  [[ ${label} == "<no value>" || ${label} == "${both}" ]] && label=""
   if [[ -n ${id} ]]; then
-    label=$(image::label "${SM_IMAGE}" "${FINGERPRINT_LABEL}")
     if [[ -n ${fp} && -n ${label} && ${label} != "${fp}" ]]; then
       log::info image "${SM_IMAGE} is present but was built from another dockerfile/context (tag reused); rebuilding"
       id=

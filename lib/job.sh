@@ -131,9 +131,11 @@ job::node_stage() {
 # job::watch: wait for the tasks; show progress; when one node fails, give the others
 # --peer-grace seconds, then stop them gracefully (SIGTERM to the step, never SIGKILL).
 job::watch() {
-  local failed_since=0 last_progress=${SECONDS} r progress status
+  local failed_since=0 last_progress=${SECONDS} r progress status tick=0
   while kill -0 "${JOB_SRUN_PID}" 2>/dev/null; do
-    sleep 1
+    # A short poll, so the job ends as soon as the tasks do; the checks below run once a second.
+    sleep 0.1
+    (((tick += 1) % 10 == 0)) || continue
     if ((SECONDS - last_progress >= ${SM_PROGRESS_SECONDS:-15})); then
       progress=""
       for ((r = 0; r < ${SLURM_JOB_NUM_NODES:-1}; r++)); do progress+=" node_${r}=$(job::node_stage "${r}")"; done

@@ -82,30 +82,42 @@ run::stop_container() {
 }
 
 # run::docker: run the container, enforce SM_TIMEOUT; sets RUN_EXIT (124 = timed out).
+# The wait is on the docker client itself (it returns the moment the container exits); a
+# watchdog subshell handles the time limit: snapshot first, then a graceful stop.
 run::docker() {
-  local argv=() name pid rc=0 deadline=0
+  local argv=() name pid rc=0 watchdog=""
   mapfile -d '' argv < <(run::docker_argv) || return 2
   ((${#argv[@]})) || { log::error run "could not build the docker command"; return 2; }
   name=$(run::container_name)
   docker rm -f "${name}" >/dev/null 2>&1 || true
+  rm -f "${SM_SCRATCH}/timed-out"
   log::cmd run "${argv[@]}"
   "${argv[@]}" </dev/null &
   pid=$!
   RUN_DOCKER_PID=${pid}
-  ((SM_TIMEOUT > 0)) && deadline=$((SECONDS + SM_TIMEOUT))
-  while kill -0 "${pid}" 2>/dev/null; do
-    if ((deadline > 0 && SECONDS >= deadline)); then
+  if ((SM_TIMEOUT > 0)); then
+    (
+      trap - TERM INT EXIT
+      sleep "${SM_TIMEOUT}"
+      : >"${SM_SCRATCH}/timed-out"
       log::error run "workload exceeded --timeout ${SM_TIMEOUT} s; stopping ${name}"
       run::diagnose "${name}" "timeout after ${SM_TIMEOUT} s"
       run::stop_container "${name}"
-      wait "${pid}" 2>/dev/null || true
+    ) &
+    watchdog=$!
+  fi
+  wait "${pid}" || rc=$?
+  RUN_DOCKER_PID=
+  if [[ -n ${watchdog} ]]; then
+    if [[ -f ${SM_SCRATCH}/timed-out ]]; then
+      wait "${watchdog}" 2>/dev/null || true
       RUN_EXIT=124
       return 0
     fi
-    sleep 0.2
-  done
-  wait "${pid}" || rc=$?
-  RUN_DOCKER_PID=
+    pkill -TERM -P "${watchdog}" 2>/dev/null || true
+    kill -TERM "${watchdog}" 2>/dev/null || true
+    wait "${watchdog}" 2>/dev/null || true
+  fi
   RUN_EXIT=${rc}
   if ((rc != 0)); then
     log::error run "container ${name} exited ${rc}"
@@ -126,7 +138,7 @@ run::bare() {
   RUN_DOCKER_PID=${pid}
   if ((SM_TIMEOUT > 0)); then
     local deadline=$((SECONDS + SM_TIMEOUT))
-    while kill -0 "${pid}" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.2; done
+    while kill -0 "${pid}" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.1; done
     if kill -0 "${pid}" 2>/dev/null; then
       log::error run "workload exceeded --timeout ${SM_TIMEOUT} s; sending SIGTERM"
       kill -TERM "${pid}" 2>/dev/null
