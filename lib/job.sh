@@ -187,6 +187,15 @@ job::reap() {
     log::warn multi "the reaper step did not finish on every node (a node down?); going on"
 }
 
+# job::all_staged: every rank of the worker step wrote its status.json.
+job::all_staged() {
+  local per_node=1 r
+  declare -F launch::tasks_per_node >/dev/null && per_node=$(launch::tasks_per_node)
+  for ((r = 0; r < ${SLURM_JOB_NUM_NODES:-1} * per_node; r++)); do
+    [[ -f ${SM_JOBDIR}/node_${r}/status.json ]] || return 1
+  done
+}
+
 # job::teardown REASON: every exit path ends here, once: flush, stop tasks, aggregate.
 job::teardown() {
   ((JOB_TEARDOWN_STARTED == 0)) || return 0
@@ -196,9 +205,16 @@ job::teardown() {
   log::info multi "teardown: ${reason}"
   if [[ -n ${JOB_SRUN_PID} ]] && kill -0 "${JOB_SRUN_PID}" 2>/dev/null; then
     job::stop_step "${reason}"
+    # Wait for the tasks, not for srun: after a cancel srun can sit for a minute waiting for the
+    # step to be reaped, and Slurm's SIGKILL (KillWait after the SIGTERM) must not find us before
+    # collect. Once every rank has staged (status.json), go on.
     deadline=$((SECONDS + SM_STOP_GRACE + 30))
-    while kill -0 "${JOB_SRUN_PID}" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.5; done
-    wait "${JOB_SRUN_PID}" 2>/dev/null || rc=$?
+    while kill -0 "${JOB_SRUN_PID}" 2>/dev/null && ((SECONDS < deadline)) && ! job::all_staged; do sleep 0.2; done
+    if kill -0 "${JOB_SRUN_PID}" 2>/dev/null; then
+      log::info multi "every rank has staged; not waiting for srun to notice"
+    else
+      wait "${JOB_SRUN_PID}" 2>/dev/null || rc=$?
+    fi
   else
     teardown::pre_cleanup "${reason}"
   fi

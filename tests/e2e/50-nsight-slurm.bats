@@ -163,7 +163,11 @@ PY
     assert_equal "$(stat -c %s "${f}")" "$(($(head -n 1 "${f}" | wc -c) + 3 * 16 * 1024))"
   done
   for r in 0 1 2 3; do
-    assert_equal "$(e2e::json "${JOB_DIR}/node_${r}/status.json" 'd["exit_code"]')" 143
+    # Every rank staged a status after the cancel: stopped by a signal, not finished, not lost.
+    # (Which process in connector -> nsys -> sm-node -> workload saw the SIGTERM first decides the
+    # exact code; a SIGKILL would have left no status.json at all.)
+    run e2e::json "${JOB_DIR}/node_${r}/status.json" 'd["exit_code"] != 0 and d["exit_code"] != 137'
+    assert_output True
   done
   # The flush came first; the teardown's own SIGTERM to the step (if the step was still there)
   # and the coordinator stop only after it. (Whether that SIGTERM is logged before or after the
