@@ -99,14 +99,7 @@ node_of() { e2e::json "${JOB_DIR}/node_$1/status.json" 'd["node"]'; }
     sleep 0.3
   done
   scancel "${JOB_ID}"
-  deadline=$((SECONDS + 120))
-  while state=$(scontrol show job -o "${JOB_ID}" 2>/dev/null | grep -o 'JobState=[A-Z]*'); [[ ${state} =~ RUNNING|COMPLETING|PENDING ]]; do
-    ((SECONDS < deadline)) || break
-    sleep 0.5
-  done
-  # The state says CANCELLED at once; the batch step's teardown (flush, stop, collect) runs on
-  # within KillWait. Its last act is summary.json.
-  while [[ ! -f ${JOB_DIR}/summary.json ]] && ((SECONDS < deadline)); do sleep 0.5; done
+  e2e::wait_teardown "${JOB_ID}" "${JOB_DIR}" 120
   assert_file_exists "${JOB_DIR}/summary.json"
   for r in 0 1; do
     node=$(node_of "${r}")

@@ -144,14 +144,7 @@ PY
     sleep 0.3
   done
   scancel "${JOB_ID}"
-  deadline=$((SECONDS + 90))
-  while state=$(scontrol show job -o "${JOB_ID}" 2>/dev/null | grep -o 'JobState=[A-Z]*'); [[ ${state} =~ RUNNING|COMPLETING|PENDING ]]; do
-    ((SECONDS < deadline)) || break
-    sleep 0.5
-  done
-  # The state says CANCELLED at once; the batch step's teardown (flush, stop, coordinator stop,
-  # collect) runs on within KillWait. Its last act is summary.json.
-  while [[ ! -f ${JOB_DIR}/summary.json ]] && ((SECONDS < deadline)); do sleep 0.5; done
+  e2e::wait_teardown "${JOB_ID}" "${JOB_DIR}" 90
   assert_file_exists "${JOB_DIR}/summary.json"
   node1_quirk_held
   run ls "${JOB_DIR}/nsight-slurm-direct"

@@ -134,3 +134,15 @@ e2e::wait_for_nodes() {
     sleep 1
   done
 }
+
+# e2e::wait_teardown JOB_ID JOB_DIR SECONDS: after a scancel, wait for the job to leave RUNNING and
+# for its batch step's teardown to finish. The state says CANCELLED at once, while the teardown
+# (flush, stop, collect) runs on within KillWait; its last act is summary.json.
+e2e::wait_teardown() {
+  local job=$1 dir=$2 deadline=$((SECONDS + $3)) state
+  while state=$(scontrol show job -o "${job}" 2>/dev/null | grep -o 'JobState=[A-Z]*'); [[ ${state} =~ RUNNING|COMPLETING|PENDING ]]; do
+    ((SECONDS < deadline)) || break
+    sleep 0.5
+  done
+  while [[ ! -f ${dir}/summary.json ]] && ((SECONDS < deadline)); do sleep 0.5; done
+}
