@@ -7,17 +7,12 @@
 BENCH_ROWS=(barrier collect startup cluster)
 BENCH_CLUSTER_ROW="toolkit overhead / image distribution"
 
-# bench::python: the interpreter every benchmark runs with (stdout). The Makefile exports
-# SM_PYTHON (the venv); a bare checkout falls back to .venv, then python3.
+# bench::python: the interpreter every benchmark runs with (stdout): the same choice as every
+# other entrypoint (util::find_python: SM_PYTHON, else the checkout's .venv, else python3).
 # shellcheck disable=SC2153 # BENCH_ROOT is set by the caller (see the top of this file)
 bench::python() {
-  if [[ -n ${SM_PYTHON:-} ]]; then
-    printf '%s\n' "${SM_PYTHON}"
-  elif [[ -x ${BENCH_ROOT}/.venv/bin/python ]]; then
-    printf '%s\n' "${BENCH_ROOT}/.venv/bin/python"
-  else
-    command -v python3
-  fi
+  SM_HOME=${BENCH_ROOT} util::find_python
+  printf '\n'
 }
 
 # bench::is_row NAME: true when NAME is one of BENCH_ROWS.
