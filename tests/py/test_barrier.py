@@ -709,13 +709,17 @@ def test_serve_cli_end_to_end_never_prints_the_token(tmp_path: Path) -> None:
     )
     port = wait_ready_file(ready_file, serve)
     join_cmd = f"barrier join --nnodes 3 --master-addr {LOOPBACK} --port {port}"
+    # In the order a real worker goes: the image phase is answered before anyone joins the start
+    # phase (the server exits once the start phase is released, so a slow-starting image join
+    # spawned alongside could otherwise find nobody listening on a loaded machine).
     image_join = spawn(f"{join_cmd} --rank 2 --phase image")
-    joins = [spawn(f"{join_cmd} --rank {rank}") for rank in (1, 2)]
     with connect(port) as intruder:
         intruder.sendall(f"READY {TOKEN[:-1]} 1\n".encode())
         assert read_line(intruder) == "ERR bad token"
     release = slurm_multi("barrier release --image-id sha256:feed", f"--ready-file={ready_file}")
-    outputs = [p.communicate(timeout=20) for p in (image_join, *joins, serve)]
+    image_output = image_join.communicate(timeout=20)
+    joins = [spawn(f"{join_cmd} --rank {rank}") for rank in (1, 2)]
+    outputs = [image_output] + [p.communicate(timeout=20) for p in (*joins, serve)]
     assert release.returncode == 0, release.stderr
     assert [p.returncode for p in (image_join, *joins, serve)] == [0, 0, 0, 0]
     assert [out for out, _ in outputs[:3]] == ["sha256:feed\n"] * 3
