@@ -100,7 +100,7 @@ teardown() {
       kill -KILL "${p}" 2>/dev/null
   done
   local t0=${SECONDS} state=""
-  while ((SECONDS - t0 < 240)); do
+  while ((SECONDS - t0 < 420)); do
     state=$(scontrol show job -o "${job}" | grep -o 'JobState=[A-Z_]*' | cut -d= -f2)
     [[ ${state} == RUNNING || ${state} == COMPLETING || ${state} == PENDING ]] || break
     sleep 1
@@ -108,9 +108,11 @@ teardown() {
   # The job state changes when the node is declared dead; the survivors' tasks and the batch
   # step's teardown (stop, stage, collect) finish after that, within KillWait.
   local jobdir=${BATS_FILE_TMPDIR}/out/toy_model/${job}
-  while [[ ! -f ${jobdir}/summary.json ]] && ((SECONDS - t0 < 240)); do sleep 1; done
+  while [[ ! -f ${jobdir}/summary.json ]] && ((SECONDS - t0 < 420)); do sleep 1; done
   echo "slurmd-killed job ended as ${state}; summary after $((SECONDS - t0)) s" >&3
-  assert [ $((SECONDS - t0)) -lt 240 ]
+  # Usually ~40 s; now and then several minutes when Slurm does not signal the batch step after the
+  # node dies (see the issue note): a bound, wide enough not to fail on that known slow path.
+  assert [ $((SECONDS - t0)) -lt 420 ]
   assert_file_exists "${jobdir}/node_0/status.json"
   assert_file_exists "${jobdir}/summary.json"
   assert_equal "$(e2e::json "${jobdir}/summary.json" 'd["verdict"]')" FAILURE
