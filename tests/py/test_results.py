@@ -1,4 +1,4 @@
-"""results: pick the best per-node CSV, judge a job directory, write perf.csv + summary.json.
+"""results collect: judge a job directory, write perf.csv + summary.json (the CLI too), read job.json.
 
 Every test reads real files: fixtures under tests/py/data/results, or job directories built in tmp_path.
 """
@@ -6,11 +6,8 @@ Every test reads real files: fixtures under tests/py/data/results, or job direct
 from __future__ import annotations
 
 import csv
-import io
 import json
-import re
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -19,20 +16,10 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slurm_multi import results
 from slurm_multi.cli import group
-from slurm_multi.results import (
-    PERF_COLUMNS,
-    collect,
-    combine_metric,
-    parse_perf_lines,
-    pick_best,
-    scan_log_errors,
-    score_csv,
-)
+from slurm_multi.results import PERF_COLUMNS, collect, shared, summary
 
 DATA = Path(__file__).parent / "data" / "results"
-CSVS = DATA / "csv"
 LOGS = DATA / "logs"
 PRIMUS_JOB = DATA / "jobs" / "primus_2node"
 PRIMUS_EXTRAS = ["mode", "precision", "batch_size", "global_batch_size", "seq_len", "device", "num_gpus"]
@@ -120,293 +107,7 @@ EMPTY_CSV = "model,performance,metric\ntoy,,samples_per_second\ntoy,,ms_per_step
 FULL_CSV = "model,performance,metric\ntoy,100.5,samples_per_second\ntoy,9.8,ms_per_step\n"
 
 
-# ----------------------------------------------------------------------------- score_csv
-
-
-def test_a_header_with_spaces_after_commas_still_finds_performance():
-    candidate = score_csv(CSVS / "leading_space_header.csv")
-    assert (candidate.rows, candidate.non_empty, candidate.error) == (2, 1, None)
-    assert candidate.header == ("model", "performance", "metric", "batch_size")
-
-
-def test_a_utf8_bom_before_the_header_is_tolerated():
-    candidate = score_csv(CSVS / "bom_header.csv")
-    assert (candidate.rows, candidate.non_empty, candidate.error) == (1, 1, None)
-    assert candidate.header[0] == "model"
-
-
-def test_na_nan_none_null_and_blank_count_as_empty():
-    candidate = score_csv(CSVS / "na_values.csv")
-    assert (candidate.rows, candidate.non_empty) == (9, 1)
-
-
-@pytest.mark.parametrize(
-    ("name", "error_part"),
-    [
-        ("no_performance_column.csv", "no 'performance' column (columns: model, throughput, metric)"),
-        ("truncated_quote.csv", "malformed CSV at line 3"),
-        ("truncated_row.csv", "row 3 has 2 fields, the header has 3"),
-        ("ragged.csv", "row 2 has 5 fields"),
-        ("binary.csv", "binary file"),
-        ("empty.csv", "empty file"),
-        ("does_not_exist.csv", "cannot read: No such file or directory"),
-    ],
-)
-def test_a_broken_file_is_a_candidate_with_its_error_not_a_crash(name: str, error_part: str):
-    candidate = score_csv(CSVS / name)
-    assert candidate.error is not None and error_part in candidate.error
-    assert (candidate.rows, candidate.non_empty, candidate.usable) == (0, 0, False)
-
-
-def test_a_non_utf8_file_is_reported(tmp_path: Path):
-    path = tmp_path / "latin1.csv"
-    path.write_bytes(b"model,performance,metric\nm\xfcnchen,1.0,x\n")
-    assert "not UTF-8 text (byte 0xfc" in score_csv(path).error
-
-
-def test_a_header_only_file_has_no_error_and_no_rows():
-    candidate = score_csv(CSVS / "header_only.csv")
-    assert (candidate.rows, candidate.non_empty, candidate.error, candidate.usable) == (0, 0, None, False)
-
-
-# ----------------------------------------------------------------------------- pick_best
-
-
-def test_primus_present_but_empty_rank0_csv_loses_to_the_last_rank():
-    chosen, candidates = pick_best([CSVS / "primus_rank0_empty.csv", CSVS / "primus_last_rank.csv"])
-    assert chosen is not None and chosen.path.endswith("primus_last_rank.csv")
-    assert [(c.rows, c.non_empty) for c in candidates] == [(2, 0), (2, 2)]
-
-
-def test_of_64_nodes_only_the_last_rank_has_numbers(tmp_path: Path):
-    paths = []
-    for rank in range(64):
-        path = tmp_path / f"node_{rank}" / "perf.csv"
-        path.parent.mkdir()
-        path.write_text(FULL_CSV if rank == 63 else EMPTY_CSV)
-        paths.append(path)
-    chosen, candidates = pick_best(paths)
-    assert chosen is not None and chosen.path == str(paths[63])
-    assert len(candidates) == 64 and sum(c.non_empty for c in candidates) == 2
-
-
-def test_a_tie_on_values_goes_to_more_rows_then_to_the_later_candidate(tmp_path: Path):
-    one_row = tmp_path / "a.csv"
-    one_row.write_text("model,performance,metric\nm,1,x\n")
-    two_rows = tmp_path / "b.csv"
-    two_rows.write_text("model,performance,metric\nm,1,x\nm,,y\n")
-    same = tmp_path / "c.csv"
-    same.write_text("model,performance,metric\nm,2,x\nm,,y\n")
-    assert pick_best([two_rows, one_row])[0].path == str(two_rows)
-    assert pick_best([two_rows, same])[0].path == str(same)
-    assert pick_best([same, two_rows])[0].path == str(two_rows)
-
-
-def test_broken_and_empty_candidates_never_win():
-    names = ["empty.csv", "binary.csv", "header_only.csv", "truncated_quote.csv", "primus_rank0_empty.csv"]
-    chosen, candidates = pick_best([CSVS / n for n in names])
-    assert chosen is None and len(candidates) == 5
-
-
-# ----------------------------------------------------------------------------- results pick (CLI)
-
-
-def test_pick_prints_the_chosen_path_on_stdout():
-    result = run_cli("pick", str(CSVS / "primus_rank0_empty.csv"), str(CSVS / "primus_last_rank.csv"))
-    assert result.exit_code == 0, result.output
-    assert result.stdout == f"{CSVS / 'primus_last_rank.csv'}\n"
-
-
-def test_pick_json_lists_every_candidate_with_its_score_and_error():
-    paths = [str(CSVS / "empty.csv"), str(CSVS / "leading_space_header.csv")]
-    result = run_cli("pick", "--json", *paths)
-    assert result.exit_code == 0, result.output
-    payload = json.loads(result.stdout)
-    assert payload["chosen"] == paths[1]
-    assert payload["candidates"] == [
-        {"path": paths[0], "rows": 0, "non_empty": 0, "error": "empty file"},
-        {"path": paths[1], "rows": 2, "non_empty": 1, "error": None},
-    ]
-
-
-def test_pick_without_any_value_exits_1_with_one_line_naming_the_candidates():
-    paths = [str(CSVS / n) for n in ("empty.csv", "header_only.csv", "primus_rank0_empty.csv")]
-    result = run_cli("pick", *paths)
-    assert result.exit_code == 1
-    assert result.stdout == ""
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1
-    assert lines[0].startswith(
-        "slurm-multi: results: no candidate CSV has a performance value (3 candidates: "
-    )
-    assert "empty.csv: empty file" in lines[0] and "0 of 2 rows with performance" in lines[0]
-    assert "Traceback" not in result.output
-
-
-def test_pick_json_without_any_value_still_prints_json_with_chosen_null_and_exits_1():
-    result = run_cli("pick", "--json", str(CSVS / "binary.csv"))
-    assert result.exit_code == 1
-    payload = json.loads(result.stdout)
-    assert payload["chosen"] is None and "binary file" in payload["candidates"][0]["error"]
-
-
-def test_pick_with_no_arguments_is_a_usage_error():
-    assert run_cli("pick").exit_code == 2
-
-
-# ----------------------------------------------------------------------------- hypothesis
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.text(max_size=400))
-def test_any_text_as_a_candidate_never_crashes_pick(text: str):
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "x.csv"
-        path.write_text(text, encoding="utf-8", newline="")
-        chosen, (candidate,) = pick_best([path])
-        assert candidate.non_empty <= candidate.rows
-        assert chosen is None or chosen.non_empty > 0
-
-
-CELL = st.one_of(
-    st.sampled_from(["", " ", "N/A", "n/a", "nan", "NaN", "none", "null", "NULL", " nan "]),
-    st.floats(allow_nan=False, allow_infinity=False).map(repr),
-    st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=12),
-)
-COLUMN = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_", min_size=1, max_size=8).filter(
-    lambda name: name != "performance"
-)
-
-
-@settings(max_examples=200, deadline=None)
-@given(
-    st.lists(COLUMN, min_size=0, max_size=4, unique=True),
-    st.integers(min_value=0, max_value=4),
-    st.sampled_from(["performance", " performance", "performance ", "Performance"]),
-    st.lists(st.lists(CELL, min_size=5, max_size=5), max_size=20),
-)
-def test_the_score_equals_an_independent_count_for_well_formed_csvs(
-    others: list[str], position: int, perf_name: str, rows: list[list[str]]
-):
-    header = list(others)
-    position = min(position, len(header))
-    header.insert(position, perf_name)
-    body = [row[: len(header)] for row in rows]
-    buffer = io.StringIO()
-    csv.writer(buffer, lineterminator="\r\n").writerows([header, *body])
-    documented_empty = {"", "n/a", "na", "nan", "-nan", "none", "null", "<na>", "#n/a"}
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "gen.csv"
-        path.write_text(buffer.getvalue(), encoding="utf-8", newline="")
-        candidate = score_csv(path)
-    assert candidate.error is None
-    assert candidate.rows == len(body)
-    assert candidate.non_empty == sum(
-        1 for row in body if row[position].strip().lower() not in documented_empty
-    )
-
-
-# ----------------------------------------------------------------------------- scan_log_errors
-
-
-@pytest.mark.parametrize("name", ["torchrun_sigterm_cleanup.log", "torchrun_sigterm_cleanup_torch1.log"])
-def test_the_traceback_torchrun_prints_when_it_sigterms_its_workers_is_not_an_error(name: str):
-    text = (LOGS / name).read_text()
-    assert "SignalException" in text and "death signal, shutting down workers" in text
-    assert scan_log_errors(text) == []
-    assert scan_log_errors(text, [*results.DEFAULT_ERROR_PATTERNS, "Exception", "signal"]) == []
-
-
-def test_a_real_traceback_counts_once_at_its_exception_line_despite_interleaved_ranks():
-    hits = scan_log_errors((LOGS / "real_traceback_rank_prefixed.log").read_text())
-    assert [(h.line, h.pattern) for h in hits] == [(10, "RuntimeError"), (17, "Traceback")]
-    assert hits[0].text == "RuntimeError: CUDA error: an illegal memory access was encountered"
-    assert hits[1].text == "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:"
-
-
-def test_a_traceback_with_any_exception_counts_as_traceback():
-    hits = scan_log_errors((LOGS / "plain_traceback.log").read_text())
-    assert [(h.line, h.pattern, h.text) for h in hits] == [
-        (7, "Traceback", "KeyError: 'libero_object_no_noops_id'")
-    ]
-
-
-def test_a_traceback_cut_off_by_the_end_of_the_log_has_no_error_line_so_it_does_not_count():
-    text = 'Traceback (most recent call last):\n  File "x.py", line 1, in <module>\n    main()\n'
-    assert scan_log_errors(text) == []
-
-
-@pytest.mark.parametrize(
-    ("line", "pattern"),
-    [
-        ("RuntimeError: NCCL communicator was aborted", "RuntimeError"),
-        ("CUDA error: device-side assert triggered", "CUDA error"),
-        ("HIP error: invalid device function", "HIP error"),
-        ("torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970", "NCCL error"),
-        ("Segmentation fault (core dumped)", "Segmentation fault"),
-        ("Memory cgroup out of memory: Killed process 4242 (python3)", "out of memory"),
-        ("torch.OutOfMemoryError: HIP out of memory. Tried to allocate 2.00 GiB", "out of memory"),
-        ("container killed: OOM", "out of memory"),
-        ("ModuleNotFoundError: No module named 'apex'", "ModuleNotFoundError"),
-        ("Aborted (core dumped)", "core dumped"),
-    ],
-)
-def test_each_default_error_pattern_catches_its_line(line: str, pattern: str):
-    hits = scan_log_errors(f"ok\n{line}\n")
-    assert [(h.line, h.pattern) for h in hits] == [(2, pattern)]
-
-
-@pytest.mark.parametrize(
-    "line", ["BLOOM-176B loaded", "zoom=2 room=3", "NCCL INFO Channel 00/0", "no errors"]
-)
-def test_ordinary_lines_are_not_errors(line: str):
-    assert scan_log_errors(line) == []
-
-
-def test_user_patterns_are_named_by_their_regex():
-    hits = scan_log_errors("a\nFATAL: disk full\n", ["FATAL|PANIC"])
-    assert [(h.line, h.pattern) for h in hits] == [(2, "FATAL|PANIC")]
-
-
 # ----------------------------------------------------------------------------- log metrics
-
-
-def test_perf_lines_are_parsed_with_prefixes_node_ids_and_trailing_commas():
-    lines = parse_perf_lines(
-        "performance: 14164.2 samples_per_second\n"
-        "[rank0] performance: 7082.1 samples_per_second node_id: 2\n"
-        "performance: 1.5e3 tokens/s, node_id: 1\n"
-        "throughput performance: fast things\n"
-        "my_performance: 3 x\n"
-    )
-    assert [(p.line, p.value, p.metric, p.node_id) for p in lines] == [
-        (1, 14164.2, "samples_per_second", None),
-        (2, 7082.1, "samples_per_second", 2),
-        (3, 1500.0, "tokens/s", 1),
-    ]
-
-
-@pytest.mark.parametrize(
-    ("metric", "values", "expected", "rule"),
-    [
-        ("samples_per_second", [7082.1, 7082.1], 14164.2, "sum (throughput)"),
-        ("tokens/s", [10.0, 20.0], 30.0, "sum (throughput)"),
-        ("TFLOPS", [100.0, 110.0], 210.0, "sum (throughput)"),
-        ("GB/s", [1.0, 2.0], 3.0, "sum (throughput)"),
-        ("ttft_ms", [12.0, 14.0], 13.0, "mean (latency)"),
-        ("step_time", [1.0, 3.0], 2.0, "mean (latency)"),
-        ("p99_latency", [5.0, 7.0], 6.0, "mean (latency)"),
-        ("peak_memory_GB", [30.5, 41.25], 41.25, "max (memory)"),
-        ("vram_MiB", [100.0, 50.0], 100.0, "max (memory)"),
-        ("accuracy", [0.91, 0.93], 0.92, "mean (unknown metric kind)"),
-        ("tok_per_s_per_gpu", [500.0, 520.0], 510.0, "mean (per-device throughput)"),
-        ("TFLOPS_per_gpu", [500.0, 520.0], 510.0, "mean (per-device throughput)"),
-    ],
-)
-def test_metrics_combine_across_nodes_by_meaning(metric, values, expected, rule):
-    value, used = combine_metric(metric, values)
-    assert used == rule
-    assert value == pytest.approx(expected)
 
 
 def test_collect_falls_back_to_log_lines_when_no_node_has_a_csv(tmp_path: Path):
@@ -687,14 +388,146 @@ def test_collect_cli_extra_error_pattern_fails_the_job(tmp_path: Path):
         ("collect", "{jobdir}", "--error-pattern", "(unclosed"),
         ("collect", "{jobdir}", "--manifest", "/nonexistent/manifest.json"),
         ("collect", "{jobdir}", "--manifest", "{jobdir}/node_0/node.log"),
+        ("collect", "{jobdir}", "--perf-csv", "{jobdir}"),
+        ("collect", "{jobdir}", "--perf-csv", "/nonexistent/dir/perf.csv"),
+        ("collect", "{jobdir}", "--perf-csv", "{jobdir}/perf_entry.csv"),
+        ("collect", "{jobdir}", "--perf-csv", "bad\x00name.csv"),
     ],
 )
 def test_collect_cli_usage_errors_exit_2_with_one_line(tmp_path: Path, args: tuple[str, ...]):
     jobdir = make_job(tmp_path / "job", 1, csvs={0: FULL_CSV})
     result = run_cli(*[a.format(jobdir=jobdir) for a in args])
     assert result.exit_code == 2, result.output
-    assert "Traceback" not in result.output
+    assert "Traceback" not in result.output and len(result.stderr.splitlines()) == 1
     assert not (jobdir / "perf.csv").exists()
+
+
+# ----------------------------------------------------------------------------- values and rows not counted
+
+
+@pytest.mark.parametrize("value", ["error", "-", "inf", "-inf", "1.2.3", "12 samples/s", "nan", "N/A", ""])
+def test_a_job_whose_only_values_are_not_finite_numbers_is_a_failure(tmp_path: Path, value: str):
+    """Regression: `error`, `-` and `inf` used to count as results and made the job SUCCESS."""
+    only = f"model,performance,metric\ntoy,{value},samples_per_second\n"
+    jobdir = make_job(tmp_path / "job", 2, csvs={0: EMPTY_CSV, 1: only})
+    summary = collect(jobdir)
+    assert (summary.verdict, summary.chosen_csv) == ("FAILURE", None)
+    assert summary.reasons[0].startswith("no candidate CSV has a performance value")
+    assert [(r["performance"], r["status"]) for r in read_perf(jobdir)] == [("", "FAILURE")]
+
+
+def test_a_row_that_is_not_a_number_is_written_empty_as_a_failure_row_and_warned_about(tmp_path: Path):
+    mixed = "model,performance,metric\ntoy,100.5,samples_per_second\ntoy,error,ms_per_step\n"
+    jobdir = make_job(tmp_path / "job", 1, csvs={0: mixed})
+    summary = collect(jobdir)
+    assert summary.verdict == "SUCCESS"
+    assert [(r["performance"], r["status"]) for r in read_perf(jobdir)] == [
+        ("100.5", "SUCCESS"),
+        ("", "FAILURE"),
+    ]
+    assert read_summary(jobdir)["warnings"] == [
+        "node_0/perf_toy.csv line 3: performance 'error' is not a finite number; counted as empty"
+    ]
+
+
+def test_a_truncated_last_row_is_dropped_with_a_warning_and_the_job_still_succeeds(tmp_path: Path):
+    """Regression: one truncated last row threw the whole CSV away and made the job FAILURE."""
+    jobdir = make_job(tmp_path / "job", 2, csvs={0: EMPTY_CSV, 1: FULL_CSV + "toy,12"})
+    result = run_cli("collect", str(jobdir))
+    assert result.exit_code == 0, result.output
+    warning = "node_1/perf_toy.csv line 4: 2 fields, the header has 3 (truncated or ragged); row dropped"
+    summary = read_summary(jobdir)
+    assert (summary["verdict"], summary["warnings"]) == ("SUCCESS", [warning])
+    assert summary["candidates"][1] == {
+        "path": "node_1/perf_toy.csv",
+        "rows": 2,
+        "non_empty": 2,
+        "error": None,
+    }
+    assert [r["performance"] for r in read_perf(jobdir)] == ["100.5", "9.8"]
+    assert f" results: warning: {warning}\n" in result.stderr
+
+
+def test_rows_dropped_from_a_csv_that_is_not_chosen_are_still_warned_about(tmp_path: Path):
+    broken = 'model,performance,metric\ntoy,,samples_per_second\ntoy,"unterminated'
+    jobdir = make_job(tmp_path / "job", 2, csvs={0: broken, 1: FULL_CSV})
+    summary = collect(jobdir)
+    assert summary.verdict == "SUCCESS" and summary.chosen_csv == "node_1/perf_toy.csv"
+    assert summary.warnings == [
+        "node_0/perf_toy.csv line 3: malformed CSV (unexpected end of data; truncated file?); row dropped"
+    ]
+
+
+def test_warnings_beyond_twenty_are_counted_on_stderr_and_all_kept_in_summary_json(tmp_path: Path):
+    ragged = "model,performance,metric\n" + "toy,1\n" * 6
+    jobdir = make_job(tmp_path / "job", 5, csvs={r: ragged for r in range(4)} | {4: FULL_CSV})
+    result = run_cli("collect", str(jobdir))
+    assert result.exit_code == 0, result.output
+    assert len(read_summary(jobdir)["warnings"]) == 24  # 4 files x (5 rows + 1 count)
+    talked = [line for line in result.stderr.splitlines() if " results: warning: " in line]
+    assert len(talked) == 21 and talked[-1].endswith("warning: +4 more (see summary.json)")
+
+
+# ----------------------------------------------------------------------------- job.json
+
+
+def job_json_as_the_batch_step_writes_it(nnodes: int) -> dict[str, Any]:
+    """Every top-level key lib/job.sh writes, plus the two objects it is going to add."""
+    return {
+        "job_id": "321",
+        "model_key": "toy-2node",
+        "model": "toy_model",
+        "nnodes": nnodes,
+        "nodes": [f"node{r + 1}" for r in range(nnodes)],
+        "results_csv": "perf_toy.csv",
+        "image": "toy/model:local",
+        "args": "--steps 20",
+        "tags": "toy,demo",
+        "dockerfile": "examples/toy/Dockerfile",
+        "base_docker": "scratch",
+        "n_gpus": "-1",
+        "gpus_per_node": "8",
+        "launcher": "torchrun",
+        "build_duration": "4.5",
+        "additional_docker_run_options": "--shm-size 1G -e HF_TOKEN=hf_abc",
+        "manifest": "/nonexistent/build_manifest.json",
+        "profile": "none",
+        "runtime": "docker",
+        "started": "2026-11-30T10:00:00Z",
+        "settings": {"SM_COLLECT": "true", "SM_OUT": "slurm_output"},
+        "manifest_values": {"SM_MODEL_NAME": "other_model", "SM_RESULTS_CSV": "other.csv", "model": "x"},
+    }
+
+
+def test_collect_needs_no_manifest_job_json_has_every_fact(tmp_path: Path):
+    jobdir = make_job(tmp_path / "job", 2, csvs={1: FULL_CSV}, job=job_json_as_the_batch_step_writes_it(2))
+    summary = collect(jobdir)
+    assert (summary.verdict, summary.job_id, summary.model, summary.warnings) == (
+        "SUCCESS", "321", "toy_model", []
+    )  # fmt: skip
+    row = read_perf(jobdir)[0]
+    assert {
+        c: row[c] for c in ("docker_file", "base_docker", "gpus_per_node", "launcher", "build_duration")
+    } == {
+        "docker_file": "examples/toy/Dockerfile",
+        "base_docker": "scratch",
+        "gpus_per_node": "8",
+        "launcher": "torchrun",
+        "build_duration": "4.5",
+    }
+    assert row["additional_docker_run_options"] == "--shm-size 1G -e HF_TOKEN=***"
+
+
+def test_settings_manifest_values_and_unknown_job_json_keys_change_nothing(tmp_path: Path):
+    full = job_json_as_the_batch_step_writes_it(2)
+    plain = {k: v for k, v in full.items() if k not in ("settings", "manifest_values")}
+    later = dict(full, future_key={"nested": [1, 2]}, relative_change="99", status="SUCCESS")
+    outputs = []
+    for name, job in (("plain", plain), ("full", full), ("later", later)):
+        jobdir = make_job(tmp_path / name / "321", 2, csvs={1: FULL_CSV}, job=job)
+        collect(jobdir)
+        outputs.append(((jobdir / "perf.csv").read_bytes(), (jobdir / "summary.json").read_bytes()))
+    assert outputs[0] == outputs[1] == outputs[2]
 
 
 # ----------------------------------------------------------------------------- odd job directories
@@ -782,110 +615,7 @@ def test_an_absurd_nnodes_is_ignored_and_derived_from_the_node_dirs(tmp_path: Pa
     assert (summary.verdict, summary.nnodes) == ("SUCCESS", 2)
 
 
-# ----------------------------------------------------------------------------- fast paths (same answers)
-
-LOG_PIECES = [
-    "step 3/20 | loss 2.31",
-    "no errors here",
-    "room zoom bloom",
-    "hiperror and ncclsystemerror in lower case",
-    "RuntimeError: boom",
-    "xRuntimeErrorx",
-    "xOOMx",
-    "container killed: OOM",
-    "Out Of Memory",
-    "CUDA error: bad",
-    "[rank0]: Traceback (most recent call last):",
-    "Traceback (most recent call last):",
-    '  File "x.py", line 3, in <module>',
-    "    raise KeyError(1)",
-    "KeyError: 1",
-    "[rank0]: ValueError: bad",
-    "torch.distributed.elastic.multiprocessing.api.SignalException: Process 1 got signal: 15",
-    "FATAL: disk full",
-    "end of line",
-    "",
-    "   ",
-    "İſK ünïcode \x00 \x1b[31m",
-]
-LOG_LINE_ENDS = ["\n", "\r\n", "\r"]
-USER_PATTERN_SETS = [(), ("FATAL",), (r"^FATAL", r"line$"), (r"(?<=x)OOM",), (r"(?i)end of",)]
-
-
-@settings(max_examples=300, deadline=None)
-@given(
-    st.lists(st.tuples(st.sampled_from(LOG_PIECES), st.sampled_from(LOG_LINE_ENDS)), max_size=60),
-    st.booleans(),
-    st.sampled_from(USER_PATTERN_SETS),
-    st.booleans(),
-    st.sampled_from([(1 << 20, 64 * 1024), (1, 1), (7, 16), (64, 100)]),
-    st.binary(max_size=3),
-)
-def test_scan_log_file_gives_what_scanning_the_files_lines_gives(
-    lines, final_end, extra, defaults, sizes, junk
-):
-    """scan_log_file reads in chunks and skips chunks without a possible hit; the reference is
-    scan_log_errors over the lines of the file opened as text with newline=""."""
-    data = "".join(text + end for text, end in lines)
-    data = data if final_end else data.rstrip("\r\n")
-    patterns = results.compile_patterns(list(extra), defaults=defaults)
-    chunk_chars, read_block = sizes
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "node.log"
-        path.write_bytes(data.encode() + junk)
-        with open(path, encoding="utf-8", errors="replace", newline="") as handle:
-            expected = scan_log_errors(handle, patterns)
-        saved = results.SCAN_CHUNK_CHARS, results.READ_BLOCK
-        results.SCAN_CHUNK_CHARS, results.READ_BLOCK = chunk_chars, read_block
-        try:
-            assert results.scan_log_file(path, patterns) == expected
-        finally:
-            results.SCAN_CHUNK_CHARS, results.READ_BLOCK = saved
-
-
-def test_a_hit_deep_in_a_log_larger_than_a_chunk_keeps_its_line_number(tmp_path: Path):
-    lines = [f"iteration {n} | loss 2.0\r\n" if n % 3 else f"iteration {n}\r" for n in range(1, 150001)]
-    lines[120000] = "RuntimeError: late\n"
-    path = tmp_path / "node.log"
-    path.write_text("".join(lines), newline="")
-    assert path.stat().st_size > 2 * results.SCAN_CHUNK_CHARS
-    hits = results.scan_log_file(path, results.DEFAULT_ERROR_PATTERNS)
-    assert [(h.line, h.pattern, h.text) for h in hits] == [(120001, "RuntimeError", "RuntimeError: late")]
-
-
-LITERAL_ALPHABET = st.sampled_from(
-    ["RuntimeError", "CUDA error", "HIP error", "hipErrorX", "NCCL error", "RCCL error", "ncclSystemError",
-     "ncclInternalError", "Segmentation fault", "SIGSEGV", "OOM", "oUT oF MeMoRy", "OutOfMemoryError",
-     "ModuleNotFoundError", "core dumped", "x", "_", " ", "-", "é", "İ", "ſ", "K", "Runtime", "Error",
-     "error"]
-)  # fmt: skip
-
-
-@settings(max_examples=500, deadline=None)
-@given(st.lists(LITERAL_ALPHABET, max_size=6).map("".join))
-def test_the_chunk_prefilter_never_rules_out_a_line_a_default_pattern_matches(line: str):
-    prefilter = results._prefilter(tuple(p.regex for p in results.DEFAULT_ERROR_PATTERNS))
-    if any(p.regex is not None and p.regex.search(line) for p in results.DEFAULT_ERROR_PATTERNS):
-        assert prefilter.may_hit(line)
-        assert prefilter.may_hit(f"before\n{line}\r\nafter")
-
-
-def test_every_default_pattern_has_literals_so_clean_logs_skip_the_regexes():
-    for pattern in results.DEFAULT_ERROR_PATTERNS:
-        if pattern.regex is not None:
-            assert (pattern.regex.pattern, pattern.regex.flags) in results._REQUIRED_LITERALS, pattern.name
-    prefilter = results._prefilter(tuple(p.regex for p in results.DEFAULT_ERROR_PATTERNS))
-    assert not prefilter.always and not prefilter.regexes
-    assert not prefilter.may_hit("iteration 10 | lm loss 2.3 | no errors, room to zoom\n" * 50)
-
-
-def test_out_of_memory_matches_no_character_whose_lower_case_is_not_in_the_phrase():
-    """The prefilter looks for 'out of memory' in text.lower(): true only if every character the
-    case-insensitive regex accepts for a letter of it lower-cases to that letter."""
-    every = "".join(chr(c) for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF)
-    for letter in set("out of memory"):
-        assert {c.lower() for c in re.findall(f"(?i:{letter})", every)} == {letter}
-
+# ----------------------------------------------------------------------------- summary.json, JSON reading
 
 JSON_VALUES = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
@@ -901,15 +631,15 @@ JSON_VALUES = st.recursive(
 @settings(max_examples=400, deadline=None)
 @given(JSON_VALUES)
 def test_the_summary_json_writer_writes_what_json_dumps_writes(value: Any):
-    assert results._dumps_indent2(value) == json.dumps(value, indent=2, ensure_ascii=False)
+    assert summary.dumps_indent2(value) == json.dumps(value, indent=2, ensure_ascii=False)
 
 
 def test_the_summary_json_writer_leaves_odd_keys_and_objects_to_json():
-    assert results._dumps_indent2({1: [2.5, {None: True}]}) == json.dumps(
+    assert summary.dumps_indent2({1: [2.5, {None: True}]}) == json.dumps(
         {1: [2.5, {None: True}]}, indent=2, ensure_ascii=False
     )
     with pytest.raises(TypeError):
-        results._dumps_indent2({"a": object()})
+        summary.dumps_indent2({"a": object()})
 
 
 @pytest.mark.parametrize(
@@ -931,4 +661,4 @@ def test_json_files_read_as_they_read_in_text_mode(tmp_path: Path, data: bytes):
         with open(path, encoding="utf-8") as handle:
             return json.load(handle)
 
-    assert outcome(lambda: results._read_json(path)) == outcome(text_mode)
+    assert outcome(lambda: shared.read_json(path)) == outcome(text_mode)

@@ -1,0 +1,189 @@
+"""Judge a whole job directory into one Summary: node exits and statuses, error patterns in the
+logs, the chosen per-node CSV (else the `performance: <value> <metric>` log lines), and the verdict.
+
+The facts about the job come from JOBDIR/job.json, which the batch step writes; a madengine
+build_manifest.json (`--manifest`) only fills what an old job.json lacks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from slurm_multi.common import HelperError, usage_error
+from slurm_multi.redact import secret_values
+from slurm_multi.results.jobdir import (
+    JOB_JSON_KEYS,
+    NodeReport,
+    as_int,
+    job_id_from_dir,
+    load_job_json,
+    load_manifest_meta,
+    merge_meta,
+    node_dirs,
+    present,
+    read_node,
+)
+from slurm_multi.results.logmetrics import combine_metric, parse_perf_lines
+from slurm_multi.results.logscan import DEFAULT_ERROR_PATTERNS, ErrorPattern
+from slurm_multi.results.pick import Candidate, choose, no_candidate_message, score
+from slurm_multi.results.rows import PERF_COLUMNS, cell, common_row, csv_perf_rows, log_perf_rows
+from slurm_multi.results.shared import AREA, PathLike, is_path, os_error
+from slurm_multi.results.summary import Summary, write_outputs
+from slurm_multi.results.values import format_number
+
+MAX_NODES = 100_000  # a larger nnodes is a typo, not a job: derive it from the node dirs
+
+
+def collect(
+    jobdir: PathLike,
+    manifest: PathLike | None = None,
+    model: str | None = None,
+    error_patterns: Sequence[ErrorPattern] | None = None,
+    write: bool = True,
+) -> Summary:
+    """Judge a job directory and (by default) write JOBDIR/perf.csv and JOBDIR/summary.json.
+
+    manifest: a build_manifest.json for job directories whose job.json lacks the model's metadata
+    (written before job.json had it); job.json wins wherever it has a value.
+    """
+    root = Path(jobdir)
+    if not root.is_dir():
+        raise usage_error(f"{AREA}: job directory {jobdir} does not exist; pass the directory the job wrote")
+    patterns = list(error_patterns) if error_patterns is not None else list(DEFAULT_ERROR_PATTERNS)
+    warnings: list[str] = []
+    job = known_job_facts(load_job_json(root, warnings))
+    manifest_meta = load_manifest_meta(manifest, job.get("model_key"), model, warnings) if manifest else {}
+    meta = merge_meta(job, model, manifest_meta)
+    job_id = cell(meta.get("job_id")) or job_id_from_dir(root)
+    model_name = cell(meta.get("model")) or cell(meta.get("model_key")) or "unknown_model"
+    try:
+        found = node_dirs(root)
+    except OSError as exc:
+        raise HelperError(f"{AREA}: cannot list {jobdir}: {os_error(exc)}") from None
+    nnodes = _job_nnodes(meta, found)
+    names = meta.get("nodes") if isinstance(meta.get("nodes"), list) else []
+    ranks = sorted(set(range(nnodes)) | set(found))
+    extra = [found[rank] for rank in ranks if rank >= nnodes and rank in found]
+    if extra and present(meta.get("nnodes")):
+        warnings.append(f"{', '.join(extra)} beyond nnodes {nnodes}: judged like the others")
+    known = secret_values(os.environ)  # once per job, not once per node
+    nodes = [read_node(root, rank, found.get(rank), names, patterns, known) for rank in ranks]
+    if not present(meta.get("image_id")):
+        meta["image_id"] = rank0_image_id(root, found.get(0))
+    results_csv = Path(cell(meta.get("results_csv"))).name or None
+    summary = judge(root, meta, job_id, model_name, nnodes, results_csv, nodes, warnings)
+    if write:
+        write_outputs(root, summary)
+    return summary
+
+
+def known_job_facts(job: dict[str, Any]) -> dict[str, Any]:
+    """job.json without the keys collect does not read (`settings`, `manifest_values`, whatever a
+    later version adds): only JOB_JSON_KEYS and keys named like a perf.csv column count."""
+    return {key: value for key, value in job.items() if key in JOB_JSON_KEYS or key in PERF_COLUMNS}
+
+
+def _job_nnodes(meta: dict[str, Any], found: dict[int, str]) -> int:
+    for value in (meta.get("nnodes"), len(meta["nodes"]) if isinstance(meta.get("nodes"), list) else None):
+        number = as_int(value)
+        if number is not None and 0 < number <= MAX_NODES:
+            return number
+    return max(found) + 1 if found else 0
+
+
+def rank0_image_id(root: Path, node_dir: str | None) -> str:
+    """The image every node ran (rank 0's, sent in GO), from node_0/status.json if it says."""
+    if node_dir is None:
+        return ""
+    try:
+        data = json.loads((root / node_dir / "status.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return ""
+    return cell(data.get("image_id")) if isinstance(data, dict) else ""
+
+
+def _candidates(jobdir: Path, nodes: Sequence[NodeReport], results_csv: str | None) -> list[Candidate]:
+    if not results_csv:
+        return []
+    candidates = []
+    for node in nodes:  # rank order: a tie goes to the higher rank
+        path = os.path.join(jobdir, node.dirname, results_csv) if node.dirname else ""
+        if node.dirname and is_path(path, "any"):
+            candidates.append(score(path, f"{node.dirname}/{results_csv}"))  # = pick_best's scores
+    return candidates
+
+
+def judge(
+    root: Path,
+    meta: dict[str, Any],
+    job_id: str,
+    model_name: str,
+    nnodes: int,
+    results_csv: str | None,
+    nodes: list[NodeReport],
+    warnings: list[str],
+) -> Summary:
+    """Failures first (exits, missing nodes, error patterns), then the aggregate (CSV, else log lines)."""
+    reasons = [reason for node in nodes for reason in node.reasons]
+    if not nodes:
+        reasons.append("no node_<rank> directories in the job directory; did any task stage?")
+    nodes_ok = not reasons
+    candidates = _candidates(root, nodes, results_csv)
+    warnings.extend(warning for candidate in candidates for warning in candidate.warnings)
+    chosen = choose(candidates)
+    run_seconds = [n.stages["run"] for n in nodes if "run" in n.stages]
+    base = common_row(meta, job_id, nnodes, format_number(max(run_seconds)) if run_seconds else "")
+    header, rows, log_metrics, source = list(PERF_COLUMNS), [], {}, "none"
+    if chosen is not None:
+        source = "csv"
+        header, rows = csv_perf_rows(chosen, base, model_name, nodes_ok)
+    elif candidates:
+        reasons.append(no_candidate_message(candidates))
+    else:
+        log_metrics = collect_log_metrics(root, nodes)
+        if log_metrics:
+            source = "log"
+            rows = log_perf_rows(log_metrics, base, model_name, nodes_ok)
+        else:
+            wanted = (
+                f"no result CSV ({results_csv}) in any node" if results_csv else "no result CSV name known"
+            )
+            reasons.append(f"{wanted} and no 'performance: <value> <metric>' line in any node.log")
+    if not rows:
+        rows = [[dict(base, model=model_name)[c] for c in PERF_COLUMNS]]
+    status = PERF_COLUMNS.index("status")
+    verdict = "SUCCESS" if not reasons and any(r[status] == "SUCCESS" for r in rows) else "FAILURE"
+    return Summary(
+        verdict, job_id, model_name, nnodes, results_csv, chosen.path if chosen else None, candidates,
+        source, log_metrics, nodes, reasons, warnings, header, rows,
+    )  # fmt: skip
+
+
+def collect_log_metrics(jobdir: Path, nodes: Sequence[NodeReport]) -> dict[str, Any]:
+    """Per metric: the combined value, the rule and each node's last value (nodes in rank order)."""
+    per_metric: dict[str, list[dict[str, Any]]] = {}
+    for node in nodes:
+        log = jobdir / node.dirname / "node.log" if node.dirname else None
+        if log is None or not is_path(log, "file"):
+            continue
+        try:
+            with open(log, encoding="utf-8", errors="replace", newline="") as handle:
+                lines = parse_perf_lines(handle)
+        except OSError:
+            continue
+        last: dict[str, float] = {}  # in order of first appearance
+        for line in lines:
+            last[line.metric] = line.value  # a node that prints a metric again: its last value counts
+        for metric in last:
+            per_metric.setdefault(metric, []).append(
+                {"rank": node.rank, "node": node.node, "value": last[metric]}
+            )
+    combined = {}
+    for metric, values in per_metric.items():
+        value, rule = combine_metric(metric, [v["value"] for v in values])
+        combined[metric] = {"rule": rule, "value": round(value, 6), "values": values}
+    return combined
