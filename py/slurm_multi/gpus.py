@@ -3,8 +3,25 @@
 amd-smi prints noise on stdout around its JSON: a `WARNING: User is missing the following required
 groups` line before it, deprecation banners after it, a second copy of the block when concurrent SLURM
 tasks share stdout, watch-mode preambles, or nothing at all. A preamble line may itself start with `[`.
-So the JSON is found by trying `json.JSONDecoder.raw_decode` at every `[`/`{` until a block decodes
-to a GPU list, never by counting lines; only the first such block counts (no double counting).
+So the JSON is found as if by trying `json.JSONDecoder.raw_decode` at every `[`/`{` until a block
+decodes to a GPU list, never by counting lines; only the first such block counts (no double counting).
+One linear pass finds where raw_decode would succeed first, so hostile output (a megabyte of `[`)
+costs well under a second, not minutes; JSON nested deeper than MAX_NESTING counts as not decoding.
+
+The docker arguments follow one rule: what the node detects wins. For a node's one-shot prepare
+helper (no subprocess):
+
+    docker_gpu_args(detected: dict[str, Any], vendor: str | None, docker_gpus: str | None,
+                    node: str) -> list[str]
+
+`detected` is a `detect_gpus()` document (`gpus detect --json`), `vendor` the manifest's gpu_vendor
+(None: the detected vendor), `docker_gpus` the manifest's list ("0-7", "0,1,2", "0-3,6"; None or
+"all": every detected GPU), `node` the name errors use. It returns the complete GPU part of the docker
+argv (AMD: --device /dev/kfd, --device /dev/dri/renderD<N> per GPU, --group-add video; NVIDIA:
+--gpus "device=0,1"; no GPUs detected and none asked for: []) or raises HelperError with exit code 2
+and one line naming what was asked and what was detected: a listed GPU not detected, a vendor that is
+not the detected one (also "none" on a node with GPUs), an AMD GPU whose render node is unknown. It
+never returns fewer GPUs than were asked for.
 """
 
 from __future__ import annotations
@@ -13,6 +30,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from typing import Any
@@ -23,6 +41,7 @@ from slurm_multi.common import HelperError, timeout_error, usage_error
 
 AREA = "gpus"
 VENDORS = {"amd": "AMD", "nvidia": "NVIDIA", "none": "none"}
+TOOLS = {"AMD": "amd-smi", "NVIDIA": "nvidia-smi"}  # which tool detected each vendor
 AMDSMI_LIST = ("amd-smi", "list", "-e", "--json")
 NVIDIA_QUERY = ("nvidia-smi", "--query-gpu=index,pci.bus_id,uuid", "--format=csv,noheader")
 DETECT_TIMEOUT_S = 20.0
@@ -98,26 +117,133 @@ def gpu_list_of(block: Any) -> list[dict[str, Any]] | None:
     return [gpus[index] for index in sorted(gpus)]
 
 
+# Where raw_decode would succeed, found in one pass. Trying raw_decode at every `[`/`{` costs, per
+# try, up to the distance to the first error (or the recursion limit): quadratic on hostile output
+# (1 MB of `[` took 78 s). The pass below walks JSON structure itself, remembers every container it
+# sees close (start -> end) or fail, and jumps over remembered ones, so each character is walked about
+# once; raw_decode then runs only where it will succeed.
+_START = re.compile(
+    r"""\{(?=[ \t\n\r]*["}])                                    # an object opens with a key or closes
+      | \[(?=[ \t\n\r]*(?:[\[\]"0-9tfnNI-]|\{[ \t\n\r]*["}]))   # an array opens with a value or closes
+    """,
+    re.VERBOSE,
+)
+_WHITESPACE = re.compile(r"[ \t\n\r]*")  # what the json module skips between tokens
+_WHITESPACE_CHARS = (" ", "\t", "\n", "\r")
+_BRACKET_RUN = re.compile(r"\[*")
+MAX_NESTING = 32  # amd-smi nests ~5 deep; deeper JSON is noise (and raw_decode's recursion would fail)
+# What the walk expects next; the order matters (`state <= _VALUE_OR_CLOSE`: a value may come).
+_VALUE, _VALUE_OR_CLOSE, _KEY, _KEY_OR_CLOSE, _COLON, _NEXT_OR_CLOSE = range(6)
+_MAY_CLOSE = (_VALUE_OR_CLOSE, _KEY_OR_CLOSE, _NEXT_OR_CLOSE)
+_CLOSER = {"[": "]", "{": "}"}
+
+
+def _walk_json(
+    text: str, start: int, scan_once: Any, closed: dict[int, tuple[int, int]], failed: set[int]
+) -> None:
+    """Walk the JSON value at `start` as raw_decode would, without building it.
+
+    Records each container that closes as closed[its start] = (end, height) and each one that cannot
+    (syntax error, end of text, nested deeper than MAX_NESTING) in `failed`. Scalars and keys are
+    read by the json module's own scanner, so "decodes" means exactly what raw_decode means.
+    """
+    stack: list[list[int]] = []  # open containers, outermost first: [start, height so far]
+    pos, state = start, _VALUE
+    while True:
+        if text[pos : pos + 1] in _WHITESPACE_CHARS:
+            pos = _WHITESPACE.match(text, pos).end()  # type: ignore[union-attr] - `*` always matches
+        char = text[pos : pos + 1]  # "" at the end of the text
+        if char in ("[", "{") and state <= _VALUE_OR_CLOSE:
+            if pos in failed:
+                break
+            if pos in closed:  # walked before: jump over it
+                pos, height = closed[pos]
+                if not _give_up_too_deep(stack, height, failed):
+                    return
+                stack[-1][1] = max(stack[-1][1], height + 1)
+                state = _NEXT_OR_CLOSE
+                continue
+            go_on = _fail_deep_bracket_run(text, pos, stack, failed) if char == "[" else pos
+            if go_on != pos:
+                pos = go_on
+                continue
+            stack.append([pos, 1])
+            _give_up_too_deep(stack, 0, failed)
+            pos, state = pos + 1, (_VALUE_OR_CLOSE if char == "[" else _KEY_OR_CLOSE)
+        elif state == _NEXT_OR_CLOSE and char == ",":
+            pos, state = pos + 1, (_VALUE if text[stack[-1][0]] == "[" else _KEY)
+        elif char and char == _CLOSER[text[stack[-1][0]]] and state in _MAY_CLOSE:
+            opened, height = stack.pop()
+            closed[opened] = (pos + 1, height)
+            if not stack:
+                return
+            stack[-1][1] = max(stack[-1][1], height + 1)
+            pos, state = pos + 1, _NEXT_OR_CLOSE
+        elif state == _COLON and char == ":":
+            pos, state = pos + 1, _VALUE
+        elif (state <= _VALUE_OR_CLOSE and char) or (state <= _KEY_OR_CLOSE and char == '"'):
+            try:
+                pos = scan_once(text, pos)[1]  # a string, number or literal, exactly as json reads it
+            except (StopIteration, ValueError, RecursionError):
+                break
+            state = _COLON if state >= _KEY else _NEXT_OR_CLOSE
+        else:
+            break
+    failed.update(opened for opened, _ in stack)
+
+
+def _give_up_too_deep(stack: list[list[int]], inner_height: int, failed: set[int]) -> bool:
+    """Fail the outermost open containers while they would nest deeper than MAX_NESTING.
+
+    Returns whether any open container is left to walk on.
+    """
+    while stack and len(stack) + inner_height > MAX_NESTING:
+        failed.add(stack.pop(0)[0])
+    return bool(stack)
+
+
+def _fail_deep_bracket_run(text: str, pos: int, stack: list[list[int]], failed: set[int]) -> int:
+    """A run of more than MAX_NESTING `[` at `pos` (hostile or broken output): all that is open and
+    all but the last MAX_NESTING of the run nest too deep. Fail them at once, not one by one, and
+    return where the walk goes on (`pos` itself when there is no such run)."""
+    if text[pos + MAX_NESTING : pos + MAX_NESTING + 1] != "[":
+        return pos
+    go_on = _BRACKET_RUN.match(text, pos).end() - MAX_NESTING  # type: ignore[union-attr]
+    if go_on <= pos:
+        return pos
+    failed.update(opened for opened, _ in stack)
+    failed.update(range(pos, go_on))
+    stack.clear()
+    return go_on
+
+
+def decodable_blocks(text: str, scan_once: Any) -> list[tuple[int, int]]:
+    """(start, end) of every `[`/`{` at which raw_decode succeeds, in text order (linear time)."""
+    closed: dict[int, tuple[int, int]] = {}
+    failed: set[int] = set()
+    for match in _START.finditer(text):
+        start = match.start()
+        if start not in closed and start not in failed:
+            _walk_json(text, start, scan_once, closed, failed)
+    return sorted((start, end) for start, (end, _) in closed.items())
+
+
 def find_gpu_list(text: str) -> list[dict[str, Any]] | None:
     """The first non-empty GPU list in noisy amd-smi output; else [] if an empty one was seen; else None.
 
-    A block that decodes but is not a GPU list is searched inside too, so noise that happens to wrap
-    the real block into larger valid JSON (`[` before it, `]` after it) cannot hide it. An empty list
-    counts only at top level, so an inner `"cpu_data": []` of some other document is not "no GPUs".
+    Same answer as trying raw_decode at every `[`/`{` in turn, but raw_decode runs only at the starts
+    where it succeeds. A block that decodes but is not a GPU list is searched inside too, so noise that
+    happens to wrap the real block into larger valid JSON (`[` before it, `]` after it) cannot hide it.
+    An empty list counts only at top level, so an inner `"cpu_data": []` of some other document is not
+    "no GPUs".
     """
     decoder = json.JSONDecoder()
     empty_seen = False
     top_level_from = 0  # positions before this lie inside a block that already decoded
-    pos = 0
-    while True:
-        starts = [i for i in (text.find("[", pos), text.find("{", pos)) if i >= 0]
-        if not starts:
-            break
-        start = min(starts)
-        pos = start + 1
+    for start, end in decodable_blocks(text, decoder.scan_once):
         try:
-            block, end = decoder.raw_decode(text, start)
-        except (ValueError, RecursionError):
+            block, _ = decoder.raw_decode(text, start)
+        except (ValueError, RecursionError):  # not expected: the walk reads JSON as raw_decode does
             continue
         gpus = gpu_list_of(block)
         if gpus:
@@ -220,55 +346,129 @@ def normalise_vendor(vendor: str) -> str:
     return VENDORS[key]
 
 
-def select_indexes(docker_gpus: str | None, available: list[int]) -> list[int]:
-    """madengine docker_gpus ("0,1,2", "0-3", "all", "-1", empty = all) -> GPU indexes, in order given."""
+def parse_docker_gpus(docker_gpus: str | None) -> list[int] | None:
+    """madengine docker_gpus ("0-7", "0,1,2", "0-3,6", spaces allowed) -> indexes in the order given,
+    repeats dropped; None (every detected GPU) for unset, "", "all" or "-1"."""
     text = (docker_gpus or "").strip()
     if text.lower() in ("", "all", "-1"):
-        return list(available)
-    chosen: list[int] = []
-    for token in (part.strip() for part in text.split(",")):
-        match = re.fullmatch(r"([0-9]+)(?:-([0-9]+))?", token)
+        return None
+    chosen: dict[int, None] = {}  # ordered set
+    for token in text.split(","):
+        match = re.fullmatch(r"\s*([0-9]+)\s*(?:-\s*([0-9]+)\s*)?", token)
         if not match:
             raise usage_error(f"{AREA}: bad GPU list {describe_input(text)!s}; use e.g. 0,1,2 or 0-3 or all")
         low = int(match.group(1))
         high = int(match.group(2)) if match.group(2) is not None else low
         if high < low or high - low > 4096:
-            raise usage_error(f"{AREA}: bad GPU range {token} in {describe_input(text)!s}")
-        for index in range(low, high + 1):
-            if index not in available:
-                shown = ",".join(str(i) for i in available) or "none"
-                raise HelperError(f"{AREA}: GPU {index} was asked for but not detected (detected: {shown})")
-            if index not in chosen:
-                chosen.append(index)
-    return chosen
+            raise usage_error(f"{AREA}: bad GPU range {token.strip()} in {describe_input(text)!s}")
+        chosen.update(dict.fromkeys(range(low, high + 1)))
+    return list(chosen)
 
 
-def docker_gpu_args(detected: dict[str, Any], vendor: str | None, docker_gpus: str | None) -> list[str]:
-    """The `docker run` arguments that give the container the selected GPUs."""
-    found = normalise_vendor(str(detected.get("vendor", "none")))
-    wanted = normalise_vendor(vendor) if vendor else found
-    if wanted == "none":
-        return []
-    if found != wanted:
-        raise HelperError(f"{AREA}: {wanted} GPUs were asked for but {found} was detected on this node")
-    gpus = {gpu["index"]: gpu for gpu in detected["gpus"]}
-    indexes = select_indexes(docker_gpus, sorted(gpus))
+def format_indexes(indexes: list[int]) -> str:
+    """[0, 1, 2, 3, 6, 7] -> "0-3,6,7" (sorted, repeats dropped)."""
+    ranges: list[list[int]] = []
+    for index in sorted(set(indexes)):
+        if ranges and index == ranges[-1][1] + 1:
+            ranges[-1][1] = index
+        else:
+            ranges.append([index, index])
+    return ",".join(
+        f"{low}-{high}" if high - low >= 2 else ",".join(str(i) for i in range(low, high + 1))
+        for low, high in ranges
+    )
+
+
+def _gpus_word(indexes: list[int]) -> str:
+    return f"GPU {indexes[0]}" if len(indexes) == 1 else f"GPUs {format_indexes(indexes)}"
+
+
+def _node_has(vendor: str, indexes: list[int]) -> str:
+    """What detection found, for an error: "AMD GPUs 0-3 (amd-smi)", "no GPUs (neither ... found)"."""
+    if vendor == "none":
+        return "no GPUs (neither amd-smi nor nvidia-smi found)"
     if not indexes:
-        raise HelperError(f"{AREA}: no {wanted} GPUs detected on this node")
-    if wanted == "NVIDIA":
+        return f"no {vendor} GPUs ({TOOLS[vendor]} lists none)"
+    return f"{vendor} GPUs {format_indexes(indexes)} ({TOOLS[vendor]})"
+
+
+def _check_vendor(asked: str | None, found: str, indexes: list[int], node: str) -> None:
+    """The manifest's gpu_vendor must be what the node detects: detection wins, a mismatch is an error."""
+    if asked is not None and asked != found:
+        fix = "run on nodes without GPUs" if asked == "none" else f"run on nodes with {asked} GPUs"
+        raise usage_error(
+            f"{AREA}: gpu_vendor {asked} was asked for but {node} has {_node_has(found, indexes)}; "
+            f"what the node detects wins: fix gpu_vendor or {fix}"
+        )
+    if found != "none" and not indexes:
+        raise usage_error(
+            f"{AREA}: {node} has {_node_has(found, indexes)} to give the container; "
+            f"check `{TOOLS[found]}` on {node} or run on nodes with {found} GPUs"
+        )
+
+
+def _check_asked_indexes(
+    asked: list[int], docker_gpus: str, found: str, indexes: list[int], node: str
+) -> None:
+    """Every GPU docker_gpus names must be detected: never start the container with fewer."""
+    missing = [index for index in asked if index not in indexes]
+    if not missing:
+        return
+    verb = "was" if len(missing) == 1 else "were"
+    has = f"only {format_indexes(indexes)} ({TOOLS[found]})" if indexes else _node_has(found, indexes)
+    shown = " ".join(docker_gpus.split())
+    raise usage_error(
+        f"{AREA}: {_gpus_word(missing)} {verb} asked for (docker_gpus {shown}) but {node} has {has}; "
+        "fix docker_gpus or run on nodes with those GPUs"
+    )
+
+
+def _amd_device_args(gpus: dict[int, dict[str, Any]], indexes: list[int], node: str) -> list[str]:
+    renders = {index: gpus[index].get("render") for index in indexes}
+    unknown = [
+        i for i, render in renders.items() if not (isinstance(render, str) and _RENDER.fullmatch(render))
+    ]
+    if unknown:
+        verb, them = (
+            ("has an unknown render node", "it")
+            if len(unknown) == 1
+            else ("have unknown render nodes", "them")
+        )
+        raise usage_error(
+            f"{AREA}: {_gpus_word(unknown)} on {node} {verb} (N/A or missing in amd-smi list -e) and docker "
+            f"needs /dev/dri/renderD<N> for each GPU; check `amd-smi list -e` and the user's render/video "
+            f"groups on {node}, or leave {them} out of docker_gpus"
+        )
+    args = ["--device", "/dev/kfd"]
+    for index in indexes:
+        args += ["--device", f"/dev/dri/{renders[index]}"]
+    return args + ["--group-add", "video"]
+
+
+def docker_gpu_args(
+    detected: dict[str, Any], vendor: str | None, docker_gpus: str | None, node: str
+) -> list[str]:
+    """The complete `docker run` GPU arguments for this node; see the module docstring."""
+    found = normalise_vendor(str(detected.get("vendor", "none")))
+    gpus = {gpu["index"]: gpu for gpu in detected.get("gpus") or []}
+    indexes = sorted(gpus)
+    asked_vendor = normalise_vendor(vendor) if vendor and vendor.strip() else None
+    _check_vendor(asked_vendor, found, indexes, node)
+    asked = parse_docker_gpus(docker_gpus)
+    if asked is not None:
+        _check_asked_indexes(asked, docker_gpus or "", found, indexes, node)
+        indexes = asked
+    if found == "none":
+        return []
+    if found == "NVIDIA":
         # One argv element, double quotes included: docker's --gpus value is CSV, so the quotes keep
         # the commas inside a single `device=` field.
         return ["--gpus", '"device=' + ",".join(str(i) for i in indexes) + '"']
-    args = ["--device", "/dev/kfd"]
-    for index in indexes:
-        render = gpus[index].get("render")
-        if not isinstance(render, str) or not _RENDER.fullmatch(render):
-            raise HelperError(
-                f"{AREA}: GPU {index} has no render node in the amd-smi output; "
-                "check `amd-smi list -e` and the user's render/video groups"
-            )
-        args += ["--device", f"/dev/dri/{render}"]
-    return args + ["--group-add", "video"]
+    return _amd_device_args(gpus, indexes, node)
+
+
+def this_node() -> str:
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 def load_detected(text: str, source: str) -> dict[str, Any]:
@@ -347,29 +547,41 @@ def detect_command(as_json: bool) -> None:
     "--detected",
     "detected_source",
     metavar="FILE|-",
-    help="`gpus detect --json` output (default: detect now).",
+    help="`gpus detect --json` output, or raw amd-smi output (default: detect now).",
 )
-@click.option("--vendor", metavar="V", help="AMD, NVIDIA or none (default: the detected vendor).")
 @click.option(
-    "--docker-gpus", "docker_gpus", metavar="LIST", help="GPU indexes: 0,1,2 / 0-3 / all / -1 (default all)."
+    "--vendor", metavar="V", help="gpu_vendor asked for: AMD, NVIDIA or none (default: the detected one)."
+)
+@click.option(
+    "--docker-gpus",
+    "docker_gpus",
+    metavar="LIST",
+    help="GPU indexes asked for: 0-7 / 0,1,2 / 0-3,6 / all (default: every detected GPU).",
+)
+@click.option(
+    "--node", metavar="NAME", help="Node name for errors (default: $SLURMD_NODENAME or the host name)."
 )
 @click.option("-0", "null_terminated", is_flag=True, help="End each argument with NUL instead of a newline.")
 def docker_args_command(
-    detected_source: str | None, vendor: str | None, docker_gpus: str | None, null_terminated: bool
+    detected_source: str | None,
+    vendor: str | None,
+    docker_gpus: str | None,
+    node: str | None,
+    null_terminated: bool,
 ) -> None:
-    """Print the docker run GPU arguments, one per line.
+    """Print the complete docker run GPU arguments, one per line.
 
     AMD: --device /dev/kfd, --device /dev/dri/renderD<N> per GPU, --group-add video.
-    NVIDIA: --gpus "device=0,1". none: nothing.
+    NVIDIA: --gpus "device=0,1". No GPUs detected and none asked for: nothing.
+    What the node detects wins: a GPU or vendor asked for but not detected, or an AMD GPU with no
+    known render node, is one line on stderr and exit 2, never a container with fewer GPUs.
 
-    Example: mapfile -t gpu_args < <(slurm-multi gpus docker-args --docker-gpus "$SM_DOCKER_GPUS")
+    Example: slurm-multi gpus docker-args -0 --docker-gpus 0-7 >"$f" || exit 2; mapfile -d '' a <"$f"
     """
-    if vendor is not None and normalise_vendor(vendor) == "none":
-        return
     if detected_source is not None:
         detected = load_detected(_read_input(detected_source), detected_source)
     else:
         detected = detect_gpus(path=os.environ.get("PATH"))
-    args = docker_gpu_args(detected, vendor, docker_gpus)
+    args = docker_gpu_args(detected, vendor, docker_gpus, node or this_node())
     terminator = "\0" if null_terminated else "\n"
     click.echo("".join(arg + terminator for arg in args), nl=False)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,16 +17,20 @@ from hypothesis import strategies as st
 from slurm_multi.cli import group
 from slurm_multi.common import HelperError
 from slurm_multi.gpus import (
+    MAX_NESTING,
+    decodable_blocks,
     detect_gpus,
     docker_gpu_args,
     find_gpu_list,
+    format_indexes,
     parse_amdsmi,
+    parse_docker_gpus,
     parse_nvidia_smi,
-    select_indexes,
 )
 
 DATA = Path(__file__).parent / "data" / "amdsmi"
 FAKES = Path(__file__).resolve().parents[1] / "fakes"
+PY_SRC = Path(__file__).resolve().parents[2] / "py"
 
 
 def amd_gpu(index: int) -> dict[str, Any]:
@@ -183,6 +189,80 @@ def test_a_later_non_empty_list_beats_an_empty_one() -> None:
 
 def test_deep_nesting_is_not_a_crash() -> None:
     assert find_gpu_list("[" * 50000) is None
+
+
+@pytest.fixture()
+def decode_attempts(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Records the start of every raw_decode call (the old search tried one at every `[`/`{`)."""
+    starts: list[int] = []
+    real = json.JSONDecoder.raw_decode
+
+    def counting(self: json.JSONDecoder, text: str, idx: int = 0) -> Any:
+        starts.append(idx)
+        return real(self, text, idx)
+
+    monkeypatch.setattr(json.JSONDecoder, "raw_decode", counting)
+    return starts
+
+
+HOSTILE = {
+    "brackets": "[",
+    "braces": "{",
+    "bracket-brace": "[{",
+    "gpu-key-list": '{"gpu": [',
+    "quoted-bracket": '"[',
+    "spaced-brackets": "[ ",
+}
+
+
+@pytest.mark.parametrize("unit", HOSTILE.values(), ids=HOSTILE.keys())
+def test_hostile_output_costs_no_decode_attempts(unit: str, decode_attempts: list[int]) -> None:
+    """raw_decode runs only where it succeeds, so 100 kB of openers is not 100 000 tries."""
+    assert find_gpu_list(unit * (100_000 // len(unit))) is None
+    assert decode_attempts == []
+
+
+def test_a_line_of_digits_is_no_gpu_list(decode_attempts: list[int]) -> None:
+    assert find_gpu_list("1" * 1_000_000) is None
+    assert find_gpu_list("[" + "1" * 1_000_000 + "]") is None
+    assert decode_attempts == []
+
+
+def test_noisy_output_is_decoded_once(decode_attempts: list[int]) -> None:
+    text = (DATA / "list_e_double.txt").read_text()
+    assert parse_amdsmi(text) == FOUR_AMD
+    assert decode_attempts == [text.index("[{")]
+
+
+def test_a_gpu_list_after_a_megabyte_of_brackets_is_found(decode_attempts: list[int]) -> None:
+    text = "[" * 1_000_000 + "\n" + VALID_BLOCK
+    assert parse_amdsmi(text) == FOUR_AMD
+    assert len(decode_attempts) == 1
+
+
+def test_parse_of_a_megabyte_of_brackets_finishes(tmp_path: Path) -> None:
+    """The old search took 78 s here; 30 s is far more than the linear one needs on any machine."""
+    hostile = tmp_path / "brackets.txt"
+    hostile.write_text("[" * 1_000_000)
+    done = subprocess.run(
+        [sys.executable, "-m", "slurm_multi", "gpus", "parse", str(hostile)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "PYTHONPATH": str(PY_SRC)},
+        check=False,
+    )
+    assert done.returncode == 1
+    assert done.stderr == "slurm-multi: gpus: no GPU list in amd-smi output (" + "[" * 60 + ")\n"
+
+
+def test_nesting_deeper_than_the_limit_does_not_decode_but_its_inside_does() -> None:
+    scan_once = json.JSONDecoder().scan_once
+    at_limit = "[" * MAX_NESTING + "]" * MAX_NESTING
+    assert decodable_blocks(at_limit, scan_once)[0] == (0, len(at_limit))
+    too_deep = "[" + at_limit + "]"
+    assert decodable_blocks(too_deep, scan_once)[0] == (1, len(too_deep) - 1)
+    assert parse_amdsmi("[" * 100 + VALID_BLOCK + "]" * 100) == FOUR_AMD
 
 
 def test_bool_or_negative_gpu_index_is_not_a_gpu_list() -> None:
@@ -378,17 +458,171 @@ def test_nvidia_docker_args_are_one_quoted_device_word(tmp_path: Path) -> None:
     assert result.stdout == '--gpus\n"device=0,1"\n'
 
 
-def test_vendor_none_prints_nothing() -> None:
-    result = cli(["docker-args", "--vendor", "none"])
-    assert result.exit_code == 0
+@pytest.mark.parametrize(
+    ("docker_gpus", "indexes"),
+    [
+        ("0-7", list(range(8))),
+        ("0,1,2", [0, 1, 2]),
+        ("0-3,6", [0, 1, 2, 3, 6]),
+        (" 0 - 3 , 6 ", [0, 1, 2, 3, 6]),
+    ],
+)
+def test_docker_gpus_forms_select_those_gpus(tmp_path: Path, docker_gpus: str, indexes: list[int]) -> None:
+    detected = {"vendor": "NVIDIA", "count": 8, "gpus": [{"index": i} for i in range(8)]}
+    result = cli(
+        ["docker-args", "--detected", write_detected(tmp_path, detected), "--docker-gpus", docker_gpus]
+    )
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout == '--gpus\n"device=' + ",".join(map(str, indexes)) + '"\n'
+
+
+def test_amd_manifest_on_an_8_gpu_node_gives_all_8_render_nodes(
+    fake_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_path("amd-smi")
+    monkeypatch.setenv("FAKE_AMDSMI_NOISE", "warning,double,banner")
+    result = cli(["docker-args", "-0", "--vendor", "AMD", "--docker-gpus", "0-7"])
+    assert result.exit_code == 0, result.stderr
+    renders = [f"/dev/dri/renderD{128 + 8 * i}" for i in range(8)]
+    assert result.stdout.split("\0") == [
+        "--device",
+        "/dev/kfd",
+        *[word for render in renders for word in ("--device", render)],
+        "--group-add",
+        "video",
+        "",
+    ]
+
+
+def test_asking_for_gpus_0_7_on_a_4_gpu_node_is_an_error_naming_both_lists(tmp_path: Path) -> None:
+    result = cli(
+        [
+            "docker-args",
+            "-0",
+            "--detected",
+            write_detected(tmp_path, FOUR_AMD),
+            "--vendor",
+            "AMD",
+            "--docker-gpus",
+            "0-7",
+            "--node",
+            "node2",
+        ]
+    )
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    assert result.stderr == (
+        "slurm-multi: gpus: GPUs 4-7 were asked for (docker_gpus 0-7) but node2 has only 0-3 (amd-smi); "
+        "fix docker_gpus or run on nodes with those GPUs\n"
+    )
+
+
+def test_one_undetected_gpu_among_detected_ones_is_an_error(tmp_path: Path) -> None:
+    result = cli(
+        [
+            "docker-args",
+            "--detected",
+            write_detected(tmp_path, FOUR_AMD),
+            "--docker-gpus",
+            "0,7",
+            "--node",
+            "n1",
+        ]
+    )
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    assert result.stderr == (
+        "slurm-multi: gpus: GPU 7 was asked for (docker_gpus 0,7) but n1 has only 0-3 (amd-smi); "
+        "fix docker_gpus or run on nodes with those GPUs\n"
+    )
+
+
+def test_the_node_name_defaults_to_slurmd_nodename(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLURMD_NODENAME", "node7")
+    result = cli(["docker-args", "--detected", write_detected(tmp_path, FOUR_AMD), "--docker-gpus", "4"])
+    assert "but node7 has only 0-3 (amd-smi)" in result.stderr
+
+
+def test_render_node_na_is_an_error() -> None:
+    result = cli(
+        [
+            "docker-args",
+            "--detected",
+            str(DATA / "list_e_render_na.txt"),
+            "--vendor",
+            "AMD",
+            "--node",
+            "node2",
+        ]
+    )
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    assert result.stderr == (
+        "slurm-multi: gpus: GPU 2 on node2 has an unknown render node (N/A or missing in amd-smi list -e) "
+        "and docker needs /dev/dri/renderD<N> for each GPU; check `amd-smi list -e` and the user's "
+        "render/video groups on node2, or leave it out of docker_gpus\n"
+    )
+
+
+def test_gpus_with_known_render_nodes_run_when_the_unknown_one_is_not_asked_for() -> None:
+    result = cli(["docker-args", "--detected", str(DATA / "list_e_render_na.txt"), "--docker-gpus", "0,1,3"])
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.count("renderD") == 3 and "renderD144" not in result.stdout
+
+
+def test_amd_manifest_on_a_node_with_no_gpus_is_an_error(fake_path) -> None:
+    fake_path()  # neither amd-smi nor nvidia-smi
+    result = cli(["docker-args", "--vendor", "AMD", "--docker-gpus", "0-7", "--node", "node2"])
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    assert result.stderr == (
+        "slurm-multi: gpus: gpu_vendor AMD was asked for but node2 has no GPUs (neither amd-smi nor "
+        "nvidia-smi found); what the node detects wins: fix gpu_vendor or run on nodes with AMD GPUs\n"
+    )
+
+
+def test_amd_manifest_on_an_nvidia_node_is_an_error_because_detection_wins(fake_path, monkeypatch) -> None:
+    fake_path("nvidia-smi")
+    monkeypatch.setenv("FAKE_NVIDIA_GPUS", "8")
+    result = cli(["docker-args", "--vendor", "AMD", "--node", "node2"])
+    assert result.exit_code == 2
+    assert result.stderr == (
+        "slurm-multi: gpus: gpu_vendor AMD was asked for but node2 has NVIDIA GPUs 0-7 (nvidia-smi); "
+        "what the node detects wins: fix gpu_vendor or run on nodes with AMD GPUs\n"
+    )
+
+
+def test_nvidia_manifest_on_an_amd_node_is_an_error(tmp_path: Path) -> None:
+    result = cli(["docker-args", "--detected", write_detected(tmp_path, FOUR_AMD), "--vendor", "nvidia"])
+    assert result.exit_code == 2
+    assert "gpus: gpu_vendor NVIDIA was asked for but" in result.stderr
+    assert "has AMD GPUs 0-3 (amd-smi)" in result.stderr
+
+
+def test_vendor_none_on_a_node_with_gpus_is_an_error(tmp_path: Path) -> None:
+    result = cli(["docker-args", "--detected", write_detected(tmp_path, FOUR_AMD), "--vendor", "none"])
+    assert result.exit_code == 2
+    assert result.stderr.endswith("fix gpu_vendor or run on nodes without GPUs\n")
+
+
+@pytest.mark.parametrize("vendor", [["--vendor", "none"], []])
+def test_no_gpus_asked_for_and_none_detected_gives_no_gpu_args(fake_path, vendor: list[str]) -> None:
+    fake_path()
+    result = cli(["docker-args", "-0", *vendor])
+    assert result.exit_code == 0, result.stderr
     assert result.stdout == ""
 
 
-def test_undetected_index_is_an_error(tmp_path: Path) -> None:
-    result = cli(["docker-args", "--detected", write_detected(tmp_path, FOUR_AMD), "--docker-gpus", "0,7"])
-    assert result.exit_code == 1
-    assert result.stdout == ""
-    assert result.stderr == "slurm-multi: gpus: GPU 7 was asked for but not detected (detected: 0,1,2,3)\n"
+def test_gpus_asked_for_on_a_node_with_none_is_an_error(tmp_path: Path) -> None:
+    none = {"vendor": "none", "count": 0, "gpus": []}
+    result = cli(
+        ["docker-args", "--detected", write_detected(tmp_path, none), "--docker-gpus", "0", "--node", "n"]
+    )
+    assert result.exit_code == 2
+    assert result.stderr == (
+        "slurm-multi: gpus: GPU 0 was asked for (docker_gpus 0) but n has no GPUs (neither amd-smi nor "
+        "nvidia-smi found); fix docker_gpus or run on nodes with those GPUs\n"
+    )
 
 
 @pytest.mark.parametrize("bad", ["0,,1", "x", "1-0", "0;rm -rf /", "-2"])
@@ -399,25 +633,10 @@ def test_bad_gpu_list_is_a_usage_error(tmp_path: Path, bad: str) -> None:
     assert len(result.stderr.splitlines()) == 1
 
 
-def test_vendor_mismatch_is_an_error(tmp_path: Path) -> None:
-    result = cli(["docker-args", "--detected", write_detected(tmp_path, FOUR_AMD), "--vendor", "nvidia"])
-    assert result.exit_code == 1
-    assert (
-        result.stderr == "slurm-multi: gpus: NVIDIA GPUs were asked for but AMD was detected on this node\n"
-    )
-
-
 def test_unknown_vendor_is_a_usage_error() -> None:
     result = cli(["docker-args", "--vendor", "intel"])
     assert result.exit_code == 2
     assert result.stderr == "slurm-multi: gpus: unknown GPU vendor intel; use AMD, NVIDIA or none\n"
-
-
-def test_amd_gpu_without_render_node_is_an_error(tmp_path: Path) -> None:
-    detected = {"vendor": "AMD", "gpus": [{"index": 0, "render": None}]}
-    result = cli(["docker-args", "--detected", write_detected(tmp_path, detected)])
-    assert result.exit_code == 1
-    assert result.stderr.startswith("slurm-multi: gpus: GPU 0 has no render node in the amd-smi output;")
 
 
 def test_detected_file_may_be_raw_amd_smi_output() -> None:
@@ -452,13 +671,50 @@ def test_docker_args_detects_when_no_file_is_given(fake_path, monkeypatch: pytes
     assert result.stdout == '--gpus\n"device=4,5,6"\n'
 
 
-def test_no_gpus_detected_for_the_vendor_is_an_error() -> None:
-    with pytest.raises(HelperError, match="no AMD GPUs detected on this node"):
-        docker_gpu_args({"vendor": "AMD", "gpus": []}, "AMD", None)
+def test_amd_smi_listing_no_gpus_is_an_error() -> None:
+    with pytest.raises(HelperError) as err:
+        docker_gpu_args({"vendor": "AMD", "gpus": []}, "AMD", None, "node2")
+    assert err.value.exit_code == 2
+    assert err.value.format_message() == (
+        "gpus: node2 has no AMD GPUs (amd-smi lists none) to give the container; "
+        "check `amd-smi` on node2 or run on nodes with AMD GPUs"
+    )
 
 
-def test_select_indexes_keeps_order_and_drops_repeats() -> None:
-    assert select_indexes("3,1,3,0-1", [0, 1, 2, 3]) == [3, 1, 0]
+def test_importable_docker_gpu_args_raises_one_line_with_exit_code_2() -> None:
+    with pytest.raises(HelperError) as err:
+        docker_gpu_args(FOUR_AMD, "AMD", "0-7", "node2")
+    assert err.value.exit_code == 2
+    assert err.value.format_message() == (
+        "gpus: GPUs 4-7 were asked for (docker_gpus 0-7) but node2 has only 0-3 (amd-smi); "
+        "fix docker_gpus or run on nodes with those GPUs"
+    )
+
+
+def test_importable_docker_gpu_args_returns_the_complete_argv() -> None:
+    assert docker_gpu_args(FOUR_AMD, "amd", "3, 1", "node2") == [
+        "--device",
+        "/dev/kfd",
+        "--device",
+        "/dev/dri/renderD152",
+        "--device",
+        "/dev/dri/renderD136",
+        "--group-add",
+        "video",
+    ]
+    assert docker_gpu_args({"vendor": "none", "gpus": []}, None, "all", "node2") == []
+
+
+def test_parse_docker_gpus_keeps_order_and_drops_repeats() -> None:
+    assert parse_docker_gpus("3,1,3,0-1") == [3, 1, 0]
+    assert parse_docker_gpus(" all ") is None
+    assert parse_docker_gpus(None) is None
+
+
+def test_format_indexes_writes_runs_as_ranges() -> None:
+    assert format_indexes([6, 0, 1, 2, 3, 3]) == "0-3,6"
+    assert format_indexes([4, 5]) == "4,5"
+    assert format_indexes([]) == ""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -522,3 +778,31 @@ def test_property_block_glued_to_random_characters_still_parses(prefix: str, suf
     if find_gpu_list(prefix):
         return
     assert parse_amdsmi(prefix + VALID_BLOCK.strip() + suffix) == FOUR_AMD
+
+
+JSONISH = st.sampled_from(
+    ["[", "]", "{", "}", ",", ":", '"', '"gpu"', "0", "-1", " ", "\n", "x", '"a"', "[]", "{}", "true", '"a":']
+    + ["[[", "]]", '{"a":', '"[', '\\"', "1e5", "NaN", "-Infinity", '{"gpu": 0}', '[{"gpu": 1}]']
+)
+
+
+def raw_decode_everywhere(text: str) -> list[tuple[int, int]]:
+    """The old search: raw_decode tried at every `[`/`{`."""
+    decoder = json.JSONDecoder()
+    found = []
+    for start, char in enumerate(text):
+        if char in "[{":
+            try:
+                found.append((start, decoder.raw_decode(text, start)[1]))
+            except (ValueError, RecursionError):
+                pass
+    return found
+
+
+@settings(max_examples=500, deadline=None)
+@given(pieces=st.lists(JSONISH, max_size=40))
+def test_property_the_linear_pass_finds_exactly_where_raw_decode_succeeds(pieces: list[str]) -> None:
+    text = "".join(pieces)
+    if text.count("[") + text.count("{") > MAX_NESTING:  # the one documented difference: deep nesting
+        return
+    assert decodable_blocks(text, json.JSONDecoder().scan_once) == raw_decode_everywhere(text)
