@@ -6,16 +6,24 @@ while nsys was still writing them and killed it mid-write (11 reports, all 0 byt
 counts only when it is non-empty and its size has not changed for the settle window, no `.qdstrm`
 (nsys' raw stream, present until the conversion ends) is left, and nothing else is still changing.
 
+A reused report directory holds reports of earlier jobs (and a requeued job keeps its job id, so
+its reports even keep their names). They must never count: `snapshot` records every report that
+exists before the job starts (name, size, mtime_ns, inode), and `wait --since-file` counts only
+reports that are new or changed since then; an unchanged leftover `.qdstrm` no longer holds the
+wait either.
+
 `Settler` holds that logic and is fed (path -> size) snapshots and a clock, so it is tested without
-sleeping; `wait_for_reports` is the polling loop around it; `cli` is the click command.
+sleeping; `Baseline` is the snapshot taken before the job; `wait_for_reports` is the polling loop
+around both; `cli` is the click group (`wait`, `snapshot`, `count`).
 """
 
 from __future__ import annotations
 
 import fnmatch
+import json
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -25,6 +33,8 @@ from slurm_multi.common import HelperError, talk, timeout_error, usage_error
 
 QDSTRM_SUFFIX = ".qdstrm"
 PROGRESS_EVERY_SECONDS = 5.0
+SNAPSHOT_KIND = "slurm-multi reports snapshot"
+SNAPSHOT_VERSION = 1
 
 # What a tracked file is doing right now (see Settler.kind).
 EMPTY = "empty"  # 0 bytes: never counts (nsys creates the file before it writes into it)
@@ -179,14 +189,27 @@ class Settler:
         return "; ".join(reasons) or "nothing pending"
 
 
-def scan(directory: str, pattern: str, recursive: bool) -> tuple[dict[str, int], list[str]] | None:
-    """(report path -> size, .qdstrm paths) under `directory`; None while it does not exist."""
+@dataclass(frozen=True)
+class Stamp:
+    """What identifies one version of a file: a rewrite changes at least one of these."""
+
+    size: int
+    mtime_ns: int
+    inode: int
+
+    @classmethod
+    def of(cls, stat: os.stat_result) -> Stamp:
+        return cls(size=stat.st_size, mtime_ns=stat.st_mtime_ns, inode=stat.st_ino)
+
+
+def stamps(directory: str, pattern: str, recursive: bool) -> tuple[dict[str, Stamp], dict[str, Stamp]] | None:
+    """(report path -> stamp, .qdstrm path -> stamp) under `directory`; None while it does not exist."""
     if not os.path.exists(directory):
         return None
     if not os.path.isdir(directory):
         raise usage_error(f"reports: {directory} is not a directory; pass the report directory")
-    sizes: dict[str, int] = {}
-    qdstrm: list[str] = []
+    reports: dict[str, Stamp] = {}
+    qdstrm: dict[str, Stamp] = {}
     stack = [directory]
     while stack:
         current = stack.pop()
@@ -206,12 +229,151 @@ def scan(directory: str, pattern: str, recursive: bool) -> tuple[dict[str, int],
                 if not entry.is_file():
                     continue
                 if entry.name.endswith(QDSTRM_SUFFIX):
-                    qdstrm.append(entry.path)
+                    qdstrm[entry.path] = Stamp.of(entry.stat())
                 elif fnmatch.fnmatchcase(entry.name, pattern):
-                    sizes[entry.path] = entry.stat().st_size
+                    reports[entry.path] = Stamp.of(entry.stat())
             except FileNotFoundError:
                 continue  # renamed or removed while we looked: the next snapshot tells
-    return sizes, qdstrm
+    return reports, qdstrm
+
+
+def real_key(path: str, directory: str, real_directory: str) -> str:
+    """`path` (found under `directory`) as the snapshot names it: under the directory's real path,
+    so a relative or symlinked spelling of the same directory finds the same entries."""
+    return os.path.normpath(os.path.join(real_directory, os.path.relpath(path, directory)))
+
+
+@dataclass
+class Baseline:
+    """The reports (and .qdstrm files) that existed before the job, by real path."""
+
+    files: dict[str, Stamp] = field(default_factory=dict)
+    source: str = ""
+
+    def stale(self, key: str, stamp: Stamp) -> bool:
+        """True when the file is exactly as it was before the job: same size, mtime and inode."""
+        return self.files.get(key) == stamp
+
+    def split(self, found: Mapping[str, Stamp], directory: str) -> tuple[dict[str, Stamp], int]:
+        """(the files that are new or changed since the baseline, how many were left as they were)."""
+        real_directory = os.path.realpath(directory)
+        fresh: dict[str, Stamp] = {}
+        for path, stamp in found.items():
+            if not self.stale(real_key(path, directory, real_directory), stamp):
+                fresh[path] = stamp
+        return fresh, len(found) - len(fresh)
+
+
+def take_snapshot(directories: Sequence[str], pattern: str, recursive: bool) -> Baseline:
+    """Every report matching `pattern` and every .qdstrm under the directories (missing ones: none)."""
+    files: dict[str, Stamp] = {}
+    for directory in directories:
+        found = stamps(directory, pattern, recursive)
+        if found is None:
+            continue
+        real_directory = os.path.realpath(directory)
+        for path, stamp in {**found[0], **found[1]}.items():
+            files[real_key(path, directory, real_directory)] = stamp
+    return Baseline(files=files)
+
+
+def write_snapshot(baseline: Baseline, out: str, directories: Sequence[str], pattern: str) -> None:
+    """Write the snapshot atomically (a sibling temp file, then rename): a reader never sees half."""
+    document = {
+        "kind": SNAPSHOT_KIND,
+        "version": SNAPSHOT_VERSION,
+        "taken_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "directories": [os.path.realpath(d) for d in directories],
+        "pattern": pattern,
+        "files": {
+            path: {"size": s.size, "mtime_ns": s.mtime_ns, "inode": s.inode}
+            for path, s in sorted(baseline.files.items())
+        },
+    }
+    tmp = f"{out}.tmp.{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            json.dump(document, handle, indent=1)
+            handle.write("\n")
+        os.replace(tmp, out)
+    except OSError as err:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise HelperError(
+            f"reports: cannot write the snapshot {out}: {err.strerror}; check the directory"
+        ) from None
+
+
+def read_snapshot(path: str) -> Baseline:
+    """The snapshot `write_snapshot` wrote; a missing or foreign file is a one-line usage error."""
+    retake = f"take it with `slurm-multi reports snapshot DIR --out {path}` before the job starts"
+    try:
+        with open(path, encoding="utf-8") as handle:
+            document = json.load(handle)
+    except FileNotFoundError:
+        raise usage_error(f"reports: --since-file {path} does not exist; {retake}") from None
+    except OSError as err:
+        raise usage_error(f"reports: cannot read --since-file {path}: {err.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise usage_error(f"reports: --since-file {path} is not JSON ({err}); {retake}") from None
+    if not isinstance(document, dict) or document.get("kind") != SNAPSHOT_KIND:
+        raise usage_error(f"reports: --since-file {path} is not a report snapshot; {retake}")
+    if document.get("version") != SNAPSHOT_VERSION:
+        raise usage_error(
+            f"reports: --since-file {path} has snapshot version {document.get('version')!r}, "
+            f"this slurm-multi reads {SNAPSHOT_VERSION}; {retake}"
+        )
+    files: dict[str, Stamp] = {}
+    entries = document.get("files")
+    if not isinstance(entries, dict):
+        raise usage_error(f"reports: --since-file {path} has no 'files' table; {retake}")
+    for name, entry in entries.items():
+        try:
+            files[name] = Stamp(
+                size=int(entry["size"]), mtime_ns=int(entry["mtime_ns"]), inode=int(entry["inode"])
+            )
+        except (TypeError, KeyError, ValueError):
+            raise usage_error(
+                f"reports: --since-file {path}: entry {name!r} is malformed; {retake}"
+            ) from None
+    return Baseline(files=files, source=path)
+
+
+def scan_since(
+    directory: str, pattern: str, recursive: bool, baseline: Baseline | None
+) -> tuple[dict[str, int], list[str], int] | None:
+    """(report path -> size, .qdstrm paths, how many files were left out as unchanged since
+    `baseline`) under `directory`; None while the directory does not exist."""
+    found = stamps(directory, pattern, recursive)
+    if found is None:
+        return None
+    reports, qdstrm = found
+    unchanged = 0
+    if baseline is not None:
+        reports, old_reports = baseline.split(reports, directory)
+        qdstrm, old_qdstrm = baseline.split(qdstrm, directory)
+        unchanged = old_reports + old_qdstrm
+    return {path: stamp.size for path, stamp in reports.items()}, sorted(qdstrm), unchanged
+
+
+def scan(
+    directory: str, pattern: str, recursive: bool, baseline: Baseline | None = None
+) -> tuple[dict[str, int], list[str]] | None:
+    """(report path -> size, .qdstrm paths) under `directory`, leaving out what is unchanged since
+    `baseline`; None while the directory does not exist."""
+    found = scan_since(directory, pattern, recursive, baseline)
+    return None if found is None else (found[0], found[1])
+
+
+def count_new(directories: Iterable[str], pattern: str, recursive: bool, baseline: Baseline | None) -> int:
+    """How many reports (empty ones too: nsys creates the file first) are new or changed."""
+    total = 0
+    for directory in directories:
+        found = scan(directory, pattern, recursive, baseline)
+        total += 0 if found is None else len(found[0])
+    return total
 
 
 @dataclass
@@ -232,6 +394,7 @@ def wait_for_reports(
     timeout_seconds: float = 600.0,
     poll_seconds: float = 1.0,
     recursive: bool = False,
+    since: Baseline | None = None,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
     say: Callable[[str], None] = lambda message: talk("reports", message),
@@ -240,15 +403,23 @@ def wait_for_reports(
     settler = Settler(expect=expect, baseline=baseline, settle_seconds=settle_seconds)
     start = clock()
     last_progress = start
+    unchanged = 0
+    told_unchanged = False
+    since_clause = f"; new or changed since {since.source or 'the snapshot'} only" if since else ""
     say(
         f"waiting for {settler.target} non-empty {pattern} in {directory} (baseline {baseline} + "
         f"expect {expect}) to settle for {settle_seconds:g} s on bytes, timeout {timeout_seconds:g} s"
+        f"{since_clause}"
     )
     while True:
         now = clock()
         waited = now - start
-        snapshot = scan(directory, pattern, recursive)
+        snapshot = scan_since(directory, pattern, recursive, since)
         if snapshot is not None:
+            unchanged = snapshot[2]
+            if unchanged and not told_unchanged:
+                told_unchanged = True
+                say(f"{unchanged} file(s) unchanged since before the job: not counted")
             settler.observe(snapshot[0], snapshot[1], now)
             if settler.done(now):
                 settled = settler.settled(now)
@@ -269,16 +440,17 @@ def wait_for_reports(
             "is the report directory right, and did any rank start nsys?"
         )
         return WaitResult(False, [], waited, [], summary)
+    old_clause = f"; {unchanged} unchanged since before the job, not counted" if unchanged else ""
     summary = (
         f"reports: timed out after {timeout_seconds:g} s waiting for {pattern} in {directory}: "
-        f"{settler.shortfall(now)}"
+        f"{settler.shortfall(now)}{old_clause}"
     )
     return WaitResult(False, settler.settled(now), waited, settler.state_lines(now, directory), summary)
 
 
 @click.group("reports", context_settings={"help_option_names": ["-h", "--help"]})
 def cli() -> None:
-    """Wait for profiler reports (nsys .nsys-rep) to appear and settle."""
+    """Wait for profiler reports (nsys .nsys-rep) to appear and settle; snapshot and count them."""
 
 
 @cli.command("wait")
@@ -296,7 +468,13 @@ def cli() -> None:
     type=click.IntRange(min=0),
     default=0,
     show_default=True,
-    help="Reports that existed before the sessions were stopped.",
+    help="How many settled reports to disregard by count (--since-file disregards them by identity).",
+)
+@click.option(
+    "--since-file",
+    metavar="FILE",
+    default=None,
+    help="A `reports snapshot` taken before the job: count only reports new or changed since it.",
 )
 @click.option(
     "--settle-seconds",
@@ -331,16 +509,20 @@ def wait_command(
     timeout_seconds: float,
     poll_seconds: float,
     recursive: bool,
+    since_file: str | None,
 ) -> None:
     """Exit 0 once baseline+expect non-empty reports in DIR have kept their byte size for the settle
     window and no *.qdstrm is left; print the settled report paths on stdout.
 
     Zero-byte reports never count; a report that grows restarts its settle clock. A missing DIR is
-    waited for. On timeout (exit 3) every report's state is listed on stderr, and the reports that
-    did settle are still printed on stdout.
+    waited for. With --since-file, a report (or .qdstrm) whose size, mtime and inode are as the
+    snapshot recorded them is left out entirely: an earlier job's report never counts, and one
+    rewritten during this job does. On timeout (exit 3) every report's state is listed on stderr,
+    and the reports that did settle are still printed on stdout.
 
-    Example: slurm-multi reports wait logs/nsight-slurm-direct --expect 4 --baseline 0
+    Example: slurm-multi reports wait logs/profile --expect 4 --since-file logs/.profile-baseline.json
     """
+    since = read_snapshot(since_file) if since_file is not None else None
     result = wait_for_reports(
         directory,
         pattern=pattern,
@@ -350,6 +532,7 @@ def wait_command(
         timeout_seconds=timeout_seconds,
         poll_seconds=poll_seconds,
         recursive=recursive,
+        since=since,
     )
     for path in result.settled:
         click.echo(path)
@@ -357,3 +540,49 @@ def wait_command(
         for line in result.lines:
             talk("reports", line)
         raise timeout_error(result.summary)
+
+
+@cli.command("snapshot", short_help="Record the reports present before a job.")
+@click.argument("directories", metavar="DIR...", nargs=-1, required=True, type=click.Path(file_okay=False))
+@click.option("--out", "out", required=True, metavar="FILE", help="Where to write the snapshot (JSON).")
+@click.option("--pattern", default="*.nsys-rep", show_default=True, help="Glob matched on file names.")
+@click.option(
+    "--recursive/--no-recursive", default=False, show_default=True, help="Also look in subdirectories."
+)
+def snapshot_command(directories: tuple[str, ...], out: str, pattern: str, recursive: bool) -> None:
+    """Record every report (and .qdstrm) in the DIRs -- path, size, mtime_ns, inode -- into FILE, so
+    that `wait --since-file FILE` and `count --since-file FILE` leave them out. A DIR that does not
+    exist yet is fine (nothing in it is old). Take it once per job, before the first worker step.
+
+    Example: slurm-multi reports snapshot logs/profile --out logs/.profile-baseline.json
+    """
+    baseline = take_snapshot(directories, pattern, recursive)
+    write_snapshot(baseline, out, directories, pattern)
+    talk(
+        "reports",
+        f"snapshot: {len(baseline.files)} file(s) in {' '.join(directories)} -> {out}",
+    )
+
+
+@cli.command("count", short_help="Count the reports new since a snapshot.")
+@click.argument("directories", metavar="DIR...", nargs=-1, required=True, type=click.Path(file_okay=False))
+@click.option("--pattern", default="*.nsys-rep", show_default=True, help="Glob matched on file names.")
+@click.option(
+    "--recursive/--no-recursive", default=False, show_default=True, help="Also look in subdirectories."
+)
+@click.option(
+    "--since-file",
+    metavar="FILE",
+    default=None,
+    help="A `reports snapshot`: count only reports new or changed since it.",
+)
+def count_command(
+    directories: tuple[str, ...], pattern: str, recursive: bool, since_file: str | None
+) -> None:
+    """Print how many reports the DIRs hold (empty ones too: nsys creates the file before writing
+    it), or with --since-file how many are new or changed since that snapshot. No waiting.
+
+    Example: slurm-multi reports count logs/nsight-slurm-direct --since-file logs/.profile-prestop.json
+    """
+    since = read_snapshot(since_file) if since_file is not None else None
+    click.echo(count_new(directories, pattern, recursive, since))

@@ -1,7 +1,9 @@
-"""`slurm-multi reports wait`: reports count only once non-empty and byte-stable, with no .qdstrm left."""
+"""`slurm-multi reports wait`: reports count only once non-empty and byte-stable, with no .qdstrm left,
+and (with --since-file) only when new or changed since the snapshot taken before the job."""
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -11,7 +13,16 @@ import pytest
 from click.testing import CliRunner
 
 from slurm_multi import EXIT_TIMEOUT, EXIT_USAGE
-from slurm_multi.reports import Settler, cli, human_bytes, scan, wait_for_reports
+from slurm_multi.reports import (
+    Settler,
+    cli,
+    human_bytes,
+    read_snapshot,
+    scan,
+    take_snapshot,
+    wait_for_reports,
+    write_snapshot,
+)
 
 MB = 1_000_000
 
@@ -290,5 +301,163 @@ def test_cli_rejects_a_file_given_as_the_directory(tmp_path: Path) -> None:
     target = tmp_path / "file"
     target.write_text("x")
     result = invoke(str(target), "--timeout-seconds", "1")
+    assert result.exit_code == EXIT_USAGE
+    assert "Traceback" not in result.output
+
+
+# --- a baseline snapshot taken before the job: old reports never count ----------------------------
+
+
+def old_report(path: Path, size: int = 4096, age_seconds: float = 3600) -> None:
+    """A settled report an earlier job left behind (an hour old by its mtime)."""
+    path.write_bytes(b"\0" * size)
+    past = time.time() - age_seconds
+    os.utime(path, (past, past))
+
+
+def snapshot_cli(out: Path, *directories: Path, extra: tuple[str, ...] = ()):  # noqa: ANN201
+    return CliRunner().invoke(cli, ["snapshot", *map(str, directories), "--out", str(out), *extra])
+
+
+def test_two_stale_reports_do_not_satisfy_expect_2(tmp_path: Path) -> None:
+    reports = tmp_path / "profile"
+    reports.mkdir()
+    old_report(reports / "4100_node1_rank0.nsys-rep")
+    old_report(reports / "4100_node2_rank1.nsys-rep")
+    baseline = tmp_path / "baseline.json"
+    taken = snapshot_cli(baseline, reports)
+    assert taken.exit_code == 0, taken.output
+    assert "snapshot: 2 file(s) in" in taken.stderr
+    result = wait_cli(reports, "--expect", "2", "--since-file", str(baseline), settle="0.1", timeout="0.6")
+    assert result.exit_code == EXIT_TIMEOUT, result.output
+    assert "0/2 settled" in result.stderr
+    assert "2 unchanged since before the job, not counted" in result.stderr
+    assert result.stdout == ""
+    # The same directory without the baseline: the old reports satisfy it (the bug this fixes).
+    assert wait_cli(reports, "--expect", "2", settle="0.1", timeout="5").exit_code == 0
+
+
+def test_a_stale_report_rewritten_during_the_job_counts(tmp_path: Path) -> None:
+    # A requeued job keeps its job id, so its reports keep their names: rewritten in place.
+    report = tmp_path / "4242_node1_rank0.nsys-rep"
+    old_report(report, size=4096)
+    baseline = tmp_path / "baseline.json"
+    assert snapshot_cli(baseline, tmp_path).exit_code == 0
+    unchanged = wait_cli(tmp_path, "--since-file", str(baseline), settle="0.1", timeout="0.5")
+    assert unchanged.exit_code == EXIT_TIMEOUT
+    writer = grow(report, chunks=3, pause=0.1)  # truncated, then rewritten by the new session
+    result = wait_cli(tmp_path, "--since-file", str(baseline), settle="0.4", timeout="10")
+    writer.join()
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == str(report)
+    assert report.stat().st_size == 3 * 65536
+
+
+def test_a_stale_report_rewritten_with_the_same_size_counts(tmp_path: Path) -> None:
+    report = tmp_path / "r.nsys-rep"
+    old_report(report, size=100)
+    before = take_snapshot([str(tmp_path)], "*.nsys-rep", recursive=False)
+    report.write_bytes(b"\1" * 100)  # same size, same inode, new mtime
+    assert scan(str(tmp_path), "*.nsys-rep", False, before) == ({str(report): 100}, [])
+    replaced = tmp_path / "r.tmp"
+    replaced.write_bytes(b"\2" * 100)
+    stat = report.stat()
+    os.utime(replaced, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    os.replace(replaced, report)  # same size and mtime, but a new inode
+    assert scan(str(tmp_path), "*.nsys-rep", False, before) == ({str(report): 100}, [])
+
+
+def test_one_new_report_and_one_stale_count_one(tmp_path: Path) -> None:
+    old_report(tmp_path / "4100_node1_rank0.nsys-rep")
+    baseline = tmp_path / "baseline.json"
+    assert snapshot_cli(baseline, tmp_path).exit_code == 0
+    new = tmp_path / "4242_node1_rank0.nsys-rep"
+    new.write_bytes(b"\0" * 4096)
+    count = CliRunner().invoke(cli, ["count", str(tmp_path), "--since-file", str(baseline)])
+    assert count.exit_code == 0, count.output
+    assert count.stdout.strip() == "1"
+    assert CliRunner().invoke(cli, ["count", str(tmp_path)]).stdout.strip() == "2"
+    result = wait_cli(tmp_path, "--expect", "2", "--since-file", str(baseline), settle="0.1", timeout="0.6")
+    assert result.exit_code == EXIT_TIMEOUT
+    assert "1/2 settled" in result.stderr
+    assert result.stdout.strip() == str(new)  # what did settle is still printed
+    result = wait_cli(tmp_path, "--expect", "1", "--since-file", str(baseline), settle="0.1", timeout="5")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == str(new)
+
+
+def test_a_stale_qdstrm_no_longer_holds_the_wait(tmp_path: Path) -> None:
+    # An earlier job was SIGKILLed mid-write and left its raw stream behind.
+    (tmp_path / "4100_node1_rank0.qdstrm").write_bytes(b"stream")
+    baseline = tmp_path / "baseline.json"
+    assert snapshot_cli(baseline, tmp_path).exit_code == 0
+    (tmp_path / "4242_node1_rank0.nsys-rep").write_bytes(b"\0" * 4096)
+    assert wait_cli(tmp_path, settle="0.1", timeout="0.5").exit_code == EXIT_TIMEOUT
+    result = wait_cli(tmp_path, "--since-file", str(baseline), settle="0.1", timeout="5")
+    assert result.exit_code == 0, result.output
+    # ... while a .qdstrm of THIS job still does.
+    (tmp_path / "4242_node2_rank1.qdstrm").write_bytes(b"stream")
+    held = wait_cli(tmp_path, "--since-file", str(baseline), settle="0.1", timeout="0.5")
+    assert held.exit_code == EXIT_TIMEOUT
+    assert "4242_node2_rank1.qdstrm still present" in held.stderr
+
+
+def test_the_snapshot_names_files_by_real_path_so_any_spelling_of_the_directory_matches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "real").mkdir()
+    old_report(tmp_path / "real" / "old.nsys-rep")
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    baseline = tmp_path / "baseline.json"
+    assert snapshot_cli(baseline, tmp_path / "link", tmp_path / "missing").exit_code == 0
+    document = json.loads(baseline.read_text())
+    assert list(document["files"]) == [os.path.realpath(tmp_path / "real" / "old.nsys-rep")]
+    assert set(document["files"][list(document["files"])[0]]) == {"size", "mtime_ns", "inode"}
+    monkeypatch.chdir(tmp_path)
+    assert scan("real", "*.nsys-rep", False, read_snapshot(str(baseline))) == ({}, [])
+
+
+def test_snapshot_round_trip_and_a_missing_directory_is_empty(tmp_path: Path) -> None:
+    (tmp_path / "d").mkdir()
+    old_report(tmp_path / "d" / "a.nsys-rep", size=7)
+    (tmp_path / "d" / "notes.txt").write_text("x")
+    taken = take_snapshot([str(tmp_path / "d"), str(tmp_path / "later")], "*.nsys-rep", recursive=False)
+    write_snapshot(taken, str(tmp_path / "s.json"), [str(tmp_path / "d")], "*.nsys-rep")
+    assert read_snapshot(str(tmp_path / "s.json")).files == taken.files
+    assert [os.path.basename(p) for p in taken.files] == ["a.nsys-rep"]
+    assert not list(tmp_path.glob("s.json.tmp*"))
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "does not exist"),
+        ("{not json", "is not JSON"),
+        ('{"files": {}}', "is not a report snapshot"),
+        ('{"kind": "slurm-multi reports snapshot", "version": 9, "files": {}}', "snapshot version 9"),
+        ('{"kind": "slurm-multi reports snapshot", "version": 1, "files": {"x": {"size": 1}}}', "malformed"),
+    ],
+)
+def test_a_bad_since_file_is_a_one_line_usage_error(
+    tmp_path: Path, content: str | None, message: str
+) -> None:
+    since = tmp_path / "baseline.json"
+    if content is not None:
+        since.write_text(content)
+    for args in (
+        ["wait", str(tmp_path), "--since-file", str(since), "--timeout-seconds", "1"],
+        ["count", str(tmp_path), "--since-file", str(since)],
+    ):
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == EXIT_USAGE, result.output
+        assert message in result.stderr
+        assert "reports snapshot DIR --out" in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+        assert "Traceback" not in result.output
+
+
+def test_snapshot_of_a_file_instead_of_a_directory_is_a_usage_error(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    result = snapshot_cli(tmp_path / "s.json", tmp_path / "file")
     assert result.exit_code == EXIT_USAGE
     assert "Traceback" not in result.output
