@@ -43,6 +43,7 @@ lint: setup ## shellcheck every shell file, ruff every Python file
 	@echo "lint: shellcheck $(words $(SH_FILES)) shell files, $(words $(BATS_FILES)) bats files; ruff"
 	@$(VENV)/bin/shellcheck -x -P SCRIPTDIR $(SH_FILES)
 	@$(VENV)/bin/shellcheck -x -P SCRIPTDIR -s bash -e SC2030,SC2031,SC2034,SC2154,SC2155,SC1091 $(BATS_FILES)
+	@tests/lint/seam
 	@$(VENV)/bin/ruff check $(PY_FILES)
 	@$(VENV)/bin/ruff format --check $(PY_FILES)
 

@@ -2,7 +2,9 @@
 # The image stage: make the same image (by ID) present on every node.
 # Shared tar cache layout, for image IMAGE with key K = sanitised IMAGE:
 #   <cache>/K.tar   written as a sibling temp file, then renamed (a reader never sees half a tar)
-#   <cache>/K.id    sidecar written after the rename: id=, image=, fingerprint=, bytes=
+#   <cache>/K.id    sidecar written after the rename: id=, image=, fingerprint=, bytes=, sha256=
+#                   (bytes and sha256 are taken while the tar is written, no second pass; a reader
+#                   checks the size, which is free: a tar that does not match is never a hit)
 #   <cache>/.K.lock flock: writers exclusive, readers shared, so concurrent jobs cannot corrupt it
 
 FINGERPRINT_LABEL=org.slurm-multi.fingerprint
@@ -40,14 +42,30 @@ image::fingerprint() {
   } | sha256sum | cut -c1-32
 }
 
+# image::build FINGERPRINT: docker build from the manifest. A build arg under a secret name is passed
+# by name (`--build-arg HF_TOKEN`, its value in the build's environment only), so its value is in
+# no argv and no log line; the logged command pastes back where that variable is exported.
 image::build() {
-  local fp=$1 ctx args=() kv
+  local fp=$1 ctx args=() kv name secret=() rc=0
   ctx=${SM_DOCKER_CONTEXT:-$(dirname "${SM_DOCKERFILE}")}
   [[ -d ${ctx} ]] || { log::error image "docker context ${ctx} is not a directory on $(hostname)"; return 1; }
-  for kv in "${SM_BUILD_ARGS[@]+"${SM_BUILD_ARGS[@]}"}"; do args+=(--build-arg "${kv}"); done
+  for kv in "${SM_BUILD_ARGS[@]+"${SM_BUILD_ARGS[@]}"}"; do
+    name=${kv%%=*}
+    if [[ " ${SM_BUILD_SECRET_NAMES[*]:-} " == *" ${name} "* ]]; then
+      args+=(--build-arg "${name}")
+      secret+=("${kv}")
+    else
+      args+=(--build-arg "${kv}")
+    fi
+  done
   local cmd=(docker build -q -t "${SM_IMAGE}" -f "${SM_DOCKERFILE}" --label "${FINGERPRINT_LABEL}=${fp}" "${args[@]+"${args[@]}"}" "${ctx}")
   log::cmd image "${cmd[@]}"
-  "${cmd[@]}" >/dev/null 2> >(grep -vE 'DEPRECATED|legacy builder|buildx|BuildKit|environment-variable|^ *$' >&2)
+  (
+    for kv in "${secret[@]+"${secret[@]}"}"; do export "${kv?}"; done
+    exec "${cmd[@]}" >/dev/null 2>"${SM_SCRATCH}/build.err"
+  ) || rc=$?
+  grep -vE 'DEPRECATED|legacy builder|buildx|BuildKit|environment-variable|^ *$' "${SM_SCRATCH}/build.err" >&2 || true
+  return "${rc}"
 }
 
 # image::cache_load CACHE KEY WANT_ID: load the cached tar if its sidecar says WANT_ID (or any id
@@ -60,6 +78,11 @@ image::cache_load() {
   id=$(image::sidecar_get "${sidecar}" id)
   if [[ ! -s ${tar} || -z ${id} || (-n ${want} && ${id} != "${want}") ]]; then
     exec {lockfd}>&-
+    return 1
+  fi
+  if ! image::tar_matches "${tar}" "${sidecar}"; then
+    exec {lockfd}>&-
+    log::error image "${tar} is not the tar its sidecar describes ($(stat -c %s "${tar}") bytes, sidecar says $(image::sidecar_get "${sidecar}" bytes)); not loading it"
     return 1
   fi
   t0=$(util::now)
@@ -75,6 +98,14 @@ image::cache_load() {
   printf '%s' "${loaded}"
 }
 
+# image::tar_matches TAR SIDECAR: the tar's size is the one recorded when it was written (a cut or
+# padded tar is never a hit; checking costs one stat).
+image::tar_matches() {
+  local want
+  want=$(image::sidecar_get "$2" bytes)
+  [[ -n ${want} && $(stat -c %s "$1" 2>/dev/null) == "${want}" ]]
+}
+
 # image::cache_save CACHE KEY ID FINGERPRINT: save the image unless the cache already holds ID.
 image::cache_save() {
   local cache=$1 key=$2 id=$3 fp=$4 tar sidecar tmp t0 bytes lockfd
@@ -86,27 +117,35 @@ image::cache_save() {
   # Holding the lock, any temp file of this key is a dead writer's (e.g. a SIGKILLed save).
   rm -f "${cache}/.${key}.tar.tmp."*
   if [[ -s ${tar} && $(image::sidecar_get "${sidecar}" id) == "${id}" ]]; then
-    exec {lockfd}>&-
-    log::info image "cache hit: ${tar} already holds ${id:7:12}; no save"
-    return 0
+    if image::tar_matches "${tar}" "${sidecar}"; then
+      exec {lockfd}>&-
+      log::info image "cache hit: ${tar} already holds ${id:7:12}; no save"
+      return 0
+    fi
+    log::warn image "${tar} does not match its sidecar ($(stat -c %s "${tar}") bytes, sidecar says $(image::sidecar_get "${sidecar}" bytes)); saving it again"
+  elif [[ -s ${tar} ]]; then
+    log::info image "stale tar in the cache (holds $(image::sidecar_get "${sidecar}" id | cut -c8-19), want ${id:7:12}); replacing it"
   fi
-  [[ -s ${tar} ]] && log::info image "stale tar in the cache (holds $(image::sidecar_get "${sidecar}" id | cut -c8-19), want ${id:7:12}); replacing it"
   t0=$(util::now)
-  # To stdout, not -o: the file then grows under our own temp name, so whatever a killed save
-  # leaves is ours to recognise and remove.
-  log::cmd image docker save "${SM_IMAGE}" ">${tmp}"
-  local err
-  if ! err=$(docker save "${SM_IMAGE}" 2>&1 >"${tmp}"); then
-    rm -f "${tmp}"
+  # To a pipe, not -o: the file grows under our own temp name (whatever a killed save leaves is
+  # ours to recognise and remove), and the digest is taken from the same bytes as they pass.
+  # shellcheck disable=SC2016 # $1 and $2 are the inner bash's arguments
+  local digest save=(bash -o pipefail -c 'docker save "$1" | tee "$2" | sha256sum' save "${SM_IMAGE}" "${tmp}")
+  log::cmd image "${save[@]}"
+  if ! digest=$("${save[@]}" 2>"${tmp}.err"); then
+    local err
+    err=$(tail -n 1 "${tmp}.err" 2>/dev/null)
+    rm -f "${tmp}" "${tmp}.err"
     exec {lockfd}>&-
     log::error image "cannot save ${SM_IMAGE} into ${cache}: ${err##*: } (is the disk full? the run goes on without the cache)"
     return 1
   fi
+  rm -f "${tmp}.err"
   bytes=$(stat -c %s "${tmp}")
   # Rename first, sidecar second: a sidecar never describes a tar that is not complete.
   mv -f "${tmp}" "${tar}"
-  printf 'id=%s\nimage=%s\nfingerprint=%s\nbytes=%s\nsaved_by=%s job %s\n' "${id}" "${SM_IMAGE}" "${fp}" \
-    "${bytes}" "$(hostname)" "${SLURM_JOB_ID:-}" >"${sidecar}.tmp.$$" && mv -f "${sidecar}.tmp.$$" "${sidecar}"
+  printf 'id=%s\nimage=%s\nfingerprint=%s\nbytes=%s\nsha256=%s\nsaved_by=%s job %s\n' "${id}" "${SM_IMAGE}" "${fp}" \
+    "${bytes}" "${digest%% *}" "$(hostname)" "${SLURM_JOB_ID:-}" >"${sidecar}.tmp.$$" && mv -f "${sidecar}.tmp.$$" "${sidecar}"
   exec {lockfd}>&-
   log::info image "saved ${SM_IMAGE} into ${tar} ($((bytes / 1024 / 1024)) MB, $(util::elapsed "${t0}") s)"
 }

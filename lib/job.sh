@@ -6,92 +6,44 @@ JOB_SRUN_PID=
 JOB_STEP_ID=
 JOB_TEARDOWN_STARTED=0
 
-# job::manifest_value VAR: a value the manifest would restore, read in a subshell so the batch
-# step's environment (which srun passes to the tasks) is not filled with manifest values.
-job::manifest_values() {
-  [[ -n ${SM_MANIFEST:-} ]] || return 0
-  (
-    # shellcheck source=/dev/null
-    source <(util::sm manifest restore "${SM_MANIFEST}" ${SM_MODEL:+--model "${SM_MODEL}"} 2>/dev/null) || exit 2
-    declare -p SM_MODEL_KEY SM_MODEL_NAME SM_IMAGE SM_RESULTS_CSV SM_MODEL_ARGS SM_MODEL_TAGS SM_DOCKERFILE \
-      SM_BASE_DOCKER SM_N_GPUS SM_GPUS_PER_NODE SM_LAUNCHER SM_BUILD_DURATION SM_DOCKER_OPTS SM_MODEL_SCRIPTS \
-      2>/dev/null | sed 's/^declare -[a-zA-Z-]* /JOBM_/'
-  )
-}
-
-# job::model_name: the directory name for this model under --out.
-job::model_name() {
-  local name=${JOBM_SM_MODEL_NAME:-${SM_MODEL:-}}
-  [[ -n ${name} ]] || name=${SM_IMAGE:-${JOBM_SM_IMAGE:-job}}
-  name=${name##*/}
-  printf '%s' "${name}" | tr -c 'A-Za-z0-9._-' '_'
-}
-
-job::write_job_json() {
-  local file=$1 nodes=() n first=1
-  mapfile -t nodes < <(scontrol show hostnames "${SLURM_JOB_NODELIST}" 2>/dev/null)
-  {
-    printf '{\n'
-    printf '  "job_id": %s,\n' "$(util::json_str "${SLURM_JOB_ID}")"
-    printf '  "model_key": %s,\n' "$(util::json_str "${JOBM_SM_MODEL_KEY:-}")"
-    printf '  "model": %s,\n' "$(util::json_str "$(job::model_name)")"
-    printf '  "nnodes": %s,\n' "${SLURM_JOB_NUM_NODES:-${#nodes[@]}}"
-    printf '  "nodes": ['
-    for n in "${nodes[@]}"; do
-      ((first)) || printf ', '
-      first=0
-      util::json_str "${n}"
-    done
-    printf '],\n'
-    printf '  "results_csv": %s,\n' "$(util::json_str "${SM_RESULTS_CSV:-${JOBM_SM_RESULTS_CSV:-}}")"
-    printf '  "image": %s,\n' "$(util::json_str "${SM_IMAGE:-${JOBM_SM_IMAGE:-}}")"
-    printf '  "args": %s,\n' "$(util::json_str "${JOBM_SM_MODEL_ARGS:-}")"
-    printf '  "tags": %s,\n' "$(util::json_str "${JOBM_SM_MODEL_TAGS:-}")"
-    printf '  "dockerfile": %s,\n' "$(util::json_str "${JOBM_SM_DOCKERFILE:-}")"
-    printf '  "base_docker": %s,\n' "$(util::json_str "${JOBM_SM_BASE_DOCKER:-}")"
-    printf '  "n_gpus": %s,\n' "$(util::json_str "${JOBM_SM_N_GPUS:-}")"
-    printf '  "gpus_per_node": %s,\n' "$(util::json_str "${JOBM_SM_GPUS_PER_NODE:-}")"
-    printf '  "launcher": %s,\n' "$(util::json_str "${JOBM_SM_LAUNCHER:-}")"
-    printf '  "build_duration": %s,\n' "$(util::json_str "${JOBM_SM_BUILD_DURATION:-}")"
-    printf '  "additional_docker_run_options": %s,\n' "$(util::json_str "${JOBM_SM_DOCKER_OPTS[*]:-}")"
-    printf '  "manifest": %s,\n' "$(util::json_str "${SM_MANIFEST:-}")"
-    printf '  "profile": %s,\n' "$(util::json_str "${SM_PROFILE}")"
-    printf '  "runtime": %s,\n' "$(util::json_str "${SM_RUNTIME}")"
-    printf '  "started": %s\n' "$(util::json_str "$(date -u +%FT%TZ)")"
-    printf '}\n'
-  } >"${file}.tmp" && mv -f "${file}.tmp" "${file}"
-}
-
-# job::srun_argv: how the batch step starts one sm-node task per node (NUL-separated).
-job::srun_argv() {
-  # Other runtimes and nsight-slurm change the step's shape: lib/launch.sh builds it then.
-  if declare -F launch::step_argv >/dev/null; then
-    launch::step_argv
-    return
-  fi
-  local argv=(srun --nodes="${SLURM_JOB_NUM_NODES:-1}" --ntasks-per-node=1 --kill-on-bad-exit=0
-    --job-name=sm-node --label "${SM_HOME}/bin/sm-node" --jobdir "${SM_JOBDIR}")
+# job::plan [--write]: the one helper call that validates the settings and the manifest, places the
+# job dir and (with --write) writes job.json. Its bash is sourced only after it succeeded: a bad
+# manifest stops the job here, before any srun, with the helper's own one-line reason.
+job::plan() {
+  local plan
+  plan=$(mktemp "${TMPDIR:-/tmp}/sm-plan.XXXXXX") || log::die multi "cannot create a temp file" 1
+  local argv=(job plan --job-id "${SLURM_JOB_ID}" --nnodes "${SLURM_JOB_NUM_NODES:-1}"
+    --nodes "${JOB_NODES[*]}" --submit-dir "${SLURM_SUBMIT_DIR:-${PWD}}" "$@")
   ((${#SM_CMD[@]})) && argv+=(-- "${SM_CMD[@]}")
-  printf '%s\0' "${argv[@]}"
+  if ! util::helper "${argv[@]}" >"${plan}"; then
+    rm -f "${plan}"
+    log::die multi "${UTIL_ERROR}" 2
+  fi
+  # shellcheck source=/dev/null
+  source "${plan}"
+  rm -f "${plan}"
+}
+
+# job::srun_argv: how the batch step starts the worker step, into JOB_SRUN_ARGV (lib/launch.sh
+# builds it for every runtime and profiler).
+job::srun_argv() {
+  launch::step_argv
+  JOB_SRUN_ARGV=("${LAUNCH_ARGV[@]}")
 }
 
 job::run() {
-  # shellcheck source=/dev/null
-  source <(job::manifest_values) || log::die multi "cannot read the manifest ${SM_MANIFEST}" 2
-  local out=${SM_OUT}
-  [[ ${out} == /* ]] || out=${SLURM_SUBMIT_DIR:-${PWD}}/${out#./}
-  SM_JOBDIR=${out}/$(job::model_name)/${SLURM_JOB_ID}
-  export SM_JOBDIR
-  mkdir -p "${SM_JOBDIR}" || log::die multi "cannot create the job directory ${SM_JOBDIR}" 1
-  export SM_BATCH_LOG=${SM_JOBDIR}/batch.log
+  local nodes
+  nodes=$(scontrol show hostnames "${SLURM_JOB_NODELIST}" 2>/dev/null) || nodes=${SLURM_JOB_NODELIST}
+  read -r -d '' -a JOB_NODES <<<"${nodes}" || true
+  [[ -n ${SM_MANIFEST:-} ]] && SM_MANIFEST=$(readlink -f "${SM_MANIFEST}") && export SM_MANIFEST
   # The barrier's per-job secret; never printed (it travels in the environment, not in argv). Made
   # before the log filter starts, so the filter knows to mask it.
   [[ -n ${SM_BARRIER_TOKEN:-} ]] || SM_BARRIER_TOKEN=$(util::generate_token)
   export SM_BARRIER_TOKEN
+  job::plan --write
+  export SM_JOBDIR SM_BATCH_LOG=${SM_JOBDIR}/batch.log
   # The logger ignores SIGTERM (scancel signals the whole batch step): teardown must still be heard.
   exec > >(trap '' TERM INT HUP; util::sm redact | tee -a "${SM_BATCH_LOG}") 2>&1
-  [[ -n ${SM_MANIFEST:-} ]] && SM_MANIFEST=$(readlink -f "${SM_MANIFEST}") && export SM_MANIFEST
-  job::write_job_json "${SM_JOBDIR}/job.json"
   log::info multi "job ${SLURM_JOB_ID}: ${SLURM_JOB_NUM_NODES} nodes (${SLURM_JOB_NODELIST}), outputs in ${SM_JOBDIR}"
   trap 'job::teardown "normal end"' EXIT
   trap 'job::teardown "SIGTERM (scancel or time limit)"; exit 143' TERM
@@ -101,7 +53,8 @@ job::run() {
     profile::before_steps || log::die multi "profiling setup failed (see ${SM_BATCH_LOG})" 1
   fi
   local argv=()
-  mapfile -d '' argv < <(job::srun_argv)
+  job::srun_argv
+  argv=("${JOB_SRUN_ARGV[@]}")
   log::cmd multi "${argv[@]}"
   "${argv[@]}" &
   JOB_SRUN_PID=$!
@@ -120,42 +73,22 @@ job::step_id() {
   printf '%s' "${JOB_STEP_ID}"
 }
 
-# job::node_stage RANK: the stage a node is in, from its live log.
-job::node_stage() {
-  local log=${SM_JOBDIR}/node_$1/node.log
-  [[ -f ${SM_JOBDIR}/node_$1/status.json ]] && { echo finished; return; }
-  [[ -f ${log} ]] || { echo starting; return; }
-  grep -o ' stage [a-z]*' "${log}" 2>/dev/null | tail -n 1 | awk '{ print $2 }' || true
-}
-
-# job::watch: wait for the tasks; show progress; when one node fails, give the others
-# --peer-grace seconds, then stop them gracefully (SIGTERM to the step, never SIGKILL).
+# job::watch: wait for the tasks while a helper watches them (progress, a rank's status.json saying
+# it failed, a node Slurm declares DOWN or failed). When one fails, the others get --peer-grace
+# seconds, then they are stopped gracefully (SIGTERM to the step, never SIGKILL).
 job::watch() {
-  local failed_since=0 last_progress=${SECONDS} r progress status tick=0
-  while kill -0 "${JOB_SRUN_PID}" 2>/dev/null; do
-    # A short poll, so the job ends as soon as the tasks do; the checks below run once a second.
-    sleep 0.1
-    (((tick += 1) % 10 == 0)) || continue
-    if ((SECONDS - last_progress >= ${SM_PROGRESS_SECONDS:-15})); then
-      progress=""
-      for ((r = 0; r < ${SLURM_JOB_NUM_NODES:-1}; r++)); do progress+=" node_${r}=$(job::node_stage "${r}")"; done
-      log::info multi "progress:${progress}"
-      last_progress=${SECONDS}
-    fi
-    if ((failed_since == 0)); then
-      for status in "${SM_JOBDIR}"/node_*/status.json; do
-        [[ -f ${status} ]] || continue
-        if ! grep -q '"exit_code": 0,' "${status}"; then
-          failed_since=${SECONDS}
-          log::warn multi "${status%/status.json} failed; the other nodes get ${SM_PEER_GRACE} s before they are stopped"
-          break
-        fi
-      done
-    elif ((SECONDS - failed_since >= SM_PEER_GRACE)); then
-      job::stop_step "a node failed ${SM_PEER_GRACE} s ago"
-      failed_since=$((SECONDS + 1000000))
-    fi
-  done
+  local rc=0 per_node
+  per_node=$(launch::tasks_per_node)
+  util::sm job watch --jobdir "${SM_JOBDIR}" --nodes "${JOB_NODES[*]}" --tasks-per-node "${per_node}" \
+    --srun-pid "${JOB_SRUN_PID}" --peer-grace "${SM_PEER_GRACE}" --progress-seconds "${SM_PROGRESS_SECONDS:-15}" &
+  JOB_WATCH_PID=$!
+  wait "${JOB_WATCH_PID}" || rc=$?
+  JOB_WATCH_PID=
+  if ((rc == 10)); then
+    job::stop_step "a node failed ${SM_PEER_GRACE} s ago"
+  elif ((rc != 0)); then
+    log::warn multi "the watch helper ended with exit ${rc}; waiting for the node tasks without it"
+  fi
 }
 
 # job::stop_step REASON: run the pre-cleanup hooks (profiling flush), then SIGTERM the node tasks.
@@ -203,13 +136,23 @@ job::teardown() {
   trap - EXIT
   local reason=$1 rc=${JOB_SRUN_RC:-0} deadline
   log::info multi "teardown: ${reason}"
+  [[ -n ${JOB_WATCH_PID:-} ]] && kill -TERM "${JOB_WATCH_PID}" 2>/dev/null
   if [[ -n ${JOB_SRUN_PID} ]] && kill -0 "${JOB_SRUN_PID}" 2>/dev/null; then
     job::stop_step "${reason}"
     # Wait for the tasks, not for srun: after a cancel srun can sit for a minute waiting for the
     # step to be reaped, and Slurm's SIGKILL (KillWait after the SIGTERM) must not find us before
     # collect. Once every rank has staged (status.json), go on.
     deadline=$((SECONDS + SM_STOP_GRACE + 30))
-    while kill -0 "${JOB_SRUN_PID}" 2>/dev/null && ((SECONDS < deadline)) && ! job::all_staged; do sleep 0.2; done
+    # A rank on a node Slurm declared dead never stages: recorded as lost, not waited for.
+    local per_node next_check=0
+    per_node=$(launch::tasks_per_node)
+    while kill -0 "${JOB_SRUN_PID}" 2>/dev/null && ((SECONDS < deadline)) && ! job::all_staged; do
+      if ((SECONDS >= next_check)); then
+        util::sm job mark-lost --jobdir "${SM_JOBDIR}" --nodes "${JOB_NODES[*]}" --tasks-per-node "${per_node}" || true
+        next_check=$((SECONDS + 5))
+      fi
+      sleep 0.2
+    done
     if kill -0 "${JOB_SRUN_PID}" 2>/dev/null; then
       log::info multi "every rank has staged; not waiting for srun to notice"
     else
@@ -221,11 +164,9 @@ job::teardown() {
   job::reap
   teardown::post_cleanup
   if settings::truthy "${SM_COLLECT}"; then
-    local cargs=("${SM_JOBDIR}")
-    [[ -n ${SM_MANIFEST:-} ]] && cargs+=(--manifest "${SM_MANIFEST}")
-    log::cmd multi slurm-multi results collect "${cargs[@]}"
     rc=0
-    util::sm results collect "${cargs[@]}" || rc=$?
+    # Collect reads job.json (written by the plan), never the manifest.
+    util::sm_logged multi results collect "${SM_JOBDIR}" || rc=$?
     log::info multi "verdict: $( ((rc == 0)) && echo SUCCESS || echo FAILURE) (${SM_JOBDIR}/summary.json)"
   fi
   exit "${rc}"
@@ -233,23 +174,45 @@ job::teardown() {
 
 # ---- dry run -------------------------------------------------------------------------------------
 
-# job::dry_run NODES: the full plan, without Slurm or docker. Secrets are masked.
+# job::dry_run NODES: the full plan, without Slurm or docker, through the same helpers a job uses
+# (so a manifest the job would refuse is refused here, exit 2). Secrets are masked by the one rule.
 job::dry_run() {
-  local nnodes=$1
+  local nnodes=$1 scratch rc=0
+  scratch=$(mktemp -d "${TMPDIR:-/tmp}/sm-dry-run.XXXXXX") || log::die multi "cannot create a temp dir" 1
+  : >"${scratch}/secrets"
   # shellcheck disable=SC2030,SC2031 # the plan runs in a subshell on purpose
   (
     export SLURM_JOB_ID=${SLURM_JOB_ID:-DRYRUN} SLURM_JOB_NUM_NODES=${nnodes}
-    # shellcheck source=/dev/null
-    source <(job::manifest_values) || log::die multi "cannot read the manifest ${SM_MANIFEST}" 2
-    job::dry_run_plan "${nnodes}"
-  ) | util::sm redact
+    JOB_NODES=()
+    for ((r = 0; r < nnodes; r++)); do JOB_NODES+=("node_${r}"); done
+    job::plan
+    # Prepare (without GPU detection) for rank 0 first: its secrets file masks what follows.
+    job::dry_run_prepare "${scratch}" 0 "${nnodes}"
+    job::dry_run_plan "${nnodes}" "${scratch}"
+  ) | util::sm redact --secrets-file "${scratch}/secrets" || rc=$?
+  rm -rf "${scratch}"
+  return "${rc}"
+}
+
+# job::dry_run_prepare SCRATCH RANK NNODES: what `node prepare` resolves for that rank (no GPUs).
+job::dry_run_prepare() {
+  local dir=$1/r$2
+  mkdir -p "${dir}"
+  export SM_RANK=$2 NODE_RANK=$2 RANK=$2 NNODES=$3 WORLD_SIZE=$3 LOCAL_RANK=0
+  export SLURM_NODEID=$2 SLURM_PROCID=$2 SLURMD_NODENAME="<node $2>" MASTER_ADDR="<node 0>"
+  export MASTER_PORT=${SM_MASTER_PORT} SM_SCRATCH="${TMPDIR:-/tmp}/slurm-multi.${SLURM_JOB_ID}.r$2" SM_OUTPUT_DIR=/sm-out
+  local argv=(node prepare --scratch "${dir}" --no-detect --node-scratch "${SM_SCRATCH}")
+  ((${#SM_CMD[@]})) && argv+=(-- "${SM_CMD[@]}")
+  util::helper "${argv[@]}" 2>/dev/null || log::die multi "${UTIL_ERROR}" 2
+  cat "${dir}/secrets" >>"$1/secrets"
+  # shellcheck source=/dev/null
+  source "${dir}/context.sh"
 }
 
 job::dry_run_plan() {
-  local nnodes=$1 r out=${SM_OUT} argv=() entry name
-  [[ ${out} == /* ]] || out=${PWD}/${out#./}
-  SM_JOBDIR=${out}/$(job::model_name)/${SLURM_JOB_ID}
-  printf '== slurm-multi plan: %s nodes, model %s ==\n\n' "${nnodes}" "$(job::model_name)"
+  local nnodes=$1 scratch=$2 r argv=() entry name
+  # shellcheck disable=SC2153 # JOB_MODEL comes from the job plan (job::plan)
+  printf '== slurm-multi plan: %s nodes, model %s ==\n\n' "${nnodes}" "${JOB_MODEL}"
   printf 'Settings\n'
   for entry in "${SETTINGS_TABLE[@]}"; do
     name=${entry%%|*}
@@ -257,53 +220,47 @@ job::dry_run_plan() {
   done
   printf '  %-20s %s\n' SM_BARRIER_TOKEN "$([[ -n ${SM_BARRIER_TOKEN:-} ]] && echo '*** (given)' || echo '(generated per job)')"
   printf '  %-20s %s\n\n' "job dir" "${SM_JOBDIR}"
-  mapfile -d '' argv < <(SLURM_JOB_NUM_NODES=${nnodes} job::srun_argv)
-  printf 'Batch step (on the first node)\n  %s\n\n' "$(printf '%q ' "${argv[@]}")"
+  job::srun_argv
+  printf 'Batch step (on the first node)\n  %s\n\n' "$(printf '%q ' "${JOB_SRUN_ARGV[@]}")"
   if declare -F profile::dry_run_panel >/dev/null; then
     profile::dry_run_panel "${nnodes}"
   fi
+  # Every rank but 0 and the last looks like rank 1: show three, however large the job.
   for ((r = 0; r < nnodes; r++)); do
-    job::dry_run_node "${r}" "${nnodes}"
+    if ((r >= 2 && r < nnodes - 1)); then
+      ((r == 2)) && printf 'Nodes 2..%s: like node 1, with their own rank\n\n' "$((nnodes - 2))"
+      continue
+    fi
+    job::dry_run_node "${scratch}" "${r}" "${nnodes}"
   done
 }
 
-# job::dry_run_node RANK NNODES: what sm-node would run on that node (its prepare stage, simulated).
+# job::dry_run_node SCRATCH RANK NNODES: what sm-node would run on that node.
 job::dry_run_node() {
-  local r=$1 nnodes=$2
+  local r=$2 nnodes=$3
   (
     # shellcheck source=/dev/null
     for lib in image run node; do source "${SM_HOME}/lib/${lib}.sh"; done
-    export SM_RANK=${r} NODE_RANK=${r} RANK=${r} NNODES=${nnodes} WORLD_SIZE=${nnodes} LOCAL_RANK=0
-    export SLURM_NODEID=${r} SLURM_PROCID=${r} SLURMD_NODENAME="<node ${r}>" MASTER_ADDR="<node 0>"
-    export MASTER_PORT=${SM_MASTER_PORT} SM_SCRATCH="${TMPDIR:-/tmp}/slurm-multi.${SLURM_JOB_ID}.r${r}"
-    export SM_OUTPUT_DIR=/sm-out
-    if [[ -n ${SM_MANIFEST:-} ]]; then
-      # shellcheck source=/dev/null
-      source <(util::sm manifest restore "${SM_MANIFEST}" ${SM_MODEL:+--model "${SM_MODEL}"} 2>/dev/null)
-    fi
+    job::dry_run_prepare "$1" "${r}" "${nnodes}"
     local role="worker"
     ((r == 0)) && role="rank 0 (serves the barrier)"
     ((nnodes == 1)) && role="single node (no cache, no barrier)"
     printf 'Node %s: %s\n' "${r}" "${role}"
     printf '  image: %s%s\n' "${SM_IMAGE:-<none>}" "${SM_IMAGE_CACHE:+ (shared tar cache ${SM_IMAGE_CACHE})}"
-    local argv=() m
-    mapfile -d '' argv < <(SM_GPU_VENDOR=none run::docker_argv 2>/dev/null)
-    printf '  %s (GPU arguments are added on the node from what it detects)\n' "${SM_RUNTIME}"
-    printf '  %s\n' "$(printf '%q ' "${argv[@]}")"
-    printf '  mounts (host -> container):\n'
-    for m in "${SM_MOUNTS[@]+"${SM_MOUNTS[@]}"}" "${SM_SCRATCH}/output:/sm-out"; do
-      printf '    %-50s -> %s\n' "${m%%:*}" "${m#*:}"
-    done
-    printf '  env:\n'
-    local var
-    for var in "${RUN_RANK_ENV[@]}" "${SM_DOCKER_ENV_NAMES[@]+"${SM_DOCKER_ENV_NAMES[@]}"}"; do
-      [[ -n ${!var+x} ]] || continue
-      if [[ ${var^^} =~ TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|^MAD_SECRETS ]]; then
-        printf '    %s=***\n' "${var}"
-      else
-        printf '    %s=%s\n' "${var}" "${!var}"
-      fi
-    done
+    case ${SM_RUNTIME} in
+      docker)
+        run::docker_argv
+        printf '  docker (GPU arguments are added on the node from what it detects)\n'
+        printf '  %s\n' "$(printf '%q ' "${RUN_ARGV[@]}")"
+        printf '  mounts and options (after de-duplication): %s\n' "$(printf '%q ' "${RUN_DOCKER_OPTS[@]+"${RUN_DOCKER_OPTS[@]}"}")"
+        ;;
+      none) printf '  bare metal: %s\n' "$(printf '%q ' "${SM_PROFILE_PREFIX[@]+"${SM_PROFILE_PREFIX[@]}"}" "${RUN_WORKLOAD[@]+"${RUN_WORKLOAD[@]}"}")" ;;
+      *) printf '  %s: every task is the worker step above (no sm-node inside the container)\n' "${SM_RUNTIME}" ;;
+    esac
+    if [[ -f $1/r${r}/container.env ]]; then
+      printf '  container env (--env-file, from the manifest):\n'
+      sed 's/^/    /' "$1/r${r}/container.env"
+    fi
     printf '\n'
   )
 }

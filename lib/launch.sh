@@ -28,37 +28,6 @@ launch::task_identity() {
   export LOCAL_RANK=${LOCAL_RANK:-${SLURM_LOCALID:-0}} SM_NODE_RANK=${SM_NODE_RANK:-${SLURM_NODEID:-0}}
 }
 
-# launch::_is_secret NAME: values of these never go into argv (it is visible in ps and logs).
-launch::_is_secret() { [[ ${1^^} =~ TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|^MAD_SECRETS ]]; }
-
-# launch::_pyxis_context: what pyxis needs from the manifest, as NUL-separated KIND VALUE pairs
-# (image, mount, env NAME=VALUE, cmd). Restored in a subshell, as the batch step never holds
-# manifest values in its own environment.
-launch::_pyxis_context() {
-  (
-    if [[ -n ${SM_MANIFEST:-} ]]; then
-      # shellcheck source=/dev/null
-      source <(util::sm manifest restore "${SM_MANIFEST}" ${SM_MODEL:+--model "${SM_MODEL}"} 2>/dev/null) || exit 2
-    fi
-    # shellcheck source=lib/run.sh
-    source "${SM_HOME}/lib/run.sh"
-    local m name cmd=()
-    printf 'image\0%s\0' "${SM_CONTAINER_IMAGE:-${SM_IMAGE:-}}"
-    for m in "${SM_MOUNTS[@]+"${SM_MOUNTS[@]}"}"; do printf 'mount\0%s\0' "${m}"; done
-    for name in "${SM_DOCKER_ENV_NAMES[@]+"${SM_DOCKER_ENV_NAMES[@]}"}"; do
-      [[ -n ${!name+x} ]] || continue
-      if launch::_is_secret "${name}"; then
-        # pyxis passes the task's environment on: an exported secret still reaches the container.
-        printf 'secret\0%s\0' "${name}"
-      else
-        printf 'env\0%s=%s\0' "${name}" "${!name}"
-      fi
-    done
-    mapfile -d '' cmd < <(run::workload_argv)
-    for m in "${cmd[@]+"${cmd[@]}"}"; do printf 'cmd\0%s\0' "${m}"; done
-  )
-}
-
 # launch::pyxis_image IMAGE: a docker reference as pyxis/enroot spell it. enroot separates the
 # registry with '#' (registry.example/llm:1.0 -> registry.example#llm:1.0); a docker-style
 # reference would be looked up on Docker Hub. Paths (squashfs files) and '#' forms pass unchanged.
@@ -88,10 +57,14 @@ launch::container_mounts() {
   printf '%s' "${list[*]}"
 }
 
-# launch::step_argv: the worker step's whole argv (NUL-separated).
+# launch::step_argv: the worker step's whole argv, into LAUNCH_ARGV. For pyxis the image, mounts,
+# env and workload come from the job plan (JOB_*: lib/job.sh, resolved once by the helper); values
+# of secret-named variables never go into argv (visible in ps and logs): the task's environment
+# carries them to the container.
 launch::step_argv() {
-  local nodes=${SLURM_JOB_NUM_NODES:-1} tasks native=() cmd=() env=() argv=() mounts=() kind value
+  local nodes=${SLURM_JOB_NUM_NODES:-1} tasks native=() cmd=() env=() mounts=() name
   local launcher=0
+  LAUNCH_ARGV=()
   [[ ${SM_PROFILE:-none} == nsight-slurm ]] && launcher=1
   tasks=$(launch::tasks_per_node)
   native=(--nodes="${nodes}" --ntasks-per-node="${tasks}" --kill-on-bad-exit=0)
@@ -102,38 +75,38 @@ launch::step_argv() {
     env+=(SLURM_SUBMIT_DIR="${SM_JOBDIR}")
   fi
   if [[ ${SM_RUNTIME:-docker} == pyxis ]]; then
-    local image=""
-    while IFS= read -r -d '' kind && IFS= read -r -d '' value; do
-      case ${kind} in
-        image) image=$(launch::pyxis_image "${value}") ;;
-        mount) mounts+=("${value}") ;;
-        env) env+=("${value}") ;;
-        secret) [[ -n ${!value+x} ]] || log::warn launch "${value} from the manifest is not in the environment; export it to pass it to pyxis" ;;
-        cmd) cmd+=("${value}") ;;
-      esac
-    done < <(launch::_pyxis_context)
+    mounts=("${JOB_PYXIS_MOUNTS[@]+"${JOB_PYXIS_MOUNTS[@]}"}")
+    env+=("${JOB_PYXIS_ENV[@]+"${JOB_PYXIS_ENV[@]}"}")
+    for name in "${JOB_PYXIS_SECRET_NAMES[@]+"${JOB_PYXIS_SECRET_NAMES[@]}"}"; do
+      [[ -n ${!name+x} ]] || log::warn launch "${name} from the manifest is not in the environment; export it to pass it to pyxis"
+    done
+    cmd=("${JOB_WORKLOAD[@]+"${JOB_WORKLOAD[@]}"}")
     # No sm-node inside the container: the rank env comes from here and from SLURM_PROCID/LOCALID.
     env+=(MASTER_ADDR="${MASTER_ADDR:-$(util::first_node)}" MASTER_PORT="${SM_MASTER_PORT}"
       NNODES="${nodes}" WORLD_SIZE="$((nodes * tasks))" SM_OUTPUT_DIR="${SM_JOBDIR}/output")
     mounts+=("${SM_JOBDIR}:${SM_JOBDIR}")
     if declare -F profile::container_mounts >/dev/null; then
-      mapfile -d '' -O "${#mounts[@]}" mounts < <(profile::container_mounts)
+      local extra
+      extra=$(profile::container_mounts | tr '\0' '\n') || return 2
+      while IFS= read -r name; do [[ -n ${name} ]] && mounts+=("${name}"); done <<<"${extra}"
     fi
-    native+=(--container-image="${image}" --container-mounts="$(launch::container_mounts "${mounts[@]}")")
+    native+=(--container-image="$(launch::pyxis_image "${SM_CONTAINER_IMAGE:-${JOB_IMAGE:-}}")"
+      --container-mounts="$(launch::container_mounts "${mounts[@]}")")
     if [[ ${SM_PROFILE:-none} == nsys ]]; then
-      local prefix=()
-      mapfile -d '' prefix < <(profile::nsys_prefix)
-      cmd=("${prefix[@]}" "${cmd[@]+"${cmd[@]}"}")
+      local prefix
+      prefix=$(profile::nsys_prefix | tr '\0' '\n') || return 2
+      local words=()
+      while IFS= read -r name; do words+=("${name}"); done <<<"${prefix}"
+      cmd=("${words[@]}" "${cmd[@]+"${cmd[@]}"}")
     fi
   else
     cmd=("${SM_HOME}/bin/sm-node" --jobdir "${SM_JOBDIR}")
     [[ -n ${SM_CMD[0]+x} ]] && cmd+=(-- "${SM_CMD[@]}")
   fi
-  ((${#env[@]})) && argv+=(env "${env[@]}")
+  ((${#env[@]})) && LAUNCH_ARGV+=(env "${env[@]}")
   if ((launcher)); then
-    argv+=("${SM_NSIGHT_SLURM_HOME}/bin/nsight-slurm" srun "${native[@]}" -- "${cmd[@]}")
+    LAUNCH_ARGV+=("${SM_NSIGHT_SLURM_HOME}/bin/nsight-slurm" srun "${native[@]}" -- "${cmd[@]}")
   else
-    argv+=(srun "${native[@]}" "${cmd[@]}")
+    LAUNCH_ARGV+=(srun "${native[@]}" "${cmd[@]}")
   fi
-  printf '%s\0' "${argv[@]}"
 }

@@ -1,30 +1,45 @@
 # shellcheck shell=bash
 # shellcheck disable=SC2034 # state shared by the sourced libraries and bin/sm-node
-# One node's task: prepare -> image -> barrier -> run -> stage. Each stage can run alone on a
-# compute node (`bin/sm-node --stage NAME`); prepare saves the context the later stages read.
+# One node's task: prepare -> image -> barrier -> run -> save-outputs. Each stage can be re-run alone
+# on a compute node after the job (`bin/sm-node --from-job JOBDIR --rank R --stage NAME`): prepare is
+# cheap and runs first every time, so no stage depends on node-local state that is gone.
 
 declare -gA NODE_STAGE_SECONDS=() NODE_STAGE_STATUS=()
 NODE_STAGE_ORDER=()
+NODE_STAGES=(prepare image barrier run save-outputs)
 NODE_REASON=
 NODE_EXIT=0
+NODE_TERMINATED=0
+NODE_FROM_JOB=0
 RUN_EXIT=
 RUN_DOCKER_PID=
+BARRIER_CTL=
+SM_BARRIER_PID=
 
 # node::init JOBDIR: rank, scratch, node dir and the node log (live on shared storage).
 node::init() {
   export SM_JOBDIR=${1:-${SM_JOBDIR:-}}
-  [[ -n ${SM_JOBDIR} ]] || log::die node "no job directory: pass --jobdir DIR (the batch step does)" 2
+  [[ -n ${SM_JOBDIR} ]] || log::die node "no job directory: pass --jobdir DIR (the batch step does) or --from-job JOBDIR" 2
   export SM_RANK=${SM_RANK:-${SLURM_NODEID:-0}}
   export NNODES=${NNODES:-${SLURM_NNODES:-${SLURM_JOB_NUM_NODES:-1}}}
   export NODE_RANK=${SM_NODE_RANK:-${SM_RANK}} RANK=${RANK:-${SM_RANK}} WORLD_SIZE=${WORLD_SIZE:-${NNODES}} LOCAL_RANK=${LOCAL_RANK:-0}
   export SLURMD_NODENAME=${SLURMD_NODENAME:-$(hostname)}
-  export SM_NODE_DIR=${SM_JOBDIR}/node_${SM_RANK}
-  export SM_SCRATCH=${SM_SCRATCH:-${TMPDIR:-/tmp}/slurm-multi.${SLURM_JOB_ID:-local}.r${SM_RANK}}
-  export SM_NODE_LOG=${SM_NODE_DIR}/node.log
   export SM_OUTPUT_DIR=/sm-out
-  mkdir -p "${SM_NODE_DIR}" "${SM_SCRATCH}/output" ||
+  if ((NODE_FROM_JOB)); then
+    # A re-run by hand: the job's own outputs stay as they were; this run's go beside them.
+    export SM_NODE_DIR=${SM_JOBDIR}/node_${SM_RANK}/rerun
+    SM_SCRATCH=$(mktemp -d "${TMPDIR:-/tmp}/slurm-multi.rerun.XXXXXX") || log::die node "cannot create a scratch dir" 1
+    export SM_SCRATCH
+  else
+    export SM_NODE_DIR=${SM_JOBDIR}/node_${SM_RANK}
+    export SM_SCRATCH=${SM_SCRATCH:-${TMPDIR:-/tmp}/slurm-multi.${SLURM_JOB_ID:-local}.r${SM_RANK}}
+  fi
+  export SM_NODE_LOG=${SM_NODE_DIR}/node.log
+  if ! (umask 077 && mkdir -p "${SM_SCRATCH}/output") || ! mkdir -p "${SM_NODE_DIR}"; then
     log::die node "cannot create ${SM_NODE_DIR} or ${SM_SCRATCH} on $(hostname)" 1
+  fi
   chmod 700 "${SM_SCRATCH}"
+  : >>"${SM_SCRATCH}/secrets"
   if [[ ${SM_NODE_LOG_REDIRECTED:-0} != 1 ]]; then
     export SM_NODE_LOG_REDIRECTED=1
     # Everything this task prints goes to the node log (secrets masked) and on to srun's output.
@@ -32,17 +47,50 @@ node::init() {
     # would take the task down (SIGPIPE) before it stops the workload and stages its outputs.
     exec > >(trap '' TERM INT HUP; util::sm redact --secrets-file "${SM_SCRATCH}/secrets" | tee -a "${SM_NODE_LOG}") 2>&1
   fi
+  ((NODE_FROM_JOB)) || node::remove_stale
 }
 
 node::is_rank0() { [[ ${SM_RANK} == 0 ]]; }
 node::multi() { ((NNODES > 1)); }
 
+# node::remove_stale: scratch dirs and containers of this user's jobs that have ended (a task
+# SIGKILLed after KillWait cannot clean up after itself; the next job on the node does). A job counts
+# as ended only when Slurm says so: an unreachable controller removes nothing.
+node::remove_stale() {
+  local dir base job state known=" ${SLURM_JOB_ID:-local} " gone=" "
+  for dir in "${TMPDIR:-/tmp}"/slurm-multi.*.r*; do
+    [[ -d ${dir} && -O ${dir} ]] || continue
+    base=${dir##*/slurm-multi.}
+    job=${base%.r*}
+    [[ ${job} =~ ^[0-9]+(_[0-9]+)?$ && ${known} != *" ${job} "* ]] || continue
+    if [[ ${gone} != *" ${job} "* ]]; then
+      state=$(squeue -h -j "${job}" -o %T 2>&1) || state="error: ${state}"
+      case ${state} in
+        *"Invalid job id"* | COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY | PREEMPTED | BOOT_FAIL | DEADLINE) ;;
+        *) known+="${job} "; continue ;;
+      esac
+      gone+="${job} "
+      log::info prepare "removing what ended job ${job} left on $(hostname)"
+      if [[ ${SM_RUNTIME:-docker} == docker ]]; then
+        docker ps -aq --filter "name=^sm-${job}-r" 2>/dev/null | xargs -r docker rm -f >/dev/null 2>&1 || true
+      fi
+    fi
+    rm -rf "${dir}"
+  done
+}
+
 # node::stage NAME: run node::stage_NAME, time it, remember the outcome; stop at the first failure.
 node::stage() {
-  local name=$1 t0 rc=0
+  local name=$1 t0 rc=0 how
   t0=$(util::now)
-  log::info "${name}" "stage ${name} (alone: SM_JOBDIR=$(printf '%q' "${SM_JOBDIR}") bin/sm-node --stage ${name})"
-  "node::stage_${name}" || rc=$?
+  if ((NODE_FROM_JOB)); then
+    how="this re-run of job ${SLURM_JOB_ID} rank ${SM_RANK}"
+  else
+    how="alone, after the job: $(printf '%q ' "${SM_HOME}/bin/sm-node" --from-job "${SM_JOBDIR}" --rank "${SM_RANK}" --stage "${name}")"
+    how=${how% }
+  fi
+  log::info "${name}" "stage ${name} (${how})"
+  "node::stage_${name//-/_}" || rc=$?
   NODE_STAGE_SECONDS[${name}]=$(util::elapsed "${t0}")
   NODE_STAGE_ORDER+=("${name}")
   if ((rc == 0)); then
@@ -63,154 +111,100 @@ node::fail() {
 
 # ---- prepare -------------------------------------------------------------------------------------
 
+# node::stage_prepare: one helper call resolves and checks everything (GPUs, manifest, mounts,
+# workload); bash sources what it wrote only after it succeeded. The manifest's docker_env_vars go
+# into container.env for `docker run --env-file`, never into this shell's environment.
 node::stage_prepare() {
-  local restore
   export MASTER_ADDR=${MASTER_ADDR:-$(util::first_node)}
   export MASTER_PORT=${MASTER_PORT:-${SM_MASTER_PORT:-29500}}
-  # Runtime detection first: detected values win over the manifest (restore never overwrites).
-  if util::sm gpus detect --json >"${SM_SCRATCH}/gpus.json"; then
-    local vendor
-    vendor=$(sed -n 's/.*"vendor": *"\([^"]*\)".*/\1/p' "${SM_SCRATCH}/gpus.json")
-    [[ ${vendor} != none ]] && export SM_GPU_VENDOR=${SM_GPU_VENDOR:-${vendor}}
-    log::info prepare "GPUs: $(tr -d '\n' <"${SM_SCRATCH}/gpus.json" | cut -c1-200)"
-  else
-    node::fail "GPU detection failed (see node.log)" || return
-  fi
   if [[ ${SM_RUNTIME:-docker} == docker ]]; then
     local engine
     if ! engine=$(timeout 20 docker version --format '{{.Server.Version}}' 2>&1); then
       node::fail "docker engine not reachable on $(hostname): ${engine##*$'\n'}" || return
     fi
   fi
-  if [[ -n ${SM_MANIFEST:-} ]]; then
-    log::cmd prepare slurm-multi manifest restore "${SM_MANIFEST}" ${SM_MODEL:+--model "${SM_MODEL}"}
-    restore=$(util::sm manifest restore "${SM_MANIFEST}" ${SM_MODEL:+--model "${SM_MODEL}"}) ||
-      node::fail "manifest restore of ${SM_MANIFEST} failed" 2 || return
-    # The output is bash made for sourcing: every value is quoted by the helper.
-    # shellcheck source=/dev/null
-    source /dev/stdin <<<"${restore}"
-    node::remember_secrets
-    node::resolve_manifest_paths
-  fi
-  [[ -n ${SM_IMAGE:-} || ${SM_RUNTIME:-docker} == none ]] ||
-    node::fail "no image: give --image or a manifest with docker_image" 2 || return
-  node::save_context
-}
-
-# Secret values the manifest brought (literals under secret names) join the log filter's list.
-node::remember_secrets() {
-  local var
-  (
-    umask 077
-    for var in $(compgen -v); do
-      [[ ${var^^} =~ TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|^MAD_SECRETS ]] || continue
-      [[ -n ${!var:-} && ${!var} != *$'\n'* ]] && printf '%s\n' "${!var}"
-    done >>"${SM_SCRATCH}/secrets"
-  )
-}
-
-# Relative dockerfile/context paths in a manifest are relative to where madengine ran: try the
-# submit dir, then the manifest's dir and its parents.
-node::resolve_manifest_paths() {
-  local var base candidate
-  for var in SM_DOCKERFILE SM_DOCKER_CONTEXT; do
-    [[ -n ${!var:-} && ${!var} != /* ]] || continue
-    for base in "${SLURM_SUBMIT_DIR:-${PWD}}" "$(dirname "${SM_MANIFEST}")" \
-      "$(dirname "$(dirname "${SM_MANIFEST}")")" "$(dirname "$(dirname "$(dirname "${SM_MANIFEST}")")")"; do
-      candidate=${base}/${!var}
-      if [[ -e ${candidate} ]]; then
-        printf -v "${var}" '%s' "$(cd "$(dirname "${candidate}")" && pwd)/$(basename "${candidate}")"
-        break
-      fi
-    done
-  done
-}
-
-# The context later stages read when run alone (node-local, 0600: it may hold manifest values).
-node::save_context() {
-  local file=${SM_SCRATCH}/context.sh names=() var
-  for var in $(compgen -v SM_) MASTER_ADDR MASTER_PORT NNODES NODE_RANK RANK WORLD_SIZE LOCAL_RANK \
-    "${SM_DOCKER_ENV_NAMES[@]+"${SM_DOCKER_ENV_NAMES[@]}"}"; do
-    case ${var} in SM_NODE_LOG_REDIRECTED | SM_BARRIER_PID | SM_CMD) continue ;; esac
-    [[ -n ${!var+x} ]] && names+=("${var}")
-  done
-  (umask 077 && declare -p "${names[@]}" | sed 's/^declare -- /declare -g /; s/^declare -\([a-zA-Z]\{1,\}\) /declare -g\1 /' >"${file}")
-}
-
-node::load_context() {
-  local file=${SM_SCRATCH}/context.sh
-  [[ -f ${file} ]] || log::die node "no saved context ${file}: run the prepare stage first (bin/sm-node --stage prepare)" 2
+  local argv=(node prepare --scratch "${SM_SCRATCH}")
+  ((${#SM_CMD[@]})) && argv+=(-- "${SM_CMD[@]}")
+  util::sm_logged prepare "${argv[@]}" || node::fail "${UTIL_ERROR}" 2 || return
   # shellcheck source=/dev/null
-  source "${file}"
+  source "${SM_SCRATCH}/context.sh"
 }
 
 # ---- image ---------------------------------------------------------------------------------------
 
 node::barrier_args() {
-  printf '%s\0' --nnodes "${NNODES}" --master-addr "${MASTER_ADDR}" --master-port "${MASTER_PORT}" \
-    --job-id "${SLURM_JOB_ID:-0}"
+  BARRIER_ARGS=(--nnodes "${NNODES}" --master-addr "${MASTER_ADDR}" --master-port "${MASTER_PORT}"
+    --job-id "${SLURM_JOB_ID:-0}")
 }
 
+# node::stage_image: rank 0 obtains the image (and fills the shared cache); a worker makes rank 0's
+# image (by ID) present. In a whole job rank 0 serves the barrier meanwhile, so workers learn the
+# image ID the moment it exists, and any failure reaches them in seconds. Run alone, no barrier: a
+# worker loads the ID recorded in node_0/status.json.
 node::stage_image() {
-  local id reason rc=0 bargs=()
+  local id reason
   [[ ${SM_RUNTIME:-docker} == docker ]] || { log::info image "runtime ${SM_RUNTIME}: no image to distribute"; return 0; }
-  if ! node::multi; then
-    id=$(image::ensure_on_rank0) || node::fail "image: cannot obtain ${SM_IMAGE} (see node.log)" || return
-    export SM_IMAGE_ID=${id}
-    node::save_context
+  if ! node::multi || ((NODE_FROM_JOB)); then
+    if node::is_rank0; then
+      id=$(image::ensure_on_rank0) || node::fail "image: cannot obtain ${SM_IMAGE} (see node.log)" || return
+      export SM_IMAGE_ID=${id}
+      return 0
+    fi
+    [[ -n ${SM_IMAGE_ID:-} ]] || node::fail "image: rank 0's image ID is unknown (node_0/status.json has none: did rank 0's image stage succeed?)" 2 || return
+    image::ensure_on_worker "${SM_IMAGE_ID}" || node::fail "$(hostname) (rank ${SM_RANK}): cannot get rank 0's image ${SM_IMAGE} ${SM_IMAGE_ID:7:12}" || return
     return 0
   fi
-  mapfile -d '' bargs < <(node::barrier_args)
+  node::barrier_args
   if node::is_rank0; then
-    # Listen first, so workers can connect (and be told to abort) while rank 0 builds.
-    rm -f "${SM_SCRATCH}/barrier.rc" "${SM_SCRATCH}/barrier.addr"
-    log::cmd barrier slurm-multi barrier serve "${bargs[@]}" --timeout "${SM_BARRIER_TIMEOUT}"
-    (
-      rc=0
-      util::sm barrier serve "${bargs[@]}" --timeout "${SM_BARRIER_TIMEOUT}" \
-        --ready-file "${SM_SCRATCH}/barrier.addr" || rc=$?
-      [[ -d ${SM_SCRATCH} ]] && echo "${rc}" >"${SM_SCRATCH}/barrier.rc"
-    ) &
-    export SM_BARRIER_PID=$!
+    node::serve_barrier
     if id=$(image::ensure_on_rank0); then
       export SM_IMAGE_ID=${id}
-      node::save_context
-      node::barrier_control release --image-id "${id}" || node::fail "barrier: could not release the workers" || return
+      node::barrier_say "RELEASE ${id}"
     else
       reason="rank 0 ($(hostname)): image stage failed: cannot obtain ${SM_IMAGE} (see node_0/node.log)"
-      node::barrier_control abort --reason "${reason}" || true
+      node::barrier_say "ABORT ${reason}"
       node::fail "${reason}" || return
     fi
   else
-    log::cmd barrier slurm-multi barrier join --rank "${SM_RANK}" "${bargs[@]}" --phase image
-    id=$(util::sm barrier join --rank "${SM_RANK}" "${bargs[@]}" --phase image \
-      --connect-timeout "${SM_BARRIER_TIMEOUT}" --wait-timeout "${SM_BARRIER_TIMEOUT}") || rc=$?
-    if ((rc != 0)); then
-      node::fail "barrier: did not get rank 0's image ID (join exit ${rc}; see node.log)" "${rc}" || return
-    fi
+    local argv=(barrier join --rank "${SM_RANK}" "${BARRIER_ARGS[@]}" --phase image
+      --connect-timeout "${SM_BARRIER_TIMEOUT}" --wait-timeout "$((SM_IMAGE_TIMEOUT + SM_BARRIER_TIMEOUT))")
+    util::sm_logged image "${argv[@]}" >"${SM_SCRATCH}/rank0-image-id" ||
+      node::fail "${UTIL_ERROR}" "$?" || return
+    id=$(<"${SM_SCRATCH}/rank0-image-id")
     log::info image "rank 0's image is ${SM_IMAGE} ${id:7:12}"
     if ! image::ensure_on_worker "${id}"; then
       reason="$(hostname) (rank ${SM_RANK}): cannot get rank 0's image ${SM_IMAGE} ${id:7:12}"
-      node::barrier_control abort --reason "${reason}" || true
+      node::barrier_abort "${reason}"
       node::fail "${reason}" || return
     fi
     # What this node really runs (a rebuilt image has its own ID).
     SM_IMAGE_ID=$(image::local_id "${SM_IMAGE}" || echo "${id}")
     export SM_IMAGE_ID
-    node::save_context
   fi
 }
 
-# node::barrier_control release|abort ARGS…: talk to rank 0's barrier server as a controller.
-node::barrier_control() {
-  local verb=$1 bargs=()
-  shift
-  mapfile -d '' bargs < <(node::barrier_args)
-  # --nnodes is not a controller option.
-  bargs=("${bargs[@]:2}")
-  local extra=()
-  [[ -f ${SM_SCRATCH}/barrier.addr ]] && extra=(--ready-file "${SM_SCRATCH}/barrier.addr")
-  util::sm barrier "${verb}" "$@" "${bargs[@]}" "${extra[@]+"${extra[@]}"}"
+# node::serve_barrier: rank 0's barrier server, fed on a pipe: `RELEASE <id>` or `ABORT <reason>`.
+# The pipe closing before a release (this task died) aborts the workers too.
+node::serve_barrier() {
+  local argv=(barrier serve "${BARRIER_ARGS[@]}" --timeout "${SM_BARRIER_TIMEOUT}"
+    --image-timeout "${SM_IMAGE_TIMEOUT}" --control-stdin)
+  log::cmd barrier "${SM_HOME}/bin/slurm-multi" "${argv[@]}"
+  exec {BARRIER_CTL}> >(trap - ERR; SM_ERROR_FILE=${SM_SCRATCH}/barrier.error util::sm "${argv[@]}")
+  SM_BARRIER_PID=$!
+}
+
+# node::barrier_say LINE: one control line to rank 0's server (a subshell: a server that died must
+# not take this task down with SIGPIPE).
+node::barrier_say() {
+  [[ -n ${BARRIER_CTL} ]] || return 0
+  (printf '%s\n' "$1" >&"${BARRIER_CTL}") 2>/dev/null || log::warn barrier "the barrier server is gone; could not tell it '${1%% *}'"
+}
+
+# node::barrier_abort REASON: a worker that cannot go on tells rank 0, which aborts everyone within
+# seconds instead of the whole barrier timeout.
+node::barrier_abort() {
+  node::barrier_args
+  util::sm barrier abort --reason "$1" --connect-timeout 5 "${BARRIER_ARGS[@]:2}" >/dev/null 2>&1 || true
 }
 
 # ---- barrier -------------------------------------------------------------------------------------
@@ -218,21 +212,30 @@ node::barrier_control() {
 node::stage_barrier() {
   node::multi || { log::info barrier "single node: no barrier"; return 0; }
   [[ ${SM_RUNTIME:-docker} == docker ]] || { log::info barrier "runtime ${SM_RUNTIME}: no image to wait for, no barrier"; return 0; }
-  local rc=0 bargs=()
+  local rc=0
+  node::barrier_args
   if node::is_rank0; then
-    while [[ ! -f ${SM_SCRATCH}/barrier.rc ]]; do sleep 0.1; done
-    rc=$(<"${SM_SCRATCH}/barrier.rc")
-    case ${rc} in
-      0) log::info barrier "every worker is ready; GO sent" ;;
-      3) node::fail "barrier: timed out after ${SM_BARRIER_TIMEOUT} s waiting for workers (missing ranks in node.log)" 3 || return ;;
-      *) node::fail "barrier: aborted (see node.log)" "${rc}" || return ;;
-    esac
+    if [[ -z ${SM_BARRIER_PID} ]]; then
+      # Alone (a re-run): serve in the foreground with the image already released.
+      [[ -n ${SM_IMAGE_ID:-} ]] || node::fail "barrier: rank 0's image ID is unknown; run the image stage first" 2 || return
+      util::sm_logged barrier barrier serve "${BARRIER_ARGS[@]}" --timeout "${SM_BARRIER_TIMEOUT}" --image-id "${SM_IMAGE_ID}" ||
+        node::fail "${UTIL_ERROR}" "$?" || return
+      return 0
+    fi
+    exec {BARRIER_CTL}>&-
+    BARRIER_CTL=
+    wait "${SM_BARRIER_PID}" || rc=$?
+    SM_BARRIER_PID=
+    if ((rc != 0)); then
+      local why="barrier server failed (exit ${rc})"
+      [[ -s ${SM_SCRATCH}/barrier.error ]] && why=$(<"${SM_SCRATCH}/barrier.error") && why=${why#slurm-multi: }
+      node::fail "${why}" "${rc}" || return
+    fi
+    log::info barrier "every worker is ready; GO sent"
   else
-    mapfile -d '' bargs < <(node::barrier_args)
-    log::cmd barrier slurm-multi barrier join --rank "${SM_RANK}" "${bargs[@]}" --phase start
-    util::sm barrier join --rank "${SM_RANK}" "${bargs[@]}" --phase start \
-      --connect-timeout "${SM_BARRIER_TIMEOUT}" --wait-timeout "${SM_BARRIER_TIMEOUT}" >/dev/null || rc=$?
-    ((rc == 0)) || node::fail "barrier: no GO from rank 0 (join exit ${rc}; see node.log)" "${rc}" || return
+    util::sm_logged barrier barrier join --rank "${SM_RANK}" "${BARRIER_ARGS[@]}" --phase start \
+      --connect-timeout "${SM_BARRIER_TIMEOUT}" --wait-timeout "${SM_BARRIER_TIMEOUT}" >/dev/null ||
+      node::fail "${UTIL_ERROR}" "$?" || return
     log::info barrier "GO received"
   fi
 }
@@ -257,25 +260,27 @@ node::stage_run() {
   esac
 }
 
-# ---- stage ---------------------------------------------------------------------------------------
+# ---- save-outputs --------------------------------------------------------------------------------
 
-node::stage_stage() {
+# node::stage_save_outputs: copy what the workload left (result CSV, other outputs, diagnostics)
+# into <jobdir>/node_<rank>/, then remove the container. Always runs, also after a failure.
+node::stage_save_outputs() {
   local name csv src
   name=$(run::container_name)
   mkdir -p "${SM_NODE_DIR}"
   csv=${SM_RESULTS_CSV:-}
   if [[ -n ${csv} ]]; then
     src=${SM_SCRATCH}/output/${csv}
-    if [[ ! -f ${src} ]] && docker container inspect "${name}" >/dev/null 2>&1; then
+    if [[ ! -f ${src} && ${SM_RUNTIME:-docker} == docker ]] && docker container inspect "${name}" >/dev/null 2>&1; then
       local workdir
       workdir=$(docker container inspect -f '{{.Config.WorkingDir}}' "${name}" 2>/dev/null)
       docker cp "${name}:${workdir:-/}/${csv}" "${src}" >/dev/null 2>&1 || true
     fi
     if [[ -f ${src} ]]; then
       cp -f "${src}" "${SM_NODE_DIR}/${csv}"
-      log::info stage "staged ${csv} ($(wc -l <"${src}") lines)"
+      log::info save-outputs "saved ${csv} ($(wc -l <"${src}") lines)"
     else
-      log::info stage "no ${csv} on this node"
+      log::info save-outputs "no ${csv} on this node"
     fi
   fi
   if [[ -d ${SM_SCRATCH}/diagnostics ]]; then
@@ -285,69 +290,70 @@ node::stage_stage() {
   for f in "${SM_SCRATCH}"/output/*; do
     [[ -f ${f} && ${f##*/} != "${csv}" ]] && cp -f "${f}" "${SM_NODE_DIR}/" 2>/dev/null
   done
-  [[ ${SM_KEEP_CONTAINER:-0} == 1 ]] || docker rm -f "${name}" >/dev/null 2>&1 || true
+  [[ ${SM_KEEP_CONTAINER:-0} == 1 || ${SM_RUNTIME:-docker} != docker ]] || docker rm -f "${name}" >/dev/null 2>&1 || true
   return 0
 }
 
-# node::write_status: status.json, the node's verdict input (written last, atomically).
+# node::write_status: status.json, the node's verdict input (a helper writes it, atomically).
 node::write_status() {
-  local file=${SM_NODE_DIR}/status.json status=ok name first=1
-  ((NODE_EXIT == 0)) || status=failed
-  [[ ${NODE_EXIT} == 124 ]] && status=timeout
-  [[ ${NODE_TERMINATED:-0} == 1 && ${status} == ok ]] && status=terminated
-  {
-    printf '{"rank": %s, "node": %s, "exit_code": %s, "status": "%s", "reason": %s, "image_id": %s, "stages": {' \
-      "${SM_RANK}" "$(util::json_str "$(hostname)")" "${NODE_EXIT}" "${status}" "$(util::json_str "${NODE_REASON}")" \
-      "$(util::json_str "${SM_IMAGE_ID:-}")"
-    for name in "${NODE_STAGE_ORDER[@]+"${NODE_STAGE_ORDER[@]}"}"; do
-      ((first)) || printf ', '
-      first=0
-      printf '"%s": {"seconds": %s, "status": "%s"' "${name}" "${NODE_STAGE_SECONDS[${name}]}" "${NODE_STAGE_STATUS[${name}]}"
-      [[ ${name} == run && -n ${RUN_EXIT} ]] && printf ', "exit_code": %s' "${RUN_EXIT}"
-      printf '}'
-    done
-    printf '}}\n'
-  } >"${file}.tmp" && mv -f "${file}.tmp" "${file}"
+  local name stages=() spec
+  for name in "${NODE_STAGE_ORDER[@]+"${NODE_STAGE_ORDER[@]}"}"; do
+    spec="${name}:${NODE_STAGE_SECONDS[${name}]}:${NODE_STAGE_STATUS[${name}]}"
+    [[ ${name} == run && -n ${RUN_EXIT} ]] && spec+=":${RUN_EXIT}"
+    stages+=(--stage "${spec}")
+  done
+  local argv=(node status --file "${SM_NODE_DIR}/status.json" --rank "${SM_RANK}" --node "$(hostname)"
+    --exit-code "${NODE_EXIT}" --reason "${NODE_REASON}" --image-id "${SM_IMAGE_ID:-}" "${stages[@]+"${stages[@]}"}")
+  ((NODE_TERMINATED)) && argv+=(--terminated)
+  util::helper "${argv[@]}" || log::error node "cannot write ${SM_NODE_DIR}/status.json: ${UTIL_ERROR}"
+}
+
+# node::remove_scratch: the scratch dir holds the container env and the secrets list: never left.
+node::remove_scratch() {
+  [[ ${SM_KEEP_SCRATCH:-0} == 1 ]] || rm -rf "${SM_SCRATCH}"
 }
 
 # node::stage_reap: run by the batch step after the tasks ended, on every node. A task that died
 # without staging (SIGKILL, OOM killer, a crash) left its container running under dockerd and its
-# outputs in scratch: stop the container gracefully, stage what it left, write its status.
+# outputs in scratch: stop the container gracefully, save what it left, write its status, and
+# remove its scratch.
 node::stage_reap() {
   local name
   name=$(run::container_name)
   if [[ -f ${SM_NODE_DIR}/status.json ]]; then
     docker rm -f "${name}" >/dev/null 2>&1 || true
+    node::remove_scratch
     return 0
   fi
-  log::warn reap "the task on $(hostname) ended without staging; collecting what it left"
-  [[ -f ${SM_SCRATCH}/context.sh ]] && node::load_context
+  log::warn reap "the task on $(hostname) ended without saving its outputs; collecting what it left"
   NODE_EXIT=137
-  NODE_REASON="the sm-node task on $(hostname) died before staging (killed?); outputs recovered by the reaper"
+  NODE_REASON="the sm-node task on $(hostname) died before saving its outputs (killed?); outputs recovered by the reaper"
+  # shellcheck source=/dev/null
+  [[ -f ${SM_SCRATCH}/context.sh ]] && source "${SM_SCRATCH}/context.sh"
   if docker container inspect "${name}" >/dev/null 2>&1; then
     run::diagnose "${name}" "task died; container left behind"
     run::stop_container "${name}"
     RUN_EXIT=$(docker container inspect -f '{{.State.ExitCode}}' "${name}" 2>/dev/null || echo "")
   fi
-  node::stage_stage
+  node::stage_save_outputs
   NODE_STAGE_ORDER+=(reap) NODE_STAGE_SECONDS[reap]=0 NODE_STAGE_STATUS[reap]=ok
   node::write_status
-  [[ ${SM_KEEP_SCRATCH:-0} == 1 ]] || rm -rf "${SM_SCRATCH}"
+  node::remove_scratch
   return 0
 }
 
 # ---- the whole task ------------------------------------------------------------------------------
 
 # node::on_term: scancel / srun cancel / time limit. Stop the container gracefully (SIGTERM first,
-# so nsys writes its report), then let the EXIT path stage everything.
+# so nsys writes its report), then let the EXIT path save everything.
 node::on_term() {
   NODE_TERMINATED=1
   log::warn node "received a termination signal; stopping the workload gracefully"
-  run::stop_container "$(run::container_name)"
+  [[ ${SM_RUNTIME:-docker} == docker ]] && run::stop_container "$(run::container_name)"
   # Bare metal: the workload is our child (under nsight-slurm only this task gets the signal).
   if [[ ${SM_RUNTIME:-docker} == none && -n ${RUN_DOCKER_PID} ]]; then kill -TERM "${RUN_DOCKER_PID}" 2>/dev/null || true; fi
   [[ -n ${RUN_DOCKER_PID} ]] && wait "${RUN_DOCKER_PID}" 2>/dev/null
-  [[ -n ${SM_BARRIER_PID:-} ]] && kill -TERM "${SM_BARRIER_PID}" 2>/dev/null
+  [[ -n ${SM_BARRIER_PID} ]] && node::barrier_say "ABORT rank 0 ($(hostname)) was terminated"
   ((NODE_EXIT != 0)) || NODE_EXIT=143
   [[ -n ${NODE_REASON} ]] || NODE_REASON="terminated by a signal (scancel, time limit or a failed peer)"
   exit "${NODE_EXIT}"
@@ -355,17 +361,16 @@ node::on_term() {
 
 node::on_exit() {
   local rc=$?
-  # Finishing up: a second SIGTERM must not cut the report wait or the staging short (Slurm's
+  # Finishing up: a second SIGTERM must not cut the report wait or the saving short (Slurm's
   # SIGKILL after KillWait still bounds it).
   trap - EXIT
   trap '' TERM INT
   ((NODE_EXIT != 0)) || NODE_EXIT=${rc}
   if declare -F profile::after_run >/dev/null; then profile::after_run; fi
-  # rank 0 leaving early (e.g. after an ABORT): stop its barrier server, which tells any worker
-  # still connected to abort, so it does not hold the step open.
-  # After an ABORT the server lingers until every worker has heard it (a worker may still be
-  # connecting), at most its linger time; then it is stopped.
-  if [[ -n ${SM_BARRIER_PID:-} ]] && kill -0 "${SM_BARRIER_PID}" 2>/dev/null; then
+  # rank 0 leaving early (after an ABORT, or a failure before its release): closing the pipe tells
+  # the server, which answers every worker still connecting with ABORT for its linger time.
+  if [[ -n ${SM_BARRIER_PID} ]]; then
+    [[ -n ${BARRIER_CTL} ]] && exec {BARRIER_CTL}>&-
     local waited=0
     while kill -0 "${SM_BARRIER_PID}" 2>/dev/null && ((waited < ${SM_BARRIER_LINGER:-15} * 5)); do
       sleep 0.2
@@ -374,31 +379,34 @@ node::on_exit() {
     pkill -TERM -P "${SM_BARRIER_PID}" 2>/dev/null || true
     wait "${SM_BARRIER_PID}" 2>/dev/null || true
   fi
-  if [[ ${NODE_STAGE_STATUS[stage]:-} != ok ]]; then
-    node::stage stage || true
+  # Outputs are saved on every exit path of a job's task (and of a re-run that ran the workload).
+  if [[ ${NODE_STAGE_STATUS[save-outputs]:-} != ok ]] && { ((!NODE_FROM_JOB)) || [[ -n ${NODE_STAGE_STATUS[run]:-} ]]; }; then
+    node::stage save-outputs || true
   fi
   node::write_status
   log::info node "done: exit ${NODE_EXIT}${NODE_REASON:+ (${NODE_REASON})}"
-  [[ ${SM_KEEP_SCRATCH:-0} == 1 ]] || rm -rf "${SM_SCRATCH}"
+  node::remove_scratch
   exit "${NODE_EXIT}"
 }
 
-node::run_all() {
+# node::run STAGE…: run the stages in order, stopping at the first failure; status.json and the
+# scratch clean-up happen on every exit path (the EXIT trap).
+node::run() {
   trap node::on_exit EXIT
   trap node::on_term TERM INT
-  local name
-  for name in prepare image barrier run; do
-    if ! node::stage "${name}"; then
-      ((NODE_EXIT != 0)) || NODE_EXIT=$?
+  local name rc
+  for name in "$@"; do
+    rc=0
+    node::stage "${name}" || rc=$?
+    if ((rc != 0)); then
+      ((NODE_EXIT != 0)) || NODE_EXIT=${rc}
       # A worker that cannot start tells rank 0, which aborts everyone within seconds instead
       # of waiting for the barrier timeout. (rank 0 aborts its own barrier in the image stage.)
-      if [[ ${name} != run ]] && node::multi && ! node::is_rank0; then
-        node::barrier_control abort --connect-timeout 5 \
-          --reason "$(hostname) (rank ${SM_RANK}): ${NODE_REASON}" >/dev/null 2>&1 || true
+      if [[ ${name} == prepare ]] && node::multi && ! node::is_rank0 && ((!NODE_FROM_JOB)); then
+        node::barrier_abort "$(hostname) (rank ${SM_RANK}): ${NODE_REASON}"
       fi
       return "${NODE_EXIT}"
     fi
   done
-  node::stage stage
   return "${NODE_EXIT}"
 }

@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# shellcheck disable=SC2034 # SM_PROFILE_PREFIX, SM_MOUNTS and SM_EXTRA_ENV_NAMES are read by lib/run.sh
+# shellcheck disable=SC2034 # SM_PROFILE_PREFIX, RUN_DOCKER_OPTS, SM_EXTRA_ENV_NAMES, SM_STOP_GRACE: read by lib/run.sh
 # Profiling every rank (--profile none|nsys|nsight-slurm), see docs/profiling.md.
 #
 #   nsys          the workload runs under `nsys profile … -o <dir>/<job>_<node>_rank<procid>` inside
@@ -11,6 +11,11 @@
 #
 # Batch side: profile::validate, profile::before_steps, the teardown hooks, profile::dry_run_panel.
 # Node side (bin/sm-node): profile::before_run / profile::after_run around the run stage.
+#
+# Two rules hold for both profilers. Reports that existed before the job never count: the batch step
+# snapshots the report dirs before the first worker step and every `reports wait` counts only what
+# is new or changed since. And docker never SIGKILLs nsys while it writes: a profiled container's
+# stop grace is at least the flush's settle window (profile::stop_grace).
 
 # The TRT-LLM profiling playbook set, without the flags the nsight-slurm connector owns.
 PROFILE_PLAYBOOK_OPTIONS=(-t 'cuda-sw,nvtx,python-gil' --cuda-graph-trace=graph --sample=none --cpuctxsw=none)
@@ -18,6 +23,9 @@ PROFILE_PLAYBOOK_OPTIONS=(-t 'cuda-sw,nvtx,python-gil' --cuda-graph-trace=graph 
 PROFILE_REPORT_NAME='%q{SLURM_JOB_ID}_%q{SLURMD_NODENAME}_rank%q{SLURM_PROCID}'
 # Where --nsys-host-path is mounted inside the container.
 PROFILE_NSYS_MOUNT=/opt/slurm-multi/bin/nsys
+# A profiled container's default stop grace: the flush's settle window plus this many seconds.
+PROFILE_STOP_GRACE_MARGIN=15
+PROFILE_BASELINE_TAKEN=0
 PROFILE_NODE_ACTIVE=0
 PROFILE_NODE_WAITED=0
 PROFILE_NSIGHT_CONFIGURED=0
@@ -40,6 +48,35 @@ profile::nsight_mode() {
   else
     printf at-launch
   fi
+}
+
+# profile::stop_grace: the `docker stop -t` grace (SIGTERM to SIGKILL) for this job's containers.
+# Profiled: the larger of --stop-grace and --profile-stop-grace (default: the flush's settle window
+# + PROFILE_STOP_GRACE_MARGIN). nsys writes its report after the SIGTERM, and the settle window is
+# how long a report may take to stop growing; a SIGKILL before that leaves a truncated report.
+profile::stop_grace() {
+  local grace=${SM_STOP_GRACE:-30} profiled
+  [[ ${SM_PROFILE:-none} != none && ${grace} =~ ^[0-9]+$ ]] || { printf '%s' "${grace}"; return 0; }
+  profiled=${SM_PROFILE_STOP_GRACE:-}
+  if [[ -z ${profiled} && ${SM_FLUSH_SETTLE_SECONDS:-} =~ ^[0-9]+$ ]]; then
+    profiled=$((10#${SM_FLUSH_SETTLE_SECONDS} + PROFILE_STOP_GRACE_MARGIN))
+  fi
+  if [[ ${profiled} =~ ^[0-9]+$ ]] && ((10#${profiled} > 10#${grace})); then grace=$((10#${profiled})); fi
+  printf '%s' "${grace}"
+}
+
+# profile::apply_stop_grace: export the effective SM_STOP_GRACE (lib/run.sh's docker stop, the batch
+# step's reap and teardown bounds read it). Idempotent: the batch step and every node apply it.
+profile::apply_stop_grace() {
+  local grace why
+  grace=$(profile::stop_grace)
+  if [[ ${grace} != "${SM_STOP_GRACE:-}" ]]; then
+    why="the flush settle window ${SM_FLUSH_SETTLE_SECONDS:-} s + ${PROFILE_STOP_GRACE_MARGIN} s"
+    [[ -n ${SM_PROFILE_STOP_GRACE:-} ]] && why="--profile-stop-grace"
+    log::info profile "stop grace for profiled containers: ${grace} s (${why}; --stop-grace ${SM_STOP_GRACE:-unset} is shorter), so docker never SIGKILLs nsys while it writes its report"
+  fi
+  SM_STOP_GRACE=${grace}
+  export SM_STOP_GRACE
 }
 
 # profile::_reject_options TYPE WORD…: the first option that slurm-multi or the connector owns.
@@ -75,6 +112,8 @@ profile::validate() {
   for n in SM_FLUSH_SETTLE_SECONDS SM_FLUSH_TIMEOUT_SECONDS; do
     [[ ${!n:-} =~ ^[0-9]+$ ]] || { log::error profile "${n}='${!n:-}' must be a whole number of seconds"; return 2; }
   done
+  [[ -z ${SM_PROFILE_STOP_GRACE:-} || ${SM_PROFILE_STOP_GRACE} =~ ^[0-9]+$ ]] ||
+    { log::error profile "SM_PROFILE_STOP_GRACE='${SM_PROFILE_STOP_GRACE}' must be a whole number of seconds"; return 2; }
   if [[ -n ${SM_PROFILE_START_ITER:-}${SM_PROFILE_STOP_ITER:-} ]]; then
     [[ ${SM_PROFILE_START_ITER:-} =~ ^[0-9]+$ && ${SM_PROFILE_STOP_ITER:-} =~ ^[0-9]+$ ]] || {
       log::error profile "profile window '${SM_PROFILE_START_ITER:-}'-'${SM_PROFILE_STOP_ITER:-}': give both --profile-start-iter and --profile-stop-iter as iteration numbers"
@@ -105,7 +144,13 @@ profile::validate() {
     log::error profile "--profile-tool-options '${SM_PROFILE_TOOL_OPTIONS}': unbalanced quotes"
     return 2
   fi
-  mapfile -d '' words < <(profile::_split_tool_options)
+  util::split0 words profile::_split_tool_options || return 2
+  # A stop grace shorter than the settle window lets docker SIGKILL nsys in the middle of writing.
+  if [[ ${SM_PROFILE} != none && -n ${SM_PROFILE_STOP_GRACE:-} ]] &&
+    ((10#${SM_PROFILE_STOP_GRACE} < 10#${SM_FLUSH_SETTLE_SECONDS})); then
+    log::error profile "--profile-stop-grace ${SM_PROFILE_STOP_GRACE} is shorter than --flush-settle-seconds ${SM_FLUSH_SETTLE_SECONDS}: docker stop would SIGKILL nsys while it writes its report; give at least ${SM_FLUSH_SETTLE_SECONDS} (or leave it unset: settle + ${PROFILE_STOP_GRACE_MARGIN} s)"
+    return 2
+  fi
   case ${SM_PROFILE} in
     none) return 0 ;;
     nsys) profile::_reject_options nsys "${words[@]+"${words[@]}"}" || return 2 ;;
@@ -172,7 +217,7 @@ profile::nsight_bin() { printf '%s/bin/nsight-slurm' "${SM_NSIGHT_SLURM_HOME}"; 
 profile::nsys_tool_options() {
   local words=()
   if [[ -n ${SM_PROFILE_TOOL_OPTIONS:-} ]]; then
-    mapfile -d '' words < <(profile::_split_tool_options)
+    util::split0 words profile::_split_tool_options || return 2
   else
     words=("${PROFILE_PLAYBOOK_OPTIONS[@]}")
     if [[ ${SM_FRAMEWORK:-} == trtllm && -n $(profile::window) ]]; then
@@ -189,7 +234,7 @@ profile::nsys_tool_options() {
 profile::nsight_tool_options() {
   local words=() word wait=0
   if [[ -n ${SM_PROFILE_TOOL_OPTIONS:-} ]]; then
-    mapfile -d '' words < <(profile::_split_tool_options)
+    util::split0 words profile::_split_tool_options || return 2
   else
     words=("${PROFILE_PLAYBOOK_OPTIONS[@]}")
   fi
@@ -216,7 +261,7 @@ profile::nsys_bin() {
 # profile::nsys_prefix: `nsys profile <options> -o <dir>/<name>`, NUL-separated.
 profile::nsys_prefix() {
   local opts=()
-  mapfile -d '' opts < <(profile::nsys_tool_options)
+  util::split0 opts profile::nsys_tool_options || return 2
   printf '%s\0' "$(profile::nsys_bin)" profile "${opts[@]+"${opts[@]}"}" -o "$(profile::dir)/${PROFILE_REPORT_NAME}"
 }
 
@@ -266,10 +311,45 @@ profile::before_steps() {
     nsys) profile::nsys_setup || return ;;
     nsight-slurm) profile::nsight_setup || return ;;
   esac
+  profile::take_baseline || return
+  # Exported here too: the reaper step and the batch step's teardown bounds use the same grace.
+  profile::apply_stop_grace
   # The worker env rides in the process environment (srun, the wrapper and pyxis pass it on).
-  while IFS= read -r -d '' pair; do
+  local pairs=() pair
+  util::split0 pairs profile::worker_env || return 2
+  for pair in "${pairs[@]+"${pairs[@]}"}"; do
     export "${pair?}"
-  done < <(profile::worker_env)
+  done
+}
+
+# profile::baseline_file: the snapshot of the reports that existed before the job (every node reads
+# it from the job dir; `slurm-multi reports` writes and reads it).
+profile::baseline_file() { printf '%s/.profile-baseline.json' "${SM_JOBDIR}"; }
+
+# profile::report_dirs: the directories reports are counted in, NUL-separated.
+profile::report_dirs() {
+  case ${SM_PROFILE:-none} in
+    nsys) printf '%s\0' "$(profile::dir)" ;;
+    nsight-slurm) printf '%s\0' "$(profile::nsight_direct)" "$(profile::nsight_rescued)" ;;
+  esac
+  return 0
+}
+
+# profile::take_baseline: once per job (per batch shell), before the first worker step, record every
+# report already in the report dirs. A reused --profile-dir holds earlier jobs' reports, and a
+# requeued job keeps its id and so its report names: none of them may count toward any wait.
+profile::take_baseline() {
+  local dirs=() argv file
+  ((PROFILE_BASELINE_TAKEN == 0)) || return 0
+  file=$(profile::baseline_file)
+  util::split0 dirs profile::report_dirs || return 2
+  argv=(reports snapshot "${dirs[@]}" --out "${file}")
+  log::cmd profile "${SM_HOME}/bin/slurm-multi" "${argv[@]}"
+  util::sm "${argv[@]}" || {
+    log::error profile "cannot record the reports that exist before the job in ${file}; is the job dir writable? (see above)"
+    return 1
+  }
+  PROFILE_BASELINE_TAKEN=1
 }
 
 profile::nsys_setup() {
@@ -327,7 +407,7 @@ profile::nsight_cli() {
 # (profile::nsight_cli to run it, profile::_print_call for the dry run).
 profile::nsight_configure() {
   local run=$1 opts=()
-  mapfile -d '' opts < <(profile::nsight_tool_options)
+  util::split0 opts profile::nsight_tool_options || return 2
   "${run}" configure tool-path "${SM_NSIGHT_SLURM_TOOL_PATH}" &&
     "${run}" configure tool-command profile &&
     "${run}" configure profiling-mode "$(profile::nsight_mode)" &&
@@ -358,9 +438,9 @@ profile::nsight_setup() {
   profile::nsight_configure profile::nsight_cli || return 1
   PROFILE_NSIGHT_CONFIGURED=1
   if declare -F launch::step_argv >/dev/null; then
-    mapfile -d '' launcher < <(launch::step_argv)
+    launch::step_argv || return 2
     printf '# %s worker step (its output: batch.log)\n+ %s\n' "$(date -u +%FT%TZ)" \
-      "$(printf '%q ' "${launcher[@]}")" >>"$(profile::log_dir)/nsight-slurm.out"
+      "$(printf '%q ' "${LAUNCH_ARGV[@]}")" >>"$(profile::log_dir)/nsight-slurm.out"
   fi
 }
 
@@ -397,11 +477,18 @@ profile::_signal_step() {
   scancel --signal=TERM "${SLURM_JOB_ID}.$1" 2>/dev/null || log::warn profile "scancel of step ${SLURM_JOB_ID}.$1 failed (already ending or ended?)"
 }
 
-# profile::wait_reports DIR EXPECT SETTLE TIMEOUT [PATTERN]: slurm-multi reports wait, logged.
+# profile::wait_reports DIR EXPECT SETTLE TIMEOUT [PATTERN]: slurm-multi reports wait, logged,
+# counting only reports new or changed since the job's baseline snapshot.
 profile::wait_reports() {
-  local argv=(reports wait "$1" --pattern "${5:-*.nsys-rep}" --expect "$2" --settle-seconds "$3"
+  local baseline argv=(reports wait "$1" --pattern "${5:-*.nsys-rep}" --expect "$2" --settle-seconds "$3"
     --timeout-seconds "$4")
-  log::cmd profile slurm-multi "${argv[@]}"
+  baseline=$(profile::baseline_file)
+  if [[ -f ${baseline} ]]; then
+    argv+=(--since-file "${baseline}")
+  else
+    log::warn profile "no snapshot of the reports from before the job (${baseline}, written by the batch step); reports already in $1 may count"
+  fi
+  log::cmd profile "${SM_HOME}/bin/slurm-multi" "${argv[@]}"
   util::sm "${argv[@]}" >/dev/null
 }
 
@@ -430,13 +517,13 @@ profile::flush_nsys() {
   fi
 }
 
-# profile::_count_reports DIR…: how many *.nsys-rep exist under the directories.
-profile::_count_reports() {
-  local dir n=0
-  for dir in "$@"; do
-    [[ -d ${dir} ]] || continue
-    n=$((n + $(find "${dir}" -name '*.nsys-rep' -type f 2>/dev/null | wc -l)))
-  done
+# profile::_count_new SNAPSHOT DIR…: how many reports in the DIRs (empty ones too) are new or changed
+# since SNAPSHOT; 0 without the snapshot or when the helper fails, so the caller ends the sessions.
+profile::_count_new() {
+  local since=$1 n
+  shift
+  [[ -f ${since} ]] || { printf 0; return 0; }
+  n=$(util::sm reports count "$@" --since-file "${since}") && [[ ${n} =~ ^[0-9]+$ ]] || n=0
   printf '%s' "${n}"
 }
 
@@ -447,12 +534,15 @@ profile::rescue_reports() {
   local src dst file name
   src=$(profile::nsight_runtime) dst=$(profile::nsight_rescued)
   [[ -d ${src} ]] || return 0
-  while IFS= read -r -d '' file; do
+  local found=()
+  util::split0 found find "${src}" -name '*.nsys-rep' -type f -size +0 -print0 ||
+    log::warn profile "flush: cannot list every report under ${src}; rescuing what was found"
+  for file in "${found[@]+"${found[@]}"}"; do
     mkdir -p "${dst}"
     name=${file#"${src}"/}
     name=${name//\//_}
     cp -p "${file}" "${dst}/${name}" 2>/dev/null && log::info profile "rescued ${file} -> ${dst}/${name}"
-  done < <(find "${src}" -name '*.nsys-rep' -type f -size +0 -print0 2>/dev/null)
+  done
   return 0
 }
 
@@ -469,24 +559,34 @@ profile::_expected_nsight_reports() {
 # profile::flush_nsight REASON (pre-cleanup hook), in this order: baseline, `nsight-slurm stop`,
 # rescue, SIGTERM to the connector steps if nothing new appeared, wait for bytes to settle.
 profile::flush_nsight() {
-  local direct baseline now steps=() step expect deadline
-  direct=$(profile::nsight_direct)
+  local direct rescued prestop before now steps=() step expect deadline
+  direct=$(profile::nsight_direct) rescued=$(profile::nsight_rescued)
+  prestop=${SM_JOBDIR}/.profile-prestop.json
   profile::_worker_step_started || { log::info profile "flush: the worker step never started; no reports to wait for"; return 0; }
-  baseline=$(profile::_count_reports "${direct}" "$(profile::nsight_rescued)")
-  log::info profile "flush (${1:-teardown}): ${baseline} report(s) before the stop"
+  # The baseline for "did the stop make nsys write?": every report as it is right before the stop.
+  # By identity, not by count: a requeued job rewrites its reports under the same names.
+  before=$(profile::_count_new "$(profile::baseline_file)" "${direct}" "${rescued}")
+  rm -f "${prestop}"
+  log::cmd profile "${SM_HOME}/bin/slurm-multi" reports snapshot "${direct}" "${rescued}" --out "${prestop}"
+  util::sm reports snapshot "${direct}" "${rescued}" --out "${prestop}" ||
+    log::warn profile "flush: cannot snapshot the reports before the stop (${prestop}); the connector steps get SIGTERM"
+  log::info profile "flush (${1:-teardown}): ${before} report(s) of this job before the stop"
   profile::nsight_cli stop --job "${SLURM_JOB_ID}" --timeout "$((SM_FLUSH_TIMEOUT_SECONDS < 30 ? SM_FLUSH_TIMEOUT_SECONDS : 30))" ||
     log::warn profile "flush: nsight-slurm stop did not confirm every session; going on"
   profile::rescue_reports
-  mapfile -t steps < <(profile::step_ids nsight-slurm-connector)
+  local ids
+  ids=$(profile::step_ids nsight-slurm-connector) || ids=""
+  steps=()
+  [[ -z ${ids} ]] || mapfile -t steps <<<"${ids}"
   if ((${#steps[@]})); then
     # Give the stop a moment to show: a new (even empty) report means nsys is writing.
     deadline=$((SECONDS + (SM_FLUSH_SETTLE_SECONDS < 10 ? SM_FLUSH_SETTLE_SECONDS : 10)))
-    now=$(profile::_count_reports "${direct}" "$(profile::nsight_rescued)")
-    while ((now <= baseline && SECONDS < deadline)); do
+    now=$(profile::_count_new "${prestop}" "${direct}" "${rescued}")
+    while ((now == 0 && SECONDS < deadline)); do
       sleep 0.5
-      now=$(profile::_count_reports "${direct}" "$(profile::nsight_rescued)")
+      now=$(profile::_count_new "${prestop}" "${direct}" "${rescued}")
     done
-    if ((now <= baseline)); then
+    if ((now == 0)); then
       log::warn profile "flush: no new report after the stop; SIGTERM to the connector steps (${steps[*]}) so nsys ends its sessions"
       for step in "${steps[@]}"; do profile::_signal_step "${step}"; done
     fi
@@ -512,20 +612,26 @@ profile::nsight_coordinator_stop() {
 # profile::before_run: set SM_PROFILE_PREFIX (run::docker_argv and run::bare put it in front of the
 # workload), mount the report dir (and --nsys-host-path) into the container, pass the worker env.
 profile::before_run() {
-  [[ ${SM_PROFILE:-none} == nsys ]] || return 0
+  [[ ${SM_PROFILE:-none} != none ]] || return 0
+  # lib/run.sh stops the container with `docker stop -t ${SM_STOP_GRACE}`: never shorter than the
+  # time nsys needs to write its report after the SIGTERM.
+  profile::apply_stop_grace
+  [[ ${SM_PROFILE} == nsys ]] || return 0
   local dir pair name
   dir=$(profile::dir)
   mkdir -p "${dir}" || { log::error profile "cannot create the report directory ${dir} on $(hostname)"; return 1; }
   if [[ ${SM_RUNTIME:-docker} == docker ]]; then
     # Same path inside: nsys writes straight to shared storage.
-    SM_MOUNTS+=("${dir}:${dir}")
-    [[ -n ${SM_NSYS_HOST_PATH:-} ]] && SM_MOUNTS+=("${SM_NSYS_HOST_PATH}:${PROFILE_NSYS_MOUNT}:ro")
-    while IFS= read -r -d '' pair; do
+    RUN_DOCKER_OPTS+=(-v "${dir}:${dir}")
+    [[ -n ${SM_NSYS_HOST_PATH:-} ]] && RUN_DOCKER_OPTS+=(-v "${SM_NSYS_HOST_PATH}:${PROFILE_NSYS_MOUNT}:ro")
+    local pairs=()
+    util::split0 pairs profile::worker_env || return 2
+    for pair in "${pairs[@]+"${pairs[@]}"}"; do
       name=${pair%%=*}
       [[ -n ${!name+x} ]] && SM_EXTRA_ENV_NAMES+=("${name}")
-    done < <(profile::worker_env)
+    done
   fi
-  mapfile -d '' SM_PROFILE_PREFIX < <(profile::nsys_prefix)
+  util::split0 SM_PROFILE_PREFIX profile::nsys_prefix || return 2
   : >"${SM_NODE_DIR}/.profile-nsys" # tells the batch flush this rank's report is coming
   PROFILE_NODE_ACTIVE=1
   log::info profile "nsys: this rank's report: ${dir}/${SLURM_JOB_ID:-}_${SLURMD_NODENAME:-}_rank${SLURM_PROCID:-}.nsys-rep"
@@ -557,8 +663,9 @@ profile::after_run() {
 profile::dry_run_panel() {
   local nnodes=$1 argv=() opts=() env=() window
   window=$(profile::window)
-  mapfile -d '' argv < <(SLURM_JOB_NUM_NODES=${nnodes} launch::step_argv)
-  mapfile -d '' env < <(profile::worker_env)
+  SLURM_JOB_NUM_NODES=${nnodes} launch::step_argv || return 2
+  argv=("${LAUNCH_ARGV[@]}")
+  util::split0 env profile::worker_env || return 2
   printf 'Profiling\n'
   printf '  %-16s %s\n' type "${SM_PROFILE}" runtime "${SM_RUNTIME}" framework "${SM_FRAMEWORK:-(not set)}"
   if [[ ${SM_PROFILE} == none ]]; then
@@ -571,18 +678,19 @@ profile::dry_run_panel() {
   printf '  %-16s %s\n' "worker step" "$(printf '%q ' "${argv[@]}")"
   case ${SM_PROFILE} in
     nsys)
-      mapfile -d '' opts < <(profile::nsys_prefix)
+      util::split0 opts profile::nsys_prefix || return 2
       printf '  %-16s %s\n' "nsys prefix" "$(printf '%q ' "${opts[@]}")"
       printf '  %-16s %s\n' "tool options" "${SM_PROFILE_TOOL_OPTIONS:-$(printf '%q ' "${opts[@]:2:${#opts[@]}-4}")}"
       printf '  %-16s %s\n' "report output" "$(profile::dir)/${PROFILE_REPORT_NAME}.nsys-rep (one per rank)"
       [[ ${SM_RUNTIME} == docker ]] &&
         printf '  %-16s %s\n' mounts "$(profile::dir) (same path)${SM_NSYS_HOST_PATH:+, ${SM_NSYS_HOST_PATH} -> ${PROFILE_NSYS_MOUNT} (ro)}"
-      printf '  %-16s %s\n' flush "SIGTERM to the step (each node: docker stop -t ${SM_STOP_GRACE}), then wait for every rank's report: settle ${SM_FLUSH_SETTLE_SECONDS} s on bytes, timeout ${SM_FLUSH_TIMEOUT_SECONDS} s"
+      printf '  %-16s %s\n' flush "SIGTERM to the step (each node: docker stop -t $(profile::stop_grace)), then wait for every rank's report: settle ${SM_FLUSH_SETTLE_SECONDS} s on bytes, timeout ${SM_FLUSH_TIMEOUT_SECONDS} s"
+      printf '  %-16s %s\n' "stop grace" "$(profile::stop_grace) s (the larger of --stop-grace ${SM_STOP_GRACE} and ${SM_PROFILE_STOP_GRACE:+--profile-stop-grace }${SM_PROFILE_STOP_GRACE:-settle ${SM_FLUSH_SETTLE_SECONDS} + ${PROFILE_STOP_GRACE_MARGIN}})"
       # The per-node docker argv below shows the prefix too (this is the dry run's subshell).
-      [[ ${SM_RUNTIME} == docker ]] && mapfile -d '' SM_PROFILE_PREFIX < <(profile::nsys_prefix)
+      if [[ ${SM_RUNTIME} == docker ]]; then util::split0 SM_PROFILE_PREFIX profile::nsys_prefix || return 2; fi
       ;;
     nsight-slurm)
-      mapfile -d '' opts < <(profile::nsight_tool_options)
+      util::split0 opts profile::nsight_tool_options || return 2
       printf '  %-16s %s\n' install "${SM_NSIGHT_SLURM_HOME} (bin/nsight-slurm, bin/nsight-slurm-connector)"
       printf '  %-16s %s\n' "tool path" "${SM_NSIGHT_SLURM_TOOL_PATH}" "profiling mode" "$(profile::nsight_mode)"
       printf '  %-16s %s\n' "tool options" "$(printf '%q ' "${opts[@]}")"
@@ -595,6 +703,8 @@ profile::dry_run_panel() {
       printf '  %-16s %s\n' flush "nsight-slurm stop --job ${SLURM_JOB_ID}, rescue from the runtime dir, SIGTERM to the nsight-slurm-connector steps if nothing new, wait: settle ${SM_FLUSH_SETTLE_SECONDS} s on bytes, timeout ${SM_FLUSH_TIMEOUT_SECONDS} s; then coordinator stop --force"
       ;;
   esac
+  [[ ${SM_PROFILE} == none ]] ||
+    printf '  %-16s %s\n' "old reports" "never count: reports already there before the job are recorded in $(profile::baseline_file) and left out of every wait"
   ((${#env[@]})) && printf '  %-16s %s\n' "worker env" "${env[*]}"
   printf '\n'
 }

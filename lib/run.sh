@@ -6,49 +6,28 @@
 # run::container_name: one name per job and rank, so cleanup can always find the container.
 run::container_name() { printf 'sm-%s-r%s' "${SLURM_JOB_ID:-local}" "${SM_RANK:-0}"; }
 
-# run::workload_argv: the command inside the container, NUL-separated on stdout.
-# `-- CMD…` wins; else the manifest's script (+ args), run by sh for .sh and python3 for .py.
-run::workload_argv() {
-  if ((${#SM_CMD[@]})); then
-    printf '%s\0' "${SM_CMD[@]}"
-    return 0
-  fi
-  [[ -n ${SM_MODEL_SCRIPTS:-} ]] || return 0
-  case ${SM_MODEL_SCRIPTS} in
-    *.sh) printf '%s\0' sh "${SM_MODEL_SCRIPTS}" ;;
-    *.py) printf '%s\0' python3 "${SM_MODEL_SCRIPTS}" ;;
-    *) printf '%s\0' "${SM_MODEL_SCRIPTS}" ;;
-  esac
-  util::split_words "${SM_MODEL_ARGS:-}" ||
-    { log::error run "cannot split the model args (unbalanced quotes?): ${SM_MODEL_ARGS}"; return 2; }
-}
-
-# Variables a job step carries that the workload and profilers (nsys %q{}) need.
+# Variables a job step carries that the workload and profilers (nsys %q{}) need. Passed as
+# NAME=VALUE (none of them is a secret), so the logged docker command pastes back as it ran.
 RUN_RANK_ENV=(MASTER_ADDR MASTER_PORT NNODES NODE_RANK RANK WORLD_SIZE LOCAL_RANK
   SLURM_JOB_ID SLURM_PROCID SLURM_NODEID SLURMD_NODENAME SLURM_NNODES SLURM_JOB_NODELIST SLURM_STEP_ID
   SM_OUTPUT_DIR SM_RANK)
 
-# run::docker_argv: the full `docker run` argv, NUL-separated on stdout. Values of restored env
-# vars are passed by name (`-e NAME`), so secrets never appear in argv or logs.
+# run::docker_argv: the full `docker run` argv into RUN_ARGV, from what prepare resolved
+# (RUN_GPU_ARGS, RUN_DOCKER_OPTS with the de-duplicated mounts, RUN_ENV_ARGS with the manifest's env
+# file, RUN_WORKLOAD). No helper runs here: prepare already checked every piece.
 run::docker_argv() {
-  local name opts=() mounts=() gpu=() cmd=() m
-  name=$(run::container_name)
-  for m in "${SM_MOUNTS[@]+"${SM_MOUNTS[@]}"}"; do mounts+=(--mount "${m}"); done
-  mounts+=(--mount "${SM_SCRATCH}/output:/sm-out")
-  mapfile -d '' opts < <(util::sm mounts dedup -0 "${mounts[@]}" -- "${SM_DOCKER_OPTS[@]+"${SM_DOCKER_OPTS[@]}"}") ||
-    return 2
-  if [[ ${SM_GPU_VENDOR:-none} != none && -n ${SM_GPU_VENDOR:-} ]]; then
-    mapfile -d '' gpu < <(util::sm gpus docker-args -0 --detected "${SM_SCRATCH}/gpus.json" \
-      --vendor "${SM_GPU_VENDOR}" --docker-gpus "${SM_DOCKER_GPUS:-}") || return 2
-  fi
-  mapfile -d '' cmd < <(run::workload_argv) || return 2
-  local argv=(docker run --name "${name}" --network host --init "${gpu[@]+"${gpu[@]}"}" "${opts[@]+"${opts[@]}"}")
   local var
-  for var in "${RUN_RANK_ENV[@]}" "${SM_DOCKER_ENV_NAMES[@]+"${SM_DOCKER_ENV_NAMES[@]}"}" "${SM_EXTRA_ENV_NAMES[@]+"${SM_EXTRA_ENV_NAMES[@]}"}"; do
-    [[ -n ${!var+x} ]] && argv+=(-e "${var}")
+  RUN_ARGV=(docker run --name "$(run::container_name)" --network host --init
+    "${RUN_GPU_ARGS[@]+"${RUN_GPU_ARGS[@]}"}" "${RUN_DOCKER_OPTS[@]+"${RUN_DOCKER_OPTS[@]}"}")
+  for var in "${RUN_RANK_ENV[@]}"; do
+    [[ -n ${!var+x} ]] && RUN_ARGV+=(-e "${var}=${!var}")
   done
-  argv+=("${SM_IMAGE}" "${SM_PROFILE_PREFIX[@]+"${SM_PROFILE_PREFIX[@]}"}" "${cmd[@]+"${cmd[@]}"}")
-  printf '%s\0' "${argv[@]}"
+  # Profiling adds its own variables (values in this shell, passed by name).
+  for var in "${SM_EXTRA_ENV_NAMES[@]+"${SM_EXTRA_ENV_NAMES[@]}"}"; do
+    [[ -n ${!var+x} ]] && RUN_ARGV+=(-e "${var}")
+  done
+  RUN_ARGV+=("${RUN_ENV_ARGS[@]+"${RUN_ENV_ARGS[@]}"}" "${SM_IMAGE}"
+    "${SM_PROFILE_PREFIX[@]+"${SM_PROFILE_PREFIX[@]}"}" "${RUN_WORKLOAD[@]+"${RUN_WORKLOAD[@]}"}")
 }
 
 # run::diagnose NAME REASON: a bounded, non-fatal snapshot next to the failure.
@@ -68,7 +47,7 @@ run::diagnose() {
   # Secrets stay out of diagnostics too.
   local f
   for f in "${dir}"/*.txt; do
-    util::sm redact <"${f}" >"${f}.r" 2>/dev/null && mv -f "${f}.r" "${f}"
+    util::sm redact --secrets-file "${SM_SCRATCH}/secrets" <"${f}" >"${f}.r" 2>/dev/null && mv -f "${f}.r" "${f}"
   done
   return 0
 }
@@ -85,20 +64,19 @@ run::stop_container() {
 # The wait is on the docker client itself (it returns the moment the container exits); a
 # watchdog subshell handles the time limit: snapshot first, then a graceful stop.
 run::docker() {
-  local argv=() name pid rc=0 watchdog=""
-  mapfile -d '' argv < <(run::docker_argv) || return 2
-  ((${#argv[@]})) || { log::error run "could not build the docker command"; return 2; }
+  local name pid rc=0 watchdog=""
+  run::docker_argv
   name=$(run::container_name)
   docker rm -f "${name}" >/dev/null 2>&1 || true
   rm -f "${SM_SCRATCH}/timed-out"
-  log::cmd run "${argv[@]}"
-  "${argv[@]}" </dev/null &
+  log::cmd run "${RUN_ARGV[@]}"
+  "${RUN_ARGV[@]}" </dev/null &
   pid=$!
   RUN_DOCKER_PID=${pid}
   if ((SM_TIMEOUT > 0)); then
     (
       trap - TERM INT EXIT
-      sleep "${SM_TIMEOUT}"
+      { sleep "${SM_TIMEOUT}"; } 2>/dev/null # (a killed sleep is not news)
       : >"${SM_SCRATCH}/timed-out"
       log::error run "workload exceeded --timeout ${SM_TIMEOUT} s; stopping ${name}"
       run::diagnose "${name}" "timeout after ${SM_TIMEOUT} s"
@@ -129,11 +107,15 @@ run::docker() {
 # run::bare: the bare-metal runtime (--runtime none): the workload runs as this task itself.
 run::bare() {
   local cmd=() rc=0 pid
-  mapfile -d '' cmd < <(run::workload_argv) || { RUN_EXIT=2; return 0; }
-  ((${#cmd[@]})) || { log::error run "no workload command: give -- CMD or a manifest with scripts"; RUN_EXIT=2; return 0; }
-  cmd=("${SM_PROFILE_PREFIX[@]+"${SM_PROFILE_PREFIX[@]}"}" "${cmd[@]}")
+  ((${#RUN_WORKLOAD[@]})) || { log::error run "no workload command: give -- CMD or a manifest with scripts"; RUN_EXIT=2; return 0; }
+  cmd=("${SM_PROFILE_PREFIX[@]+"${SM_PROFILE_PREFIX[@]}"}" "${RUN_WORKLOAD[@]}")
   log::cmd run "${cmd[@]}"
-  (cd "${SM_SCRATCH}/output" && SM_OUTPUT_DIR=${SM_SCRATCH}/output exec "${cmd[@]}") </dev/null &
+  # The manifest's env reaches the workload only: exported in the subshell that becomes it.
+  (
+    # shellcheck source=/dev/null
+    source "${SM_SCRATCH}/workload.env" || exit 2
+    cd "${SM_SCRATCH}/output" && SM_OUTPUT_DIR=${SM_SCRATCH}/output exec "${cmd[@]}"
+  ) </dev/null &
   pid=$!
   RUN_DOCKER_PID=${pid}
   if ((SM_TIMEOUT > 0)); then

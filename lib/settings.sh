@@ -10,7 +10,8 @@ SETTINGS_TABLE=(
   "SM_IMAGE_CACHE|--image-cache DIR||shared directory for image tars (alias MAD_DOCKER_BUILDS)"
   "SM_OUT|--out DIR|./slurm_output|where job outputs go: <out>/<model>/<jobid>/"
   "SM_TIMEOUT|--timeout SECONDS|3600|workload time limit per node (0 = none)"
-  "SM_BARRIER_TIMEOUT|--barrier-timeout SECONDS|600|how long rank 0 waits for every worker"
+  "SM_IMAGE_TIMEOUT|--image-timeout SECONDS|1800|how long rank 0 may take to obtain the image (local, cache, rebuild, save)"
+  "SM_BARRIER_TIMEOUT|--barrier-timeout SECONDS|600|how long every worker has to arrive once rank 0 released its image"
   "SM_MASTER_PORT|--master-port PORT|29500|MASTER_PORT for the workload; the barrier port derives from it"
   "SM_PROFILE|--profile none|nsys|nsight-slurm|none|profile every rank (see docs/profiling.md)"
   "SM_RUNTIME|--runtime docker|pyxis|none|docker|how each node runs the workload"
@@ -29,6 +30,7 @@ SETTINGS_TABLE=(
   "SM_NVTX_INJECTION_PATH|--nvtx-injection-path PATH||NVTX_INJECTION64_PATH for the workers"
   "SM_FLUSH_SETTLE_SECONDS|--flush-settle-seconds S|60|a report counts once its byte size is unchanged this long"
   "SM_FLUSH_TIMEOUT_SECONDS|--flush-timeout-seconds S|600|stop waiting for reports after this long"
+  "SM_PROFILE_STOP_GRACE|--profile-stop-grace SECONDS||docker stop grace for a profiled container (default: flush settle + 15; never below the settle window)"
   "SM_COLLECT|--collect true|false|true|aggregate results at the end of the job (alias MAD_COLLECT_METRICS)"
   "SM_STOP_GRACE|--stop-grace SECONDS|30|SIGTERM-to-SIGKILL grace when a container is stopped"
   "SM_PEER_GRACE|--peer-grace SECONDS|30|after one node fails, how long the others may run on"
@@ -99,7 +101,7 @@ settings::option_var() {
 # settings::validate: one-line errors for values that cannot work.
 settings::validate() {
   local n
-  for n in SM_TIMEOUT SM_BARRIER_TIMEOUT SM_MASTER_PORT SM_STOP_GRACE SM_PEER_GRACE; do
+  for n in SM_TIMEOUT SM_IMAGE_TIMEOUT SM_BARRIER_TIMEOUT SM_MASTER_PORT SM_STOP_GRACE SM_PEER_GRACE; do
     [[ ${!n} =~ ^[0-9]+$ ]] || { log::error settings "${n}='${!n}' must be a whole number"; return 2; }
   done
   ((SM_MASTER_PORT >= 1 && SM_MASTER_PORT <= 65535)) ||

@@ -1,22 +1,67 @@
 # shellcheck shell=bash
-# Small helpers shared by the entrypoints: JSON strings, the helper CLI, time, node list.
+# Small helpers shared by the entrypoints: the helper CLI, time, node list. (JSON is Python's job:
+# bash passes paths and exit codes, and never writes or parses JSON itself.)
 
-# util::json_str STRING: a JSON string literal (quotes included).
-util::json_str() {
-  local s=$1
-  s=${s//\\/\\\\}
-  s=${s//\"/\\\"}
-  s=${s//$'\n'/\\n}
-  s=${s//$'\r'/\\r}
-  s=${s//$'\t'/\\t}
-  # Other control characters would make invalid JSON; drop them.
-  s=$(printf '%s' "${s}" | tr -d '\000-\010\013\014\016-\037')
-  printf '"%s"' "${s}"
-}
-
-# util::sm ARGS…: the slurm-multi helper CLI (py/ on PYTHONPATH, no install needed on a node).
+# util::sm ARGS…: the slurm-multi helper CLI (py/ on PYTHONPATH, no install needed on a node). It
+# runs exactly what `bin/slurm-multi ARGS…` runs, which is what the logs show (util::sm_cmd).
 util::sm() {
   PYTHONPATH="${SM_HOME}/py${PYTHONPATH:+:${PYTHONPATH}}" "${SM_PYTHON}" -m slurm_multi "$@"
+}
+
+# util::sm_logged AREA ARGS…: log the helper call as a command that pastes back on the node
+# (bin/slurm-multi ARGS…), then run it through util::helper.
+util::sm_logged() {
+  local area=$1
+  shift
+  log::cmd "${area}" "${SM_HOME}/bin/slurm-multi" "$@"
+  util::helper "$@"
+}
+
+# util::helper ARGS…: `slurm-multi ARGS…`, its exit status returned as is. On failure UTIL_ERROR
+# holds the helper's own one-line reason (it writes it to SM_ERROR_FILE), so the stage's reason in
+# status.json and node.log is the helper's, not "something failed". Call it directly, never in a
+# command substitution (the reason would stay in the subshell); redirect its stdout to a file.
+util::helper() {
+  local rc=0 errfile=${TMPDIR:-/tmp}/.sm-error.$$.${BASHPID}.${RANDOM}
+  UTIL_ERROR=
+  SM_ERROR_FILE=${errfile} util::sm "$@" || rc=$?
+  if ((rc != 0)); then
+    [[ -s ${errfile} ]] && UTIL_ERROR=$(<"${errfile}")
+    UTIL_ERROR=${UTIL_ERROR#slurm-multi: }
+    [[ -n ${UTIL_ERROR} ]] || UTIL_ERROR="slurm-multi $1${2:+ $2} failed (exit ${rc}; see the log above)"
+  fi
+  rm -f "${errfile}"
+  return "${rc}"
+}
+
+# util::check_python: the helper interpreter runs and has click; else one line naming it and the fix.
+util::check_python() {
+  local out rc=0
+  if [[ ! -x ${SM_PYTHON} ]] && ! command -v "${SM_PYTHON}" >/dev/null 2>&1; then
+    log::error python "helper interpreter ${SM_PYTHON} cannot be executed by $(id -un) on $(hostname); set SM_PYTHON to a usable Python 3.9+ with click (e.g. a venv on shared storage: python3 -m venv \$SM_HOME/.venv && \$SM_HOME/.venv/bin/pip install -e \$SM_HOME)"
+    return 2
+  fi
+  out=$(PYTHONPATH="${SM_HOME}/py" "${SM_PYTHON}" -c 'import click' 2>&1) || rc=$?
+  if ((rc != 0)); then
+    [[ ${out} == *click* ]] && out="it has no 'click' module" || out="it fails to start (exit ${rc}: ${out##*$'\n'})"
+    log::error python "helper interpreter ${SM_PYTHON} on $(hostname): ${out}; set SM_PYTHON to a Python 3.9+ with click (e.g. the venv on shared storage: python3 -m venv \$SM_HOME/.venv && \$SM_HOME/.venv/bin/pip install -e \$SM_HOME)"
+    return 2
+  fi
+}
+
+# util::split0 ARRAY CMD…: run CMD (a function or a command) and split its NUL-separated output into
+# ARRAY, only when CMD succeeded; its exit status is returned. (`mapfile < <(CMD)` would check
+# mapfile and lose CMD's failure: STYLE.md, the seam.)
+util::split0() {
+  local -n util_split0_into=$1
+  shift
+  local util_split0_tmp util_split0_rc=0
+  util_split0_tmp=$(mktemp "${TMPDIR:-/tmp}/sm-split.XXXXXX") || return 1
+  "$@" >"${util_split0_tmp}" || util_split0_rc=$?
+  # shellcheck disable=SC2034 # a nameref: mapfile fills the caller's array through it
+  ((util_split0_rc != 0)) || mapfile -d '' util_split0_into <"${util_split0_tmp}"
+  rm -f "${util_split0_tmp}"
+  return "${util_split0_rc}"
 }
 
 # util::find_python: the venv beside the checkout if it exists, else python3.
@@ -30,13 +75,13 @@ util::find_python() {
   fi
 }
 
-util::now() { date +%s.%N; }
+# util::now: microseconds since the epoch (no fork: EPOCHREALTIME, whatever the locale's decimal point).
+util::now() { printf '%s' "${EPOCHREALTIME/[.,]/}"; }
 
 # util::elapsed START: seconds since START (from util::now), two decimals.
 util::elapsed() {
-  local now
-  now=$(util::now)
-  awk -v a="$1" -v b="${now}" 'BEGIN { printf "%.2f", b - a }'
+  local us=$((${EPOCHREALTIME/[.,]/} - $1))
+  printf '%d.%02d' "$((us / 1000000))" "$((us % 1000000 / 10000))"
 }
 
 # util::first_node: rank 0's host = the first line of the expanded node list.

@@ -489,6 +489,9 @@ class BarrierServer:
         line_timeout: float = 10.0,
         progress_every: float = 10.0,
         log: Log = _talk,
+        control_fd: int | None = None,
+        image_timeout: float | None = None,
+        barrier_timeout: float | None = None,
     ) -> None:
         if nnodes < 1:
             raise usage_error("barrier: --nnodes must be at least 1")
@@ -520,6 +523,17 @@ class BarrierServer:
         self._closed = False
         self._listen_paused_until = 0.0
         self._notes_left, self._notes_reset, self._notes_dropped = NOTE_BUDGET, 0.0, 0
+        # Two budgets: rank 0 obtaining its image (until the release), then the workers arriving.
+        self.image_timeout = image_timeout
+        self.barrier_timeout = barrier_timeout
+        self._released_at: float | None = None
+        # Rank 0's own task talks to us on a pipe (RELEASE <image-id> / ABORT <reason>): no port to
+        # find, no token, no ready file. Its end closing before a release means rank 0 is gone.
+        self._control_fd = control_fd
+        self._control_buf = bytearray()
+        if control_fd is not None:
+            os.set_blocking(control_fd, False)
+            self._sel.register(control_fd, selectors.EVENT_READ, "control")
 
     # -- setup -------------------------------------------------------------------------------------
 
@@ -568,6 +582,11 @@ class BarrierServer:
         self._closed = True
         for conn in list(self._conns):
             self._close(conn)
+        if self._control_fd is not None:
+            try:
+                self._sel.unregister(self._control_fd)
+            except (KeyError, ValueError):
+                pass
         for sock in (self.listener, self._wake_r, self._wake_w):
             try:
                 self._sel.unregister(sock)
@@ -608,6 +627,8 @@ class BarrierServer:
         started = time.monotonic()
         next_progress = started + self.progress_every
         linger_until = flush_until = 0.0
+        if self.image_id:
+            self._released_at = started
         self._maybe_release()
         try:
             while True:
@@ -619,7 +640,8 @@ class BarrierServer:
                             EXIT_FAILURE, f"barrier: {self._stop_reason}; told the waiting workers to abort"
                         )
                     self._state, flush_until = FINISHING, now + FLUSH_SECONDS
-                if self._state == WAITING and until is not None and now >= until:
+                deadline = self._deadline(started, until)
+                if self._state == WAITING and deadline is not None and now >= deadline:
                     reason = self._timeout_reason(now - started)
                     self._log(reason)
                     self._abort_all(reason)
@@ -645,13 +667,15 @@ class BarrierServer:
                     self._listen_paused_until = 0.0
                     self._sel.register(self.listener, selectors.EVENT_READ, "listen")
                 wait = 0.5
-                if self._state == WAITING and until is not None:
-                    wait = min(wait, until - now)
+                if self._state == WAITING and deadline is not None:
+                    wait = min(wait, deadline - now)
                 for key, mask in self._sel.select(max(0.0, wait)):
                     if key.data == "listen":
                         self._accept()
                     elif key.data == "wake":
                         self._drain_wakeups()
+                    elif key.data == "control":
+                        self._on_control()
                     else:
                         self._on_event(key.data, mask)
         finally:
@@ -683,16 +707,65 @@ class BarrierServer:
             _, conn = self._drain_deadlines.popleft()
             self._close(conn)
 
+    def _deadline(self, started: float, until: float | None) -> float | None:
+        """The budget that runs now: the image timeout before the release, the barrier timeout after."""
+        budget: float | None = None
+        if self._released_at is None:
+            if self.image_timeout is not None:
+                budget = started + self.image_timeout
+        elif self.barrier_timeout is not None:
+            budget = self._released_at + self.barrier_timeout
+        if until is not None:
+            budget = until if budget is None else min(budget, until)
+        return budget
+
     def _timeout_reason(self, elapsed: float) -> str:
-        parts = [f"timeout after {_seconds(elapsed)} s"]
         present = set(self._waiters["start"])
         missing = [r for r in range(1, self.nnodes) if r not in present]
+        if self._released_at is None and self.image_timeout is not None:
+            parts = [f"--image-timeout ran out: rank 0 did not obtain its image within {_seconds(elapsed)} s"]
+        elif self._released_at is not None and self.barrier_timeout is not None:
+            waited = time.monotonic() - self._released_at
+            parts = [
+                "--barrier-timeout ran out: not every worker arrived within "
+                f"{_seconds(waited)} s of the release"
+            ]
+        else:
+            parts = [f"timeout after {_seconds(elapsed)} s"]
         if missing:
             parts.append(f"missing ranks {format_ranks(missing)} of {self.nnodes}")
             parts.append(f"connected: {format_ranks(present)}")
         if not self.image_id:
             parts.append("rank 0 never released its image")
         return "; ".join(parts)
+
+    def _on_control(self) -> None:
+        """Lines from rank 0's task on the control pipe: RELEASE <image-id> or ABORT <reason>."""
+        assert self._control_fd is not None
+        try:
+            data = os.read(self._control_fd, 4096)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._sel.unregister(self._control_fd)
+            self._control_fd = None
+            if not self.image_id and not self._abort_reason and self._stop_reason is None:
+                self.request_stop("rank 0's task ended before it released the image")
+            return
+        self._control_buf += data
+        while b"\n" in self._control_buf:
+            line, _, rest = bytes(self._control_buf).partition(b"\n")
+            self._control_buf = bytearray(rest)
+            text = line.decode("utf-8", "replace").strip()
+            verb, _, arg = text.partition(" ")
+            if verb == "RELEASE" and IMAGE_ID_RE.fullmatch(arg):
+                self._release(arg)
+            elif verb == "ABORT" and arg:
+                self._abort("".join(ch if ch.isprintable() else " " for ch in arg))
+            else:
+                self._log(f"ignored a control line from rank 0's task: {text[:80]!r}")
 
     # -- connections -------------------------------------------------------------------------------
 
@@ -863,9 +936,13 @@ class BarrierServer:
             self._reject(conn, "already released with another image")
             return
         self._send(conn, b"OK\n")
-        if self.image_id:
+        self._release(image_id)
+
+    def _release(self, image_id: str) -> None:
+        if self.image_id or self._abort_reason:
             return
         self.image_id = image_id
+        self._released_at = time.monotonic()
         self._log(f"rank 0 released image {image_id}")
         waiting = self._waiters["image"]
         for rank, worker in sorted(waiting.items()):
@@ -875,6 +952,9 @@ class BarrierServer:
 
     def _on_abort(self, conn: _Conn, reason: str) -> None:
         self._send(conn, b"OK\n")
+        self._abort(reason)
+
+    def _abort(self, reason: str) -> None:
         if self._abort_reason or self._released_all:
             return
         self._log(f"rank 0 aborts the barrier: {reason}")
@@ -1243,7 +1323,25 @@ def _write_ready_file(path: Path, address: str, port: int) -> None:
     "--bind", "bind_address", metavar="ADDR", help="Listen on exactly this address (may be loopback)."
 )
 @click.option("--image-id", help="The image is already released (skips `barrier release`).")
-@click.option("--timeout", type=click.FloatRange(min=0), default=600, show_default=True, help="Seconds.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0),
+    default=600,
+    show_default=True,
+    help="Barrier budget (seconds): every worker must arrive within this long of the image's release.",
+)
+@click.option(
+    "--image-timeout",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="Image budget (seconds): rank 0 must release its image within this long [default: no limit].",
+)
+@click.option(
+    "--control-stdin",
+    is_flag=True,
+    help="Read RELEASE <image-id> / ABORT <reason> lines from stdin (rank 0's own task); EOF before a "
+    "release aborts the workers.",
+)
 @_token_option
 @click.option(
     "--linger",
@@ -1265,6 +1363,8 @@ def serve_cmd(
     bind_address: str | None,
     image_id: str | None,
     timeout: float,
+    image_timeout: float | None,
+    control_stdin: bool,
     token_env: str,
     linger: float,
     line_timeout: float,
@@ -1272,8 +1372,13 @@ def serve_cmd(
 ) -> None:
     """Rank 0: serve the barrier until every worker is ready and the image is released.
 
+    Two budgets: --image-timeout runs until rank 0 releases its image, --timeout from the release
+    until every worker has arrived. The error names the one that ran out.
+
     \b
-    Example: slurm-multi barrier serve --nnodes 4 --ready-file /tmp/barrier.addr &
+    Example (rank 0's task, releasing on the pipe):
+      exec {ctl}> >(slurm-multi barrier serve --nnodes 4 --control-stdin)
+      echo "RELEASE $image_id" >&"$ctl"
     """
     import signal
 
@@ -1290,11 +1395,23 @@ def serve_cmd(
             _talk(choice.why)
     raise_nofile_limit()
     server = BarrierServer(
-        token, nnodes, address, candidates, image_id=image_id, linger=linger, line_timeout=line_timeout
+        token,
+        nnodes,
+        address,
+        candidates,
+        image_id=image_id,
+        linger=linger,
+        line_timeout=line_timeout,
+        control_fd=0 if control_stdin else None,
+        image_timeout=image_timeout,
+        barrier_timeout=timeout,
+    )
+    budgets = f"barrier timeout {_seconds(timeout)} s" + (
+        f", image timeout {_seconds(image_timeout)} s" if image_timeout is not None else ""
     )
     _talk(
         f"listening on {server.address}:{server.port} (candidates {','.join(map(str, candidates))}); "
-        f"waiting for ranks {format_ranks(range(1, nnodes))}, timeout {_seconds(timeout)} s"
+        f"waiting for ranks {format_ranks(range(1, nnodes))}, {budgets}"
     )
     handlers = {
         sig: signal.signal(sig, lambda *_: server.request_stop()) for sig in (signal.SIGTERM, signal.SIGINT)
@@ -1302,7 +1419,7 @@ def serve_cmd(
     try:
         if ready_file is not None:
             _write_ready_file(ready_file, server.address, server.port)
-        outcome = server.serve(until=time.monotonic() + timeout)
+        outcome = server.serve()
     finally:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)

@@ -12,14 +12,19 @@ import click
 from slurm_multi import __version__
 
 # name -> (module:attribute, one-line help). The help is kept here so that listing the commands
-# does not import every module (pandas and pyzmq are imported lazily inside the commands).
+# does not import every module (pyzmq is imported lazily inside the commands that talk ZeroMQ).
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "job": ("slurm_multi.job:cli", "The batch step: check the job, write job.json, watch."),
+    "node": ("slurm_multi.node:cli", "A node: prepare its context, write status.json, re-run a stage."),
     "manifest": ("slurm_multi.manifest:cli", "Restore a run context from a madengine build_manifest.json."),
     "gpus": ("slurm_multi.gpus:cli", "Detect GPUs and parse amd-smi / nvidia-smi output."),
     "mounts": ("slurm_multi.mounts:cli", "De-duplicate docker mount arguments."),
     "barrier": ("slurm_multi.barrier:cli", "TCP barrier: rank 0 serves, workers join, anyone can abort."),
     "results": ("slurm_multi.results:cli", "Pick the best per-node CSV and aggregate perf.csv/summary.json."),
-    "reports": ("slurm_multi.reports:cli", "Wait for profiler reports to appear and settle."),
+    "reports": (
+        "slurm_multi.reports:cli",
+        "Snapshot, count and wait for new profiler reports.",
+    ),
     "coordinator": ("slurm_multi.coordinator:cli", "Probe a ZeroMQ endpoint as nsight-slurm dials it."),
     "redact": ("slurm_multi.redact:cli", "Redact secret values from text on stdin."),
 }
@@ -54,4 +59,17 @@ def group() -> None:
 
 
 def main() -> None:
-    group(prog_name="slurm-multi")
+    import os
+    import sys
+
+    try:
+        group(prog_name="slurm-multi")
+    except Exception as exc:  # a bug of ours: one line, not a traceback (SM_DEBUG=1 shows it)
+        if os.environ.get("SM_DEBUG") == "1":
+            raise
+        from slurm_multi.common import record_error
+
+        line = f"slurm-multi: internal error ({type(exc).__name__}: {exc}); SM_DEBUG=1 shows the traceback"
+        print(line, file=sys.stderr)
+        record_error(line)
+        sys.exit(1)

@@ -20,7 +20,21 @@ class HelperError(click.ClickException):
         self.exit_code = exit_code
 
     def show(self, file=None) -> None:  # noqa: ANN001 - click's signature
-        click.echo(f"slurm-multi: {self.format_message()}", err=True)
+        line = f"slurm-multi: {self.format_message()}"
+        click.echo(line, err=True)
+        record_error(line)
+
+
+def record_error(line: str) -> None:
+    """The caller (bash) asked for our one-line reason in a file: it becomes the stage's reason."""
+    path = os.environ.get("SM_ERROR_FILE")
+    if not path:
+        return
+    try:
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write((line.splitlines() or [""])[0] + "\n")
+    except OSError:
+        pass
 
 
 def usage_error(message: str) -> HelperError:

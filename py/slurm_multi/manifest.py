@@ -407,8 +407,9 @@ def _mounts(mounts: Mapping[str, Any], env: Mapping[str, str], warnings: list[st
     for container, raw in mounts.items():
         shown = printable(container)
         if raw is None or not str(raw):
-            warnings.append(f"dropped docker_mounts {shown}: no host path")
-            continue
+            raise usage_error(
+                f"{AREA}: docker_mounts {shown}: no host path; a mount the job needs cannot be left out"
+            )
         try:
             host, _ = expand_references(scalar_text(raw), env)
             container_path, _ = expand_references(container, env)
@@ -418,10 +419,10 @@ def _mounts(mounts: Mapping[str, Any], env: Mapping[str, str], warnings: list[st
             )
             continue
         if not container_path.startswith("/") or ":" in container_path or ":" in host or not host:
-            warnings.append(
-                f"dropped docker_mounts {shown}: need an absolute container path and paths without ':'"
+            raise usage_error(
+                f"{AREA}: docker_mounts {shown}: expected an absolute container path and a host path, "
+                "neither with ':'; a mount the job needs cannot be left out"
             )
-            continue
         result.append(f"{host}:{container_path}")
     return result
 

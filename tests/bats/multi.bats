@@ -61,13 +61,52 @@ setup() {
   assert_output --partial "Node 0: rank 0 (serves the barrier)"
   assert_output --partial "Node 2: worker"
   assert_output --regexp "srun --nodes=3 --ntasks-per-node=1 .*bin/sm-node --jobdir"
-  assert_output --regexp "docker run --name sm-DRYRUN-r2 --network host --init --shm-size 64M -v [^ ]*/slurm-multi.DRYRUN.r2/output:/sm-out .* -e HF_TOKEN toy/model:local sh run.sh --steps 20"
-  assert_output --partial "mounts (host -> container)"
-  assert_output --partial "HF_TOKEN=***"
+  assert_output --regexp "docker run --name sm-DRYRUN-r2 --network host --init -v [^ ]*/slurm-multi.DRYRUN.r2/output:/sm-out --shm-size 64M .* --env-file [^ ]*/slurm-multi.DRYRUN.r2/container.env -e HF_TOKEN toy/model:local sh run.sh --steps 20"
+  assert_output --partial "mounts and options (after de-duplication)"
+  assert_output --partial "TOY_MODE=demo"
   assert_output --partial "SM_BARRIER_TOKEN     *** (given)"
   refute_output --partial hf_dryrun_secret_value
   refute_output --partial barrier-secret-value-123
   assert_file_not_exists "${BATS_TEST_TMPDIR}/docker-called"
+  # Nothing is left behind by a plan: no scratch dir of the would-be job.
+  run compgen -G "${TMPDIR:-/tmp}/slurm-multi.DRYRUN.*"
+  assert_failure
+}
+
+@test "--dry-run refuses a manifest the job would refuse, exit 2, one line naming file and key" {
+  echo 'not json' >bad1.json
+  echo '{"built_models": [1, 2]}' >bad2.json
+  echo '{"built_models": {"a": {"name": "x"}, "b": {"name": "y"}}}' >two.json
+  echo '{"built_models": {"a": {"name": "x", "args": 5, "scripts": ["run.sh"]}}}' >types.json
+  run bash "${REPO_ROOT}/sbatch/multi.sbatch" --dry-run -N 2 --manifest bad1.json
+  assert_failure 2
+  assert_output --regexp "bad1.json: not JSON \(line 1 column 1"
+  refute_output --partial "image: <none>"
+  run bash "${REPO_ROOT}/sbatch/multi.sbatch" --dry-run -N 2 --manifest bad2.json
+  assert_failure 2
+  assert_output --partial "bad2.json: not a build manifest (built_models must be an object, got array)"
+  run bash "${REPO_ROOT}/sbatch/multi.sbatch" --dry-run -N 2 --manifest two.json
+  assert_failure 2
+  assert_output --partial "several models in built_models (a, b); choose one with --model KEY"
+  run bash "${REPO_ROOT}/sbatch/multi.sbatch" --dry-run -N 2 --manifest two.json --model z
+  assert_failure 2
+  assert_output --partial "no model z in built_models (keys: a, b)"
+  run bash "${REPO_ROOT}/sbatch/multi.sbatch" --dry-run -N 2 --manifest types.json
+  assert_failure 2
+  assert_output --partial "built_models.a.scripts must be a string, number or boolean, got array"
+  run bash "${REPO_ROOT}/sbatch/multi.sbatch" --dry-run -N 2 --manifest two.json --model a
+  assert_failure 2
+  assert_output --partial "no image to run"
+  refute_output --partial Traceback
+}
+
+@test "the job dir stays inside --out whatever the model is called" {
+  local name
+  for name in .. ../../etc . '.hidden' 'a/../../b' ''; do
+    run bash "${REPO_ROOT}/sbatch/multi.sbatch" --dry-run -N 1 --out "${BATS_TEST_TMPDIR}/out" --image "x:1" --model "${name}"
+    assert_success
+    assert_output --regexp "job dir +${BATS_TEST_TMPDIR}/out/[A-Za-z0-9_][A-Za-z0-9._-]*/DRYRUN"
+  done
 }
 
 @test "--dry-run takes the workload command after --" {

@@ -1,21 +1,70 @@
 #!/usr/bin/env bats
-# bin/sm-node and its libraries, without a cluster: usage, settings, argv building, status.json.
+# bin/sm-node and its libraries, without a cluster: a docker shim records every call, the fake
+# amd-smi stands in for the GPUs. The seam's regression tests live here: whenever a helper fails,
+# the node fails with the helper's own one-line reason in status.json and node.log, and no
+# container starts.
 
 load helpers
 
 setup() {
-  for lib in log util settings image run node; do
-    # shellcheck source=/dev/null
-    source "${REPO_ROOT}/lib/${lib}.sh"
-  done
-  export SM_JOBDIR=${BATS_TEST_TMPDIR}/job SM_SCRATCH=${BATS_TEST_TMPDIR}/scratch
-  mkdir -p "${SM_SCRATCH}/output"
+  export SM_JOBDIR=${BATS_TEST_TMPDIR}/job TMPDIR=${BATS_TEST_TMPDIR}/tmp
+  mkdir -p "${TMPDIR}" "${BATS_TEST_TMPDIR}/shim"
+  # docker: `version` and `image inspect` answer, everything is recorded with the client's env.
+  export SHIM_DIR=${BATS_TEST_TMPDIR}
+  cat >"${BATS_TEST_TMPDIR}/shim/docker" <<'EOF'
+#!/bin/bash
+printf '%s\n' "$*" >>"${SHIM_DIR}/docker-calls"
+printf 'DOCKER_HOST=%s LD_LIBRARY_PATH=%s PYTHONHOME=%s HF_TOKEN=%s\n' "${DOCKER_HOST-unset}" "${LD_LIBRARY_PATH-unset}" \
+  "${PYTHONHOME-unset}" "${HF_TOKEN-unset}" >>"${SHIM_DIR}/docker-env"
+id=sha256:1111111111111111111111111111111111111111111111111111111111111111
+case "$1 $2" in
+  "version "*) echo 24.0.7 ;;
+  "image inspect")
+    [[ -f ${SHIM_DIR}/no-image ]] && exit 1
+    if [[ $* == *Labels* ]]; then echo "${id} "; else echo "${id}"; fi ;;
+  "build "*) rm -f "${SHIM_DIR}/no-image"; echo sha256:2222 ;;
+  "run "*) echo "toy workload ran" ;;
+  *) exit 1 ;;
+esac
+EOF
+  chmod +x "${BATS_TEST_TMPDIR}/shim/docker"
+  export PATH="${BATS_TEST_TMPDIR}/shim:${PATH}"
+  unset SLURM_JOB_ID SLURM_NODEID SLURM_JOB_NODELIST SM_BARRIER_TOKEN
+  export SLURM_JOB_ID=77 SLURM_NNODES=1 SM_RANK=0 SLURMD_NODENAME=node1 SM_PYTHON_CHECKED=1
 }
 
-@test "sm-node --help explains every stage; an unknown stage or option exits 2 with a one-line error" {
+# manifest FILE CONTEXT_JSON [MODEL_EXTRA_JSON]: a one-model build manifest.
+manifest() {
+  cat >"$1" <<EOF
+{"built_images": {"m": {"docker_image": "toy/model:local", "dockerfile": "${REPO_ROOT}/examples/toy/Dockerfile"}},
+ "built_models": {"m": {"name": "toy_model", "scripts": "run.sh", "args": "--steps 2",
+   "dockerfile": "${REPO_ROOT}/examples/toy/Dockerfile", "dockercontext": "${REPO_ROOT}/examples/toy",
+   "multiple_results": "perf_toy.csv" ${3:+, $3}}},
+ "context": $2}
+EOF
+}
+
+# node_task: the whole task of rank 0 of a single-node job (what srun starts).
+node_task() {
+  run "${REPO_ROOT}/bin/sm-node" --jobdir "${SM_JOBDIR}"
+}
+
+status_field() {
+  "${SM_PYTHON}" -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "${SM_JOBDIR}/node_0/status.json" "$1"
+}
+
+refute_container_started() {
+  if [[ -f ${BATS_TEST_TMPDIR}/docker-calls ]]; then
+    run grep -c '^run ' "${BATS_TEST_TMPDIR}/docker-calls"
+    assert_output 0
+  fi
+}
+
+@test "sm-node --help explains every stage and --from-job; an unknown stage or option exits 2 with a one-line error" {
   run "${REPO_ROOT}/bin/sm-node" --help
   assert_success
-  for s in prepare image barrier run stage; do assert_line --regexp "^  ${s} "; done
+  for s in prepare image barrier run save-outputs; do assert_line --regexp "^  ${s} "; done
+  assert_output --partial "--from-job JOBDIR --rank R --stage NAME"
   run "${REPO_ROOT}/bin/sm-node" --stage bogus --jobdir /tmp/x
   assert_failure 2
   assert_output --partial "unknown stage 'bogus'"
@@ -24,82 +73,207 @@ setup() {
   assert_line --index 0 --partial "unknown option '--frobnicate'"
 }
 
-@test "a single stage without a saved context says to run prepare first" {
-  run "${REPO_ROOT}/bin/sm-node" --stage run --jobdir "${SM_JOBDIR}"
-  assert_failure 2
-  assert_output --partial "run the prepare stage first"
+@test "a whole single-node task runs prepare, image, barrier, run, save-outputs and writes status.json" {
+  manifest "${BATS_TEST_TMPDIR}/m.json" '{"docker_env_vars": {"TOY_MODE": "demo"}}'
+  SM_MANIFEST=${BATS_TEST_TMPDIR}/m.json node_task
+  assert_success
+  assert_equal "$(status_field status)" ok
+  run "${SM_PYTHON}" -c 'import json,sys; print(list(json.load(open(sys.argv[1]))["stages"]))' "${SM_JOBDIR}/node_0/status.json"
+  assert_output "['prepare', 'image', 'barrier', 'run', 'save-outputs']"
+  run grep -c '^run ' "${BATS_TEST_TMPDIR}/docker-calls"
+  assert_output 1
+  # Nothing of the job stays on the node: the scratch dir (env file, secrets) is gone.
+  assert_not_exists "${TMPDIR}/slurm-multi.77.r0"
 }
 
-@test "util::json_str escapes quotes, backslashes, newlines and drops control characters" {
-  run util::json_str $'a"b\\c\nd\te\001f'
-  assert_output '"a\"b\\c\nd\te'"f"'"'
-  run "${SM_PYTHON}" -c 'import json,sys; print(json.loads(sys.argv[1]))' "$(util::json_str $'x"y\nz')"
-  assert_output $'x"y\nz'
+@test "GPUs asked for that the node lacks: the node fails with both lists, no container starts" {
+  manifest "${BATS_TEST_TMPDIR}/m.json" '{"gpu_vendor": "AMD", "docker_gpus": "0-7"}'
+  FAKE_AMDSMI_GPUS=4 PATH="${REPO_ROOT}/tests/fakes:${PATH}" SM_MANIFEST=${BATS_TEST_TMPDIR}/m.json node_task
+  assert_failure 2
+  run status_field reason
+  assert_output --regexp "GPUs? 4-7 .*asked for.*0-3"
+  run grep -c "GPUs\? 4-7" "${SM_JOBDIR}/node_0/node.log"
+  refute_output 0
+  refute_container_started
+}
+
+@test "an AMD manifest on a node with no GPUs fails; it never runs without them" {
+  manifest "${BATS_TEST_TMPDIR}/m.json" '{"gpu_vendor": "AMD"}'
+  SM_MANIFEST=${BATS_TEST_TMPDIR}/m.json node_task
+  assert_failure 2
+  run status_field reason
+  assert_output --partial "AMD"
+  refute_container_started
+}
+
+@test "an amd-smi render node N/A fails the node with the GPU named; no container starts" {
+  mkdir -p "${BATS_TEST_TMPDIR}/na"
+  printf '#!/bin/sh\necho %s\n' "'[{\"gpu\": 0, \"bdf\": \"0000:0c:00.0\", \"render\": \"renderD128\"}, {\"gpu\": 1, \"bdf\": \"0000:1c:00.0\", \"render\": \"N/A\"}]'" >"${BATS_TEST_TMPDIR}/na/amd-smi"
+  chmod +x "${BATS_TEST_TMPDIR}/na/amd-smi"
+  manifest "${BATS_TEST_TMPDIR}/m.json" '{"gpu_vendor": "AMD"}'
+  PATH="${BATS_TEST_TMPDIR}/na:${PATH}" SM_MANIFEST=${BATS_TEST_TMPDIR}/m.json node_task
+  assert_failure 2
+  run status_field reason
+  assert_output --regexp "GPU 1.*render"
+  refute_container_started
+}
+
+@test "an unbalanced quote in the model args fails the node; the workload never runs with its args cut short" {
+  cat >"${BATS_TEST_TMPDIR}/m.json" <<'EOF'
+{"built_images": {"m": {"docker_image": "toy/model:local"}},
+ "built_models": {"m": {"name": "toy_model", "scripts": "run.sh", "args": "--steps 2 --name 'unterminated"}}}
+EOF
+  SM_MANIFEST=${BATS_TEST_TMPDIR}/m.json node_task
+  assert_failure 2
+  run status_field reason
+  assert_output --partial "cannot be split into words"
+  refute_container_started
+}
+
+@test "a manifest mount that cannot be honoured fails the node; our /sm-out mount is never dropped" {
+  manifest "${BATS_TEST_TMPDIR}/m.json" '{"docker_mounts": {"relative/path": "/data"}}'
+  SM_MANIFEST=${BATS_TEST_TMPDIR}/m.json node_task
+  assert_failure 2
+  run status_field reason
+  assert_output --partial "docker_mounts relative/path"
+  refute_container_started
+  # A manifest option that mounts over /sm-out loses to ours (results are never displaced).
+  rm -rf "${SM_JOBDIR}" "${BATS_TEST_TMPDIR}/docker-calls"
+  manifest "${BATS_TEST_TMPDIR}/m.json" '{"docker_mounts": {"/data": "/shared/data"}}' '"additional_docker_run_options": "-v /elsewhere:/sm-out"'
+  SM_MANIFEST=${BATS_TEST_TMPDIR}/m.json node_task
+  assert_success
+  run grep '^run ' "${BATS_TEST_TMPDIR}/docker-calls"
+  assert_output --regexp "-v ${TMPDIR}/slurm-multi.77.r0/output:/sm-out "
+  assert_output --partial "-v /shared/data:/data"
+  refute_output --partial "/elsewhere:/sm-out"
+}
+
+@test "the manifest's env reaches the container only: PYTHONHOME, DOCKER_HOST, LD_LIBRARY_PATH never reach the toolkit" {
+  manifest "${BATS_TEST_TMPDIR}/m.json" '{"docker_env_vars": {"PYTHONHOME": "/nonexistent", "DOCKER_HOST": "tcp://192.0.2.1:1", "LD_LIBRARY_PATH": "/nonexistent/lib", "TOY_MODE": "a b \"c\""}}'
+  SM_MANIFEST=${BATS_TEST_TMPDIR}/m.json node_task
+  assert_success
+  assert_equal "$(status_field status)" ok
+  # Every docker client call (and the helpers after prepare, which would fail with that
+  # PYTHONHOME) ran without them.
+  run grep -v 'DOCKER_HOST=unset LD_LIBRARY_PATH=unset PYTHONHOME=unset' "${BATS_TEST_TMPDIR}/docker-env"
+  assert_output ""
+  # The container gets them, through --env-file.
+  run grep '^run ' "${BATS_TEST_TMPDIR}/docker-calls"
+  assert_output --partial "--env-file ${TMPDIR}/slurm-multi.77.r0/container.env"
+}
+
+@test "a literal secret in docker_build_arg is in no log line and no argv: it is passed by name" {
+  touch "${BATS_TEST_TMPDIR}/no-image"
+  manifest "${BATS_TEST_TMPDIR}/m.json" '{"docker_build_arg": {"HF_TOKEN": "hf_literal_build_secret", "GREETING": "hi"}}'
+  SM_MANIFEST=${BATS_TEST_TMPDIR}/m.json node_task
+  assert_success
+  run grep '^build ' "${BATS_TEST_TMPDIR}/docker-calls"
+  assert_output --partial "--build-arg HF_TOKEN "
+  assert_output --partial "--build-arg GREETING=hi"
+  refute_output --partial hf_literal_build_secret
+  run grep -rl hf_literal_build_secret "${SM_JOBDIR}"
+  assert_output ""
+  refute_output --partial hf_literal_build_secret
+  # docker build itself got the value, in its environment.
+  run grep -c 'HF_TOKEN=hf_literal_build_secret' "${BATS_TEST_TMPDIR}/docker-env"
+  assert_output 1
+}
+
+@test "a helper that fails gives its own one-line reason: a manifest that is not JSON" {
+  echo 'not json' >"${BATS_TEST_TMPDIR}/m.json"
+  SM_MANIFEST=${BATS_TEST_TMPDIR}/m.json node_task
+  assert_failure 2
+  run status_field reason
+  assert_output --regexp "^manifest: .*m.json: not JSON \(line 1 column 1"
+  refute_container_started
+}
+
+@test "every stage's logged command pastes back on the node and runs" {
+  manifest "${BATS_TEST_TMPDIR}/m.json" '{"docker_env_vars": {"TOY_MODE": "demo"}}'
+  SM_MANIFEST=${BATS_TEST_TMPDIR}/m.json SM_KEEP_SCRATCH=1 node_task
+  assert_success
+  local log=${SM_JOBDIR}/node_0/node.log cmd n=0
+  rm -f "${BATS_TEST_TMPDIR}/docker-calls"
+  while IFS= read -r cmd; do
+    n=$((n + 1))
+    SM_MANIFEST=${BATS_TEST_TMPDIR}/m.json run bash -c "${cmd}"
+    assert_success
+  done < <(sed -n 's/^.* [a-z-]*: + //p' "${log}")
+  # prepare's helper and docker run at least, each run again from its logged line.
+  ((n >= 2))
+  run grep -c '^run ' "${BATS_TEST_TMPDIR}/docker-calls"
+  assert_output 1
+}
+
+@test "--from-job re-runs one stage with the job's settings and rank 0's image ID, outputs beside the job's" {
+  manifest "${BATS_TEST_TMPDIR}/m.json" '{}'
+  mkdir -p "${SM_JOBDIR}/node_0"
+  SM_MANIFEST=${BATS_TEST_TMPDIR}/m.json SM_IMAGE=toy/model:local slurm-multi job plan --job-id 77 --nnodes 2 \
+    --nodes "node1 node2" --write --submit-dir "${BATS_TEST_TMPDIR}" >/dev/null
+  local jobdir=${BATS_TEST_TMPDIR}/slurm_output/toy_model/77
+  slurm-multi node status --file "${jobdir}/node_0/status.json" --rank 0 --node node1 --exit-code 0 \
+    --image-id sha256:1111111111111111111111111111111111111111111111111111111111111111
+  run "${REPO_ROOT}/bin/sm-node" --from-job "${jobdir}" --rank 1 --stage image
+  assert_success
+  assert_output --partial "stage image (this re-run of job 77 rank 1)"
+  assert_output --partial "already present with rank 0's ID 111111111111"
+  assert_file_exists "${jobdir}/node_1/rerun/node.log"
+  assert_file_not_exists "${jobdir}/node_1/status.json"
+  run "${REPO_ROOT}/bin/sm-node" --from-job "${jobdir}" --rank 5 --stage image
+  assert_failure 2
+  assert_output --partial "rank 5 is not a rank of job 77"
+}
+
+@test "the helper interpreter without click is one line naming it and the fix, never a traceback" {
+  python3 -m venv --without-pip "${BATS_TEST_TMPDIR}/bare"
+  SM_PYTHON=${BATS_TEST_TMPDIR}/bare/bin/python SM_PYTHON_CHECKED=0 run "${REPO_ROOT}/bin/sm-node" --jobdir "${SM_JOBDIR}" --stage prepare
+  assert_failure 2
+  assert_output --regexp "helper interpreter ${BATS_TEST_TMPDIR}/bare/bin/python .*no 'click' module; set SM_PYTHON"
+  refute_output --partial Traceback
+  SM_PYTHON=/nonexistent/python SM_PYTHON_CHECKED=0 run "${REPO_ROOT}/bin/sm-node" --jobdir "${SM_JOBDIR}"
+  assert_failure 2
+  assert_output --partial "helper interpreter /nonexistent/python cannot be executed"
+  SM_PYTHON=${BATS_TEST_TMPDIR}/bare/bin/python run "${REPO_ROOT}/bin/slurm-multi" --help
+  assert_failure 2
+  assert_output --partial "has no 'click' module; set SM_PYTHON"
+  refute_output --partial Traceback
+}
+
+@test "scratch of a job Slurm no longer knows is removed by the next job's prepare; a live job's is kept" {
+  mkdir -p "${TMPDIR}/slurm-multi.12.r0" "${TMPDIR}/slurm-multi.13.r1"
+  echo secret >"${TMPDIR}/slurm-multi.12.r0/secrets"
+  # squeue: job 13 is running, 12 is unknown.
+  printf '#!/bin/sh\ncase "$*" in *" 13 "*) echo RUNNING ;; *) echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1 ;; esac\n' >"${BATS_TEST_TMPDIR}/shim/squeue"
+  chmod +x "${BATS_TEST_TMPDIR}/shim/squeue"
+  manifest "${BATS_TEST_TMPDIR}/m.json" '{}'
+  SM_MANIFEST=${BATS_TEST_TMPDIR}/m.json node_task
+  assert_success
+  assert_not_exists "${TMPDIR}/slurm-multi.12.r0"
+  assert_dir_exists "${TMPDIR}/slurm-multi.13.r1"
+  run grep 'ps -aq --filter name=^sm-12-r' "${BATS_TEST_TMPDIR}/docker-calls"
+  assert_success
 }
 
 @test "util::split_words honours quotes and never evaluates" {
-  local words=()
-  mapfile -d '' words < <(util::split_words "--steps 20 --name 'a b' \"\$(touch ${BATS_TEST_TMPDIR}/pwned)\"")
-  assert_equal "${#words[@]}" 5
-  assert_equal "${words[3]}" "a b"
-  assert_equal "${words[4]}" "\$(touch ${BATS_TEST_TMPDIR}/pwned)"
+  # shellcheck source=lib/util.sh
+  source "${REPO_ROOT}/lib/util.sh"
+  local out
+  out=$(util::split_words "--steps 20 --name 'a b' \"\$(touch ${BATS_TEST_TMPDIR}/pwned)\"" | tr '\0' '\n')
+  assert_equal "$(wc -l <<<"${out}")" 5
+  assert_equal "$(sed -n 4p <<<"${out}")" "a b"
   assert_file_not_exists "${BATS_TEST_TMPDIR}/pwned"
   run util::split_words "unbalanced 'quote"
   assert_failure
 }
 
-@test "the workload command: -- CMD wins, else the manifest script by its kind, then its args" {
-  local cmd=()
-  SM_CMD=() SM_MODEL_SCRIPTS=run.sh SM_MODEL_ARGS="--steps 20 --tag 'x y'"
-  mapfile -d '' cmd < <(run::workload_argv)
-  assert_equal "${cmd[*]}" "sh run.sh --steps 20 --tag x y"
-  SM_MODEL_SCRIPTS=train.py SM_MODEL_ARGS=""
-  mapfile -d '' cmd < <(run::workload_argv)
-  assert_equal "${cmd[*]}" "python3 train.py"
-  SM_CMD=(echo "hello world")
-  mapfile -d '' cmd < <(run::workload_argv)
-  assert_equal "${#cmd[@]}" 2
-  assert_equal "${cmd[1]}" "hello world"
-}
-
-@test "docker argv: host network, one mount per container path, env by name only, SLURM ids" {
-  export SLURM_JOB_ID=42 SM_RANK=1 SM_IMAGE=toy/model:local SLURM_PROCID=1 SLURMD_NODENAME=node2
-  export MASTER_ADDR=node1 MASTER_PORT=29500 HF_TOKEN=hf_do_not_print
-  SM_CMD=(sh run.sh) SM_GPU_VENDOR=none
-  SM_MOUNTS=(/shared/data:/data /other:/data/)
-  SM_DOCKER_OPTS=(--shm-size 1G -v /dev/shm:/dev/shm)
-  SM_DOCKER_ENV_NAMES=(HF_TOKEN)
-  local argv=()
-  mapfile -d '' argv < <(run::docker_argv 2>/dev/null)
-  local joined=" ${argv[*]} "
-  assert_equal "${argv[0]} ${argv[1]}" "docker run"
-  [[ ${joined} == *" --name sm-42-r1 --network host "* ]]
-  [[ ${joined} == *" -v /shared/data:/data "* ]]
-  [[ ${joined} != *"/other:/data"* ]]
-  [[ ${joined} == *" -e HF_TOKEN "* ]]
-  [[ ${joined} != *hf_do_not_print* ]]
-  [[ ${joined} == *" -e SLURM_JOB_ID "* && ${joined} == *" -e SLURM_PROCID "* && ${joined} == *" -e SLURMD_NODENAME "* ]]
-  [[ ${joined} == *" toy/model:local sh run.sh " ]]
-  assert_equal "$(grep -o -- ' -v [^ ]*/sm-out ' <<<"${joined}" | wc -l)" 1
-}
-
-@test "status.json records exit code, reason and per-stage seconds as valid JSON" {
-  export SM_NODE_DIR=${BATS_TEST_TMPDIR}/node_1 SM_RANK=1 SM_IMAGE_ID=sha256:abc
-  mkdir -p "${SM_NODE_DIR}"
-  NODE_STAGE_ORDER=(prepare run) NODE_EXIT=3 RUN_EXIT=3 NODE_REASON='container exited 3 "boom"'
-  NODE_STAGE_SECONDS[prepare]=0.12 NODE_STAGE_STATUS[prepare]=ok
-  NODE_STAGE_SECONDS[run]=1.50 NODE_STAGE_STATUS[run]=failed
-  node::write_status
-  run "${SM_PYTHON}" -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["exit_code"], d["status"], d["stages"]["run"]["exit_code"], d["stages"]["prepare"]["seconds"], d["reason"])' "${SM_NODE_DIR}/status.json"
-  assert_output '3 failed 3 0.12 container exited 3 "boom"'
-}
-
 @test "settings: each option maps to its variable; a bad value is one line with exit 2" {
+  # shellcheck source=/dev/null
+  for lib in log util settings; do source "${REPO_ROOT}/lib/${lib}.sh"; done
   assert_equal "$(settings::option_var --image-cache)" SM_IMAGE_CACHE
-  assert_equal "$(settings::option_var --profile)" SM_PROFILE
+  assert_equal "$(settings::option_var --image-timeout)" SM_IMAGE_TIMEOUT
   run settings::option_var --nope
   assert_failure
-  SM_TIMEOUT=1 SM_BARRIER_TIMEOUT=1 SM_MASTER_PORT=70000 SM_STOP_GRACE=1 SM_PEER_GRACE=1 SM_PROFILE=none \
+  SM_TIMEOUT=1 SM_IMAGE_TIMEOUT=1 SM_BARRIER_TIMEOUT=1 SM_MASTER_PORT=70000 SM_STOP_GRACE=1 SM_PEER_GRACE=1 SM_PROFILE=none \
     SM_RUNTIME=docker SM_COLLECT=true SM_IMAGE=x run settings::validate
   assert_failure 2
   assert_output --partial "--master-port 70000 is not a TCP port"

@@ -65,7 +65,7 @@ libs() {
 step_argv() {
   (
     export SM_RUNTIME=$1 SM_PROFILE=$2 SM_HOME=${REPO_ROOT} SLURM_JOB_ID=4242 SLURM_JOB_NUM_NODES=2
-    export SM_JOBDIR=/shared/out/llm_bench/4242 MASTER_ADDR=node1 HF_TOKEN=hf_secret_value
+    export SM_OUT=/shared/out MASTER_ADDR=node1 HF_TOKEN=hf_secret_value
     export SM_MANIFEST=${REPO_ROOT}/tests/bats/data/manifest-mounts.json
     [[ $1 == docker ]] || export SM_NTASKS_PER_NODE=2
     [[ $2 == nsys ]] && export SM_NSYS_HOST_PATH=${REPO_ROOT}/tests/fakes/nsys
@@ -74,7 +74,11 @@ step_argv() {
     SM_CMD=()
     [[ $1 == pyxis ]] || SM_CMD=(python3 bench.py --iters 100)
     libs
-    launch::step_argv | tr '\0' '\n' | sed "s|${REPO_ROOT}|<repo>|g"
+    # The pyxis step takes the image, mounts, env and workload from the job plan (job.json's helper).
+    JOB_NODES=(node1 node2)
+    job::plan >/dev/null 2>&1 || exit 1
+    launch::step_argv || exit 1
+    printf '%s\n' "${LAUNCH_ARGV[@]}" | sed "s|${REPO_ROOT}|<repo>|g"
   )
 }
 
@@ -206,6 +210,24 @@ assert_golden() {
   assert_success
 }
 
+@test "a profiled stop grace shorter than the settle window is one line naming both values" {
+  run dry --profile nsys --profile-stop-grace 10
+  assert_failure 2
+  assert_equal "${#lines[@]}" 1
+  assert_output --partial "--profile-stop-grace 10 is shorter than --flush-settle-seconds 60: docker stop would SIGKILL nsys while it writes its report; give at least 60"
+  run dry --runtime none --profile nsight-slurm --nsight-slurm-home "${NSIGHT_HOME}" --flush-settle-seconds 30 --profile-stop-grace 29
+  assert_failure 2
+  assert_output --partial "--profile-stop-grace 29 is shorter than --flush-settle-seconds 30"
+  run dry --profile nsys --profile-stop-grace 1m
+  assert_failure 2
+  assert_output --partial "SM_PROFILE_STOP_GRACE='1m' must be a whole number of seconds"
+  run dry --profile nsys --flush-settle-seconds 30 --profile-stop-grace 30
+  assert_success
+  # Without profiling there is no report to protect.
+  run dry --profile-stop-grace 10
+  assert_success
+}
+
 # ---- the worker step's argv ----------------------------------------------------------------
 
 @test "the worker step's argv for every runtime x profile matches its golden file" {
@@ -270,13 +292,65 @@ assert_golden() {
     export SM_SCRATCH=/scratch/r1 SM_IMAGE=toy/model:local SM_GPU_VENDOR=none TLLM_PROFILE_START_STOP=5-9
     export TLLM_PROFILE_LOG_RANKS=all DYN_ENABLE_RUST_NVTX=1 SM_PROFILE_START_ITER=5 SM_PROFILE_STOP_ITER=9
     mkdir -p "${SM_NODE_DIR}"
-    SM_MOUNTS=(/shared/data:/data) SM_CMD=(sh run.sh)
+    RUN_DOCKER_OPTS=(-v /scratch/r1/output:/sm-out -v /shared/data:/data) RUN_WORKLOAD=(sh run.sh)
     profile::before_run
-    run::docker_argv | tr "\0" "\n"'
+    run::docker_argv
+    printf "%s\n" "${RUN_ARGV[@]}"'
   assert_success
   assert_golden docker-run-nsys.txt "$(sed "s|${BATS_TEST_TMPDIR}|<tmp>|g; s|${REPO_ROOT}|<repo>|g" <<<"${output}")"
   assert_file_exists "${BATS_TEST_TMPDIR}/job/node_1/.profile-nsys"
   assert_dir_exists "${BATS_TEST_TMPDIR}/job/profile"
+}
+
+# node_stop_grace [VAR=VALUE…]: the `docker stop` lib/run.sh runs after the node's profile::before_run,
+# through a recording docker, with the settings given (defaults otherwise).
+node_stop_grace() {
+  printf '#!/bin/sh\nprintf "%%s\\n" "docker $*" >>"${TRACE}"\n' >shim/docker
+  chmod +x shim/docker
+  : >"${TRACE}"
+  env "$@" bash -c '
+    for lib in log util settings image run node profile launch; do source "${REPO_ROOT}/lib/${lib}.sh"; done
+    settings::apply_defaults
+    export SM_RUNTIME=${SM_RUNTIME:-docker} SLURM_JOB_ID=4242 SM_JOBDIR=${BATS_TEST_TMPDIR}/job SM_RANK=1 SLURM_PROCID=1
+    export SM_NODE_DIR=${SM_JOBDIR}/node_1
+    mkdir -p "${SM_NODE_DIR}"
+    SM_MOUNTS=() SM_CMD=(sh run.sh)
+    profile::before_run
+    run::stop_container sm-4242-r1' 2>&1
+  grep -o "stop -t [0-9]*" "${TRACE}"
+}
+
+@test "a profiled container's docker stop grace: settle + 15 s by default, never below --stop-grace" {
+  run node_stop_grace SM_PROFILE=nsys
+  assert_success
+  assert_line "stop -t 75"
+  assert_output --partial "stop grace for profiled containers: 75 s (the flush settle window 60 s + 15 s; --stop-grace 30 is shorter)"
+  run node_stop_grace SM_PROFILE=nsys SM_FLUSH_SETTLE_SECONDS=120
+  assert_line "stop -t 135"
+  run node_stop_grace SM_PROFILE=nsys SM_PROFILE_STOP_GRACE=90
+  assert_line "stop -t 90"
+  assert_output --partial "stop grace for profiled containers: 90 s (--profile-stop-grace; --stop-grace 30 is shorter)"
+  # A longer --stop-grace is kept: the grace is a lower bound.
+  run node_stop_grace SM_PROFILE=nsys SM_FLUSH_SETTLE_SECONDS=3 SM_STOP_GRACE=20
+  assert_line "stop -t 20"
+  refute_output --partial "stop grace for profiled containers"
+  run node_stop_grace SM_PROFILE=nsight-slurm SM_RUNTIME=none
+  assert_line "stop -t 75"
+  # Not profiled: the plain --stop-grace.
+  run node_stop_grace SM_PROFILE=none
+  assert_line "stop -t 30"
+}
+
+@test "the batch step exports the profiled stop grace too (reaper and teardown bounds), and the dry run shows it" {
+  run nsight_batch eval 'export SM_PROFILE=nsys SM_RUNTIME=docker SM_FLUSH_SETTLE_SECONDS=60
+    profile::before_steps && echo "batch grace=${SM_STOP_GRACE}" && bash -c "echo child grace=\${SM_STOP_GRACE}"'
+  assert_success
+  assert_line "batch grace=75"
+  assert_line "child grace=75"
+  run dry --profile nsys --flush-settle-seconds 45
+  assert_success
+  assert_output --regexp "stop grace +60 s \(the larger of --stop-grace 30 and settle 45 \+ 15\)"
+  assert_output --partial "each node: docker stop -t 60"
 }
 
 # ---- nsight-slurm: the configure sequence and the wrapper env ------------------------------
@@ -353,7 +427,7 @@ e2e_json() { "${SM_PYTHON}" -c 'import json, sys; d = json.load(open(sys.argv[1]
   # A recording srun, found by the fake wrapper on PATH.
   printf '#!/bin/sh\nenv >%q/srun.env\nprintf "%%s\\n" "$@" >%q/srun.argv\n' "${BATS_TEST_TMPDIR}" "${BATS_TEST_TMPDIR}" >shim/srun
   chmod +x shim/srun
-  run nsight_batch eval 'profile::before_steps && mapfile -d "" argv < <(launch::step_argv) && "${argv[@]}"'
+  run nsight_batch eval 'profile::before_steps && launch::step_argv && "${LAUNCH_ARGV[@]}"'
   assert_success
   run grep -E '^(SLURMD_NODENAME|SLURM_SUBMIT_DIR|TLLM_PROFILE_LOG_RANKS|DYN_ENABLE_RUST_NVTX)=' "${BATS_TEST_TMPDIR}/srun.env"
   assert_line "SLURMD_NODENAME=node1"
@@ -515,6 +589,71 @@ for line in open(sys.argv[1]):
   assert_success
   assert_output --partial "flush: the worker step never started; no reports to wait for"
   assert_file_not_exists "${TRACE}"
+}
+
+@test "nsys flush: reports from before the job never count toward the ranks' reports" {
+  local job=${BATS_TEST_TMPDIR}/job
+  mkdir -p "${job}/node_0" "${job}/node_1" "${job}/profile"
+  : >"${job}/node_0/.profile-nsys"
+  : >"${job}/node_1/.profile-nsys"
+  # A reused --profile-dir: an earlier job's two settled reports, as many as this job's ranks.
+  head -c 4096 /dev/zero >"${job}/profile/4100_node1_rank0.nsys-rep"
+  head -c 4096 /dev/zero >"${job}/profile/4100_node2_rank1.nsys-rep"
+  export FAKE_STEPS="4242.0|sm-node"
+  export FAKE_REPORTS_ON_TERM="${job}/profile/4242_node1_rank0.nsys-rep" # rank 1 never writes
+  SM_FLUSH_TIMEOUT_SECONDS=3 run nsight_batch eval 'export SM_PROFILE=nsys SM_RUNTIME=docker; sleep 60 & JOB_SRUN_PID=$!;
+    profile::before_steps && teardown::pre_cleanup "SIGTERM (scancel or time limit)"; kill "${JOB_SRUN_PID}"'
+  assert_success
+  assert_output --partial "reports snapshot ${job}/profile --out ${job}/.profile-baseline.json"
+  assert_output --partial "--since-file ${job}/.profile-baseline.json"
+  assert_output --partial "2 file(s) unchanged since before the job: not counted"
+  assert_output --partial "1/2 settled"
+  assert_output --partial "flush: not every report settled"
+  run e2e_json "${job}/.profile-baseline.json" 'sorted(p.rsplit("/", 1)[1] for p in d["files"])'
+  assert_output "['4100_node1_rank0.nsys-rep', '4100_node2_rank1.nsys-rep']"
+}
+
+@test "nsight flush: a report rewritten under its old name after the stop is new (a requeued job): no SIGTERM" {
+  local job=${BATS_TEST_TMPDIR}/job
+  mkdir -p "${job}/node_0" "${job}/nsight-slurm-direct"
+  : >"${job}/node_0/node.log"
+  # The first run of job 4242 left its report; the requeued run (same id) rewrites it in place.
+  head -c 2048 /dev/zero >"${job}/nsight-slurm-direct/4242_node1_rank0.nsys-rep"
+  touch -d '1 hour ago' "${job}/nsight-slurm-direct/4242_node1_rank0.nsys-rep"
+  export FAKE_STEPS="4242.3|nsight-slurm-connector"
+  export FAKE_REPORTS_ON_TERM=
+  run nsight_batch eval 'sleep 60 & JOB_SRUN_PID=$!; profile::before_steps || exit
+    (sleep 0.5; head -c 8192 /dev/zero >"${SM_JOBDIR}/nsight-slurm-direct/4242_node1_rank0.nsys-rep") &
+    teardown::pre_cleanup "normal end"; kill "${JOB_SRUN_PID}"'
+  assert_success
+  assert_output --partial "flush (normal end): 0 report(s) of this job before the stop"
+  assert_output --partial "profile: flush: 1 report(s) settled"
+  run grep -c scancel "${TRACE}"
+  assert_output 0
+}
+
+@test "a node ignores its own rank's report from an earlier run until this run rewrites it" {
+  mkdir -p job/profile
+  head -c 4096 /dev/zero >job/profile/4242_node2_rank1.nsys-rep
+  touch -d '1 hour ago' job/profile/4242_node2_rank1.nsys-rep
+  # node_after_run: the batch step's snapshot, then this rank's wait after its workload ended.
+  node_after_run() {
+    bash -c '
+      for lib in log util settings profile; do source "${REPO_ROOT}/lib/${lib}.sh"; done
+      export SM_JOBDIR=${PWD}/job SM_PROFILE=nsys SLURM_PROCID=1 SM_FLUSH_SETTLE_SECONDS=1 SM_FLUSH_TIMEOUT_SECONDS=3
+      [[ -f job/.profile-baseline.json ]] || profile::take_baseline || exit
+      PROFILE_NODE_ACTIVE=1 RUN_EXIT=143
+      "$@"
+      profile::after_run' node_after_run "$@" 2>&1
+  }
+  run node_after_run true
+  assert_success
+  assert_output --partial "--since-file ${PWD}/job/.profile-baseline.json"
+  assert_output --partial "1 file(s) unchanged since before the job: not counted"
+  assert_output --partial "nsys report of rank 1 did not settle within 3 s"
+  run node_after_run eval 'head -c 8192 /dev/zero >job/profile/4242_node2_rank1.nsys-rep'
+  assert_success
+  assert_output --partial "nsys report of rank 1 settled"
 }
 
 # ---- node side ------------------------------------------------------------------------------

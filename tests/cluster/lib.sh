@@ -13,7 +13,10 @@ CLUSTER_SLURM_CONF=/etc/slurm/slurm.conf
 CLUSTER_MUNGE_PID=/run/munge/munged.sm-cluster.pid
 CLUSTER_MARK="# managed by slurm-multi tests/cluster"
 CLUSTER_PACKAGES=(slurmctld slurmd slurm-client munge docker.io iptables iproute2 util-linux
-  bats bats-assert bats-support bats-file busybox-static procps psmisc)
+  bats bats-assert bats-support bats-file busybox-static procps psmisc acl)
+# The ordinary user the end-to-end jobs run as (real users are not root): in the docker group,
+# nothing else. It stays after `down` (a user account holds no process and no port).
+CLUSTER_USER=${SM_CLUSTER_USER:-smuser}
 
 cluster::node_addr() { printf '%s.%s' "${CLUSTER_NET}" "$((10 + ${1#node}))"; }
 cluster::netns() { printf '%s%s' "${CLUSTER_NETNS_PREFIX}" "$1"; }
@@ -42,6 +45,18 @@ cluster::install_packages() {
   apt-get update -q >/dev/null
   apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
   rm -f /usr/sbin/policy-rc.d
+}
+
+# cluster::ensure_user: the ordinary user (CLUSTER_USER) exists and may use the nodes' docker engines
+# (dockerd gives its socket to the docker group).
+cluster::ensure_user() {
+  getent group docker >/dev/null || groupadd --system docker
+  if ! id -u "${CLUSTER_USER}" >/dev/null 2>&1; then
+    useradd --create-home --shell /bin/bash --groups docker "${CLUSTER_USER}"
+    log::info cluster "created the ordinary user ${CLUSTER_USER} (group docker) that the end-to-end jobs run as"
+  elif ! id -nG "${CLUSTER_USER}" | tr ' ' '\n' | grep -qx docker; then
+    usermod -aG docker "${CLUSTER_USER}"
+  fi
 }
 
 # cluster::alive PID: running and not a zombie (a SIGKILLed daemon whose parent is gone can stay

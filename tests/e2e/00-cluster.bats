@@ -24,6 +24,14 @@ SCRIPT
   assert_equal "$(grep -c '^task ' "smoke-${JOB_ID}.out")" 2
 }
 
+@test "jobs run as an ordinary user in the docker group, not as root" {
+  # shellcheck disable=SC2016 # expanded by the job's shell
+  run srun -N2 --ntasks-per-node=1 -l bash -c 'echo "$(id -un) $(id -u) $(id -nG)"'
+  assert_success
+  assert_line --regexp "^0: ${E2E_USER} [1-9][0-9]* ${E2E_USER} docker$"
+  assert_line --regexp "^1: ${E2E_USER} [1-9][0-9]* ${E2E_USER} docker$"
+}
+
 @test "inside a job step docker talks to that node's own engine" {
   run srun -N3 --ntasks-per-node=1 -l docker info -f '{{.DockerRootDir}}'
   assert_success

@@ -6,6 +6,34 @@ source "${REPO_ROOT}/lib/log.sh"
 # shellcheck source=tests/cluster/lib.sh
 source "${REPO_ROOT}/tests/cluster/lib.sh"
 
+# Real users are not root: every job this suite submits (sbatch, srun) runs as the cluster's
+# ordinary user, in the docker group and nothing else, with the checkout and its venv used as a
+# user would use them on shared storage (README: SM_HOME, .venv). Root only inspects and injects
+# faults (tests/cluster/exec, scancel, scontrol).
+E2E_USER=${SM_CLUSTER_USER:-smuser}
+export E2E_USER
+sbatch() { runuser -u "${E2E_USER}" -- sbatch "$@"; }
+srun() { runuser -u "${E2E_USER}" -- srun "$@"; }
+
+# e2e::share_dir DIR…: the job user may write in DIR and in everything created there later (a
+# default ACL), and reach it (o+x on the bats run dirs above it).
+e2e::share_dir() {
+  local dir parent
+  for dir in "$@"; do
+    [[ -d ${dir} ]] || continue
+    parent=$(dirname "${dir}")
+    while [[ ${parent} == "${BATS_RUN_TMPDIR:-/nonexistent}"* ]]; do
+      chmod o+x "${parent}"
+      parent=$(dirname "${parent}")
+    done
+    chmod o+x "${dir}"
+    setfacl -m "u:${E2E_USER}:rwx" -m "d:u:${E2E_USER}:rwx" -m "d:u::rwx" "${dir}"
+  done
+}
+if id -u "${E2E_USER}" >/dev/null 2>&1; then
+  e2e::share_dir "${BATS_FILE_TMPDIR:-}" "${BATS_TEST_TMPDIR:-}"
+fi
+
 # e2e::ensure_cluster [--self-name NODE=QUIRK]...: the 3-node cluster, with exactly these quirks.
 # Bring-up takes seconds and the nodes' docker data survives it, so tests change quirks freely.
 e2e::ensure_cluster() {

@@ -755,10 +755,13 @@ def test_serve_cli_timeout_exits_3_listing_missing_ranks(tmp_path: Path) -> None
     )
     port = wait_ready_file(ready_file, serve)
     worker = ready(port, 2)
-    assert read_line(worker).startswith(f"ABORT {TOKEN} timeout after 1 s; missing ranks 1,3 of 4")
+    assert read_line(worker).startswith(
+        f"ABORT {TOKEN} --barrier-timeout ran out: not every worker arrived within 1 s of the release; "
+        "missing ranks 1,3 of 4"
+    )
     out, err = serve.communicate(timeout=10)
     assert serve.returncode == 3
-    assert "timeout after 1 s; missing ranks 1,3 of 4; connected: 2" in err
+    assert "--barrier-timeout ran out" in err and "missing ranks 1,3 of 4; connected: 2" in err
     assert TOKEN not in out + err
 
 
@@ -782,3 +785,111 @@ def test_the_token_has_no_command_line_option() -> None:
     for command in ("serve", "join", "release", "abort"):
         help_text = CliRunner().invoke(barrier.cli, [command, "--help"]).output
         assert "--token-env" in help_text and "--token " not in help_text
+
+
+# --------------------------------------------------------------------------------------------------
+# rank 0's own task on the control pipe, and the two budgets
+
+
+def test_control_pipe_release_reaches_image_waiters_and_start_workers() -> None:
+    read_end, write_end = os.pipe()
+    try:
+        with running_barrier(3, control_fd=read_end) as b:
+            image_waiter = ready(b.port, 1, "image")
+            start_worker = ready(b.port, 2)
+            wait_for(lambda: logged(b, "rank 2 ready (start)"))
+            assert silent_for(image_waiter, 0.2)
+            os.write(write_end, b"RELEASE sha256:feed\n")
+            assert read_line(image_waiter) == f"GO {TOKEN} 1 sha256:feed"
+            late = ready(b.port, 1)
+            assert read_line(late) == f"GO {TOKEN} 1 sha256:feed"
+            assert read_line(start_worker) == f"GO {TOKEN} 2 sha256:feed"
+            assert b.outcome().exit_code == 0
+    finally:
+        os.close(write_end)
+
+
+def test_control_pipe_abort_and_eof_before_release_abort_every_worker() -> None:
+    read_end, write_end = os.pipe()
+    with running_barrier(2, control_fd=read_end, linger=0) as b:
+        worker = ready(b.port, 1, "image")
+        wait_for(lambda: logged(b, "rank 1 ready (image)"))
+        os.write(write_end, b"ABORT rank 0 (node1): cannot obtain toy/model:local\n")
+        assert read_line(worker) == f"ABORT {TOKEN} rank 0 (node1): cannot obtain toy/model:local"
+        assert b.outcome().exit_code == 1
+    os.close(write_end)
+    # The task dying (its end of the pipe closing) before a release is an abort too, not a hang.
+    read_end, write_end = os.pipe()
+    with running_barrier(2, control_fd=read_end, linger=0) as b:
+        worker = ready(b.port, 1, "image")
+        wait_for(lambda: logged(b, "rank 1 ready (image)"))
+        os.close(write_end)
+        line = read_line(worker)
+        assert line.startswith(f"ABORT {TOKEN}") and "ended before it released the image" in line
+        assert b.outcome().exit_code == 1
+
+
+def test_a_slow_image_is_charged_to_the_image_budget_not_the_barrier_budget() -> None:
+    # Rank 0 takes longer to obtain its image than the whole barrier budget: still released, since
+    # the barrier budget starts at the release.
+    read_end, write_end = os.pipe()
+    try:
+        with running_barrier(2, timeout=30, control_fd=read_end, image_timeout=10, barrier_timeout=0.5) as b:
+            worker = ready(b.port, 1)
+            time.sleep(1.0)
+            os.write(write_end, b"RELEASE sha256:slow\n")
+            assert read_line(worker) == f"GO {TOKEN} 1 sha256:slow"
+            assert b.outcome().exit_code == 0
+    finally:
+        os.close(write_end)
+
+
+def test_the_timeout_error_names_the_budget_that_ran_out() -> None:
+    read_end, write_end = os.pipe()
+    try:
+        with running_barrier(
+            2, timeout=30, control_fd=read_end, image_timeout=0.5, barrier_timeout=30, linger=0
+        ) as b:
+            outcome = b.outcome()
+            assert outcome.exit_code == 3
+            assert "--image-timeout ran out" in outcome.message
+    finally:
+        os.close(write_end)
+    with running_barrier(3, timeout=30, image_id="sha256:abc", barrier_timeout=1.0, linger=0) as b:
+        worker = ready(b.port, 1)
+        wait_for(lambda: logged(b, "rank 1 ready (start)"))
+        outcome = b.outcome()
+        worker.close()
+        assert outcome.exit_code == 3
+        assert "--barrier-timeout ran out" in outcome.message and "missing ranks 2 of 3" in outcome.message
+
+
+def test_serve_cli_takes_release_on_stdin_without_a_ready_file() -> None:
+    port = free_ports(1)[0]
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "slurm_multi", "barrier", "serve", "--nnodes", "2", "--bind", LOOPBACK,
+         "--port", str(port), "--control-stdin", "--timeout", "20"],
+        env=cli_env(), cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        join = spawn(
+            "barrier join --rank 1 --nnodes 2 --master-addr",
+            LOOPBACK,
+            "--port",
+            str(port),
+            "--phase",
+            "start",
+        )
+        time.sleep(0.3)
+        assert serve.stdin is not None
+        serve.stdin.write("RELEASE sha256:cafe\n")
+        serve.stdin.flush()
+        out, err = join.communicate(timeout=20)
+        assert join.returncode == 0, err
+        assert out.strip() == "sha256:cafe"
+        serve.stdin.close()
+        assert serve.wait(timeout=20) == 0
+    finally:
+        serve.kill()
+        serve.wait()

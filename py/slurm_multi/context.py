@@ -1,0 +1,170 @@
+"""The run context of one job: the settings (SM_* from the command line and environment) merged with
+one model of the manifest, resolved once, in one place.
+
+The batch step resolves it to validate and to write job.json (`slurm-multi job plan`); every node
+resolves it again against its own environment (`slurm-multi node prepare`), because `${VAR}`
+references and "the environment wins" are a node's business. Nobody else reads the manifest.
+
+Precedence: command line > environment > manifest. A setting already in the environment is never
+replaced by a manifest value. The manifest's docker_env_vars are for the container only: they are
+returned as data, never exported into the toolkit's own shell.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from slurm_multi.common import usage_error
+from slurm_multi.manifest import load_manifest, printable, restore_context
+from slurm_multi.redact import MASK, MIN_SECRET_LEN, is_secret_name
+
+AREA = "context"
+_SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
+
+# Settings the toolkit sets for itself while it runs: not the user's, not recorded as settings.
+INTERNAL_SETTINGS = frozenset(
+    {"SM_NODE_LOG_REDIRECTED", "SM_NODE_LOG", "SM_NODE_DIR", "SM_SCRATCH", "SM_JOBDIR", "SM_BATCH_LOG",
+     "SM_RANK", "SM_NODE_RANK", "SM_OUTPUT_DIR", "SM_HOME", "SM_PYTHON", "SM_DRY_RUN", "SM_CMD",
+     "SM_IMAGE_ID", "SM_FROM_JOB"}
+)  # fmt: skip
+
+
+@dataclass
+class RunContext:
+    """Everything a job needs from the settings and the manifest (values unmasked: handle with care)."""
+
+    manifest: str | None = None
+    model_key: str = ""
+    settings: dict[str, str] = field(default_factory=dict)  # SM_* from the command line/environment
+    values: dict[str, str] = field(default_factory=dict)  # settings, then the manifest's SM_* scalars
+    build_args: list[tuple[str, str]] = field(default_factory=list)
+    mounts: list[str] = field(default_factory=list)  # docker HOST:CONTAINER order
+    docker_opts: list[str] = field(default_factory=list)
+    docker_env: dict[str, str] = field(default_factory=dict)  # the manifest's values, for the container
+    kept_env: list[str] = field(default_factory=list)  # names whose value the environment gives
+    secret_names: set[str] = field(default_factory=set)
+    workload: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def get(self, name: str, default: str = "") -> str:
+        return self.values.get(name, default)
+
+    def secret_values(self, env: Mapping[str, str]) -> list[str]:
+        """Every secret value this context can put into a log line, longest first."""
+        found: set[str] = set()
+        for name, value in self.docker_env.items():
+            if name in self.secret_names:
+                found.add(value)
+        for name in self.kept_env:
+            if name in self.secret_names or is_secret_name(name):
+                found.add(env.get(name, ""))
+        for name, value in self.build_args:
+            if name in self.secret_names:
+                found.add(value)
+        for name, value in self.values.items():
+            if is_secret_name(name):
+                found.add(value)
+        return sorted((v for v in found if len(v) >= MIN_SECRET_LEN), key=len, reverse=True)
+
+    def masked_build_args(self) -> list[str]:
+        return [f"{n}={MASK if n in self.secret_names else v}" for n, v in self.build_args]
+
+    def masked_env(self) -> dict[str, str]:
+        return {n: (MASK if n in self.secret_names else v) for n, v in self.docker_env.items()}
+
+
+def _workload(values: Mapping[str, str], command: Sequence[str], where: str) -> list[str]:
+    """`-- CMD…` wins; else the manifest's script (+ args): sh for .sh, python3 for .py."""
+    if command:
+        return list(command)
+    script = values.get("SM_MODEL_SCRIPTS", "")
+    if not script:
+        return []
+    if script.endswith(".sh"):
+        argv = ["sh", script]
+    elif script.endswith(".py"):
+        argv = ["python3", script]
+    else:
+        argv = [script]
+    try:
+        argv += shlex.split(values.get("SM_MODEL_ARGS", ""))
+    except ValueError as exc:
+        raise usage_error(
+            f"{AREA}: {where}args {printable(values.get('SM_MODEL_ARGS', ''))!r} cannot be split into "
+            f"words ({exc}); fix the quoting in the manifest or pass the command after --"
+        ) from None
+    return argv
+
+
+def resolve(
+    env: Mapping[str, str],
+    command: Sequence[str] = (),
+    manifest_path: str | None = None,
+    model: str | None = None,
+) -> RunContext:
+    """Resolve the settings in `env` with the manifest (if any). One-line usage error on bad input."""
+    manifest_path = manifest_path if manifest_path is not None else env.get("SM_MANIFEST") or None
+    model = model if model is not None else env.get("SM_MODEL") or None
+    ctx = RunContext(manifest=manifest_path)
+    ctx.settings = {k: v for k, v in env.items() if k.startswith("SM_") and k not in INTERNAL_SETTINGS}
+    values = dict(ctx.settings)
+    where = ""
+    if manifest_path:
+        manifest = load_manifest(manifest_path)
+        resolved = restore_context(manifest, model, env)
+        ctx.model_key = resolved["model_key"]
+        where = f"manifest {printable(manifest_path)}: built_models.{printable(ctx.model_key)}."
+        for name, value in resolved["exports"].items():
+            values.setdefault(name, value)
+        arrays = resolved["arrays"]
+        ctx.build_args = [tuple(a.split("=", 1)) for a in arrays.get("SM_BUILD_ARGS", [])]  # type: ignore[misc]
+        ctx.mounts = list(arrays.get("SM_MOUNTS", []))
+        ctx.docker_opts = list(arrays.get("SM_DOCKER_OPTS", []))
+        ctx.docker_env = dict(resolved["docker_env"])
+        ctx.kept_env = list(resolved["kept_from_env"])
+        ctx.secret_names = set(resolved["secret_names"])
+        ctx.warnings = list(resolved["warnings"])
+        for host_container in ctx.mounts:
+            container = host_container.rsplit(":", 1)[-1]
+            if is_secret_name(container):
+                ctx.secret_names.add(container)
+    ctx.values = values
+    ctx.workload = _workload(values, command, where)
+    return ctx
+
+
+def model_dir_name(ctx: RunContext) -> str:
+    """The directory for this model under --out: one safe path component, never '.' or '..'."""
+    name = ctx.get("SM_MODEL_NAME") or ctx.get("SM_MODEL") or ctx.get("SM_IMAGE") or "job"
+    name = name.rstrip("/").rsplit("/", 1)[-1]
+    name = _SAFE_NAME.sub("_", name).lstrip(".")
+    return name or "job"
+
+
+def safe_component(text: str, fallback: str) -> str:
+    cleaned = _SAFE_NAME.sub("_", text).lstrip(".")
+    return cleaned or fallback
+
+
+def masked_settings(ctx: RunContext) -> dict[str, str]:
+    return {k: (MASK if is_secret_name(k) else v) for k, v in sorted(ctx.settings.items())}
+
+
+def manifest_values(ctx: RunContext) -> dict[str, Any]:
+    """The manifest's resolved values for job.json (secrets masked)."""
+    scalars = {k: v for k, v in ctx.values.items() if k not in ctx.settings}
+    return {
+        "model_key": ctx.model_key,
+        "scalars": {k: (MASK if is_secret_name(k) else v) for k, v in sorted(scalars.items())},
+        "build_args": ctx.masked_build_args(),
+        "mounts": list(ctx.mounts),
+        "docker_opts": list(ctx.docker_opts),
+        "docker_env": ctx.masked_env(),
+        "env_from_environment": list(ctx.kept_env),
+        "workload": list(ctx.workload),
+        "warnings": list(ctx.warnings),
+    }

@@ -1,0 +1,363 @@
+"""The batch step's one look at the settings and the manifest: validate, place the job dir, write job.json.
+
+`slurm-multi job plan` runs once per job, before any srun (and once for `--dry-run`). A manifest
+that is not JSON, lacks a section, names no such model (or an ambiguous one) or has a value of the
+wrong type fails here with one line naming the file, the key and what was expected, exit 2, so no
+node ever starts on it. On success it prints bash (`declare -g …`) for the batch step to source
+AFTER checking the exit status, and writes job.json: every resolved setting and the manifest's
+resolved values, secrets masked. Results, the nodes' re-runs (`sm-node --from-job`) and people read
+job.json; nobody else re-derives what it holds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import click
+
+from slurm_multi import shell
+from slurm_multi.common import HelperError, talk, usage_error
+from slurm_multi.context import (
+    RunContext,
+    manifest_values,
+    masked_settings,
+    model_dir_name,
+    resolve,
+    safe_component,
+)
+from slurm_multi.redact import MASK, is_secret_name, redact, secret_values
+
+AREA = "job"
+
+
+def job_dir(out: str, submit_dir: str, model: str, job_id: str) -> str:
+    """<out>/<model>/<job id>, always inside <out> (checked after resolving symlinks and '..')."""
+    base = out if os.path.isabs(out) else os.path.join(submit_dir, out)
+    base = os.path.normpath(base)
+    path = os.path.join(base, model, safe_component(job_id, "job"))
+    real_base = os.path.realpath(base)
+    real = os.path.realpath(path)
+    if os.path.commonpath([real_base, real]) != real_base or real == real_base:
+        raise usage_error(f"{AREA}: the job dir {path} would not be inside --out {base}; rename the model")
+    return path
+
+
+def job_document(
+    ctx: RunContext,
+    env: Mapping[str, str],
+    job_id: str,
+    nodes: Sequence[str],
+    nnodes: int,
+    command: Sequence[str],
+) -> dict[str, Any]:
+    """job.json: the old top-level keys (results and people read them) plus every resolved setting."""
+    secrets = secret_values(env) + ctx.secret_values(env)
+    v = ctx.values
+
+    def shown(name: str) -> str:
+        return MASK if is_secret_name(name) else redact(v.get(name, ""), secrets)
+
+    return {
+        "job_id": job_id,
+        "model_key": ctx.model_key,
+        "model": model_dir_name(ctx),
+        "nnodes": nnodes,
+        "nodes": list(nodes),
+        "tasks_per_node": int(v.get("SM_NTASKS_PER_NODE") or 1) if v.get("SM_RUNTIME") != "docker" else 1,
+        "results_csv": shown("SM_RESULTS_CSV"),
+        "image": shown("SM_IMAGE"),
+        "args": shown("SM_MODEL_ARGS"),
+        "tags": shown("SM_MODEL_TAGS"),
+        "dockerfile": shown("SM_DOCKERFILE"),
+        "base_docker": shown("SM_BASE_DOCKER"),
+        "n_gpus": shown("SM_N_GPUS"),
+        "gpus_per_node": shown("SM_GPUS_PER_NODE"),
+        "launcher": shown("SM_LAUNCHER"),
+        "build_duration": shown("SM_BUILD_DURATION"),
+        "additional_docker_run_options": redact(" ".join(ctx.docker_opts), secrets),
+        "manifest": ctx.manifest or "",
+        "profile": v.get("SM_PROFILE", "none"),
+        "runtime": v.get("SM_RUNTIME", "docker"),
+        "command": [redact(word, secrets) for word in command],
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "settings": {k: redact(s, secrets) for k, s in masked_settings(ctx).items()},
+        "manifest_values": _redact_tree(manifest_values(ctx), secrets),
+    }
+
+
+def _redact_tree(value: Any, secrets: Sequence[str]) -> Any:
+    if isinstance(value, str):
+        return redact(value, secrets)
+    if isinstance(value, list):
+        return [_redact_tree(item, secrets) for item in value]
+    if isinstance(value, dict):
+        return {key: _redact_tree(item, secrets) for key, item in value.items()}
+    return value
+
+
+def pyxis_arrays(ctx: RunContext) -> dict[str, list[str]]:
+    """What the pyxis launcher needs: mounts, NAME=VALUE env (no secrets: those travel by name in the
+    task's environment, never in argv), secret names, the workload."""
+    env = [f"{n}={val}" for n, val in ctx.docker_env.items() if n not in ctx.secret_names]
+    secrets = [n for n in ctx.docker_env if n in ctx.secret_names] + [
+        n for n in ctx.kept_env if n in ctx.secret_names or is_secret_name(n)
+    ]
+    return {
+        "JOB_PYXIS_MOUNTS": list(ctx.mounts),
+        "JOB_PYXIS_ENV": env,
+        "JOB_PYXIS_SECRET_NAMES": secrets,
+        "JOB_WORKLOAD": list(ctx.workload),
+    }
+
+
+@click.group("job", context_settings={"help_option_names": ["-h", "--help"]})
+def cli() -> None:
+    """The batch step's helpers: resolve and validate the job, write job.json."""
+
+
+@cli.command("plan", short_help="Validate the job; place its dir; write job.json.")
+@click.option("--job-id", required=True, help="SLURM_JOB_ID (DRYRUN for a dry run).")
+@click.option("--nnodes", type=click.IntRange(min=1), required=True, help="Nodes in the job.")
+@click.option("--nodes", "node_list", default="", help="The nodes' names, space-separated.")
+@click.option("--submit-dir", default=None, help="Where a relative --out is relative to [default: cwd].")
+@click.option("--write/--no-write", default=False, help="Create the job dir and write job.json into it.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD...]")
+def plan_command(
+    job_id: str, nnodes: int, node_list: str, submit_dir: str | None, write: bool, command: tuple[str, ...]
+) -> None:
+    """Validate the settings and the manifest; print the plan as bash to source (after checking the
+    exit status); with --write, create the job dir and write job.json (secrets masked).
+
+    \b
+    Example: plan=$(slurm-multi job plan --job-id "$SLURM_JOB_ID" --nnodes 2 --write) || exit 2
+    """
+    env = dict(os.environ)
+    ctx = resolve(env, command)
+    for warning in ctx.warnings:
+        talk("manifest", warning)
+    runtime = ctx.get("SM_RUNTIME", "docker")
+    if not ctx.get("SM_IMAGE") and runtime != "none":
+        where = f" (manifest {ctx.manifest}, model {ctx.model_key}, has no built_images docker_image)"
+        raise usage_error(f"{AREA}: no image to run: give --image IMAGE{where if ctx.manifest else ''}")
+    if runtime == "none" and not ctx.workload:
+        raise usage_error(f"{AREA}: --runtime none needs a command: give -- CMD or a manifest with scripts")
+    model = model_dir_name(ctx)
+    directory = job_dir(ctx.get("SM_OUT", "./slurm_output"), submit_dir or os.getcwd(), model, job_id)
+    nodes = node_list.split()
+    if write:
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except OSError as exc:
+            raise HelperError(f"{AREA}: cannot create the job dir {directory}: {exc.strerror}") from None
+        shell.write_json(
+            os.path.join(directory, "job.json"), job_document(ctx, env, job_id, nodes, nnodes, command)
+        )
+    text = shell.render(
+        "slurm-multi job plan",
+        scalars={
+            "SM_JOBDIR": directory,
+            "JOB_MODEL": model,
+            "JOB_MODEL_KEY": ctx.model_key,
+            "JOB_IMAGE": ctx.get("SM_IMAGE"),
+            "JOB_RESULTS_CSV": ctx.get("SM_RESULTS_CSV"),
+        },
+        arrays=pyxis_arrays(ctx),
+    )
+    sys.stdout.buffer.write(text.encode("utf-8", "surrogateescape"))
+
+
+# ---- the watch loop ------------------------------------------------------------------------------
+
+EXIT_STOP = 10  # `job watch`: a node failed and the peer grace is over: stop the step
+BAD_NODE_STATES = ("DOWN", "FAIL", "NODE_FAIL")
+
+
+def _alive(pid: int) -> bool:
+    """The process exists and has not exited (a zombie waiting to be reaped counts as ended)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] not in (b"Z", b"X")
+
+
+def _read_status(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def node_stage(jobdir: str, rank: int) -> str:
+    """The stage a node is in, from the tail of its live log."""
+    if os.path.exists(os.path.join(jobdir, f"node_{rank}", "status.json")):
+        return "finished"
+    try:
+        with open(os.path.join(jobdir, f"node_{rank}", "node.log"), "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - 8192))
+            tail = handle.read().decode("utf-8", "replace")
+    except OSError:
+        return "starting"
+    found = re.findall(r" stage ([a-z0-9-]+)", tail)
+    return found[-1] if found else "starting"
+
+
+def slurm_node_states(nodes: Sequence[str]) -> dict[str, str]:
+    """Slurm's state of each node (`scontrol show node -o`), e.g. IDLE, MIXED, DOWN*, ALLOCATED+DRAIN."""
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["scontrol", "show", "node", "-o", ",".join(nodes)],
+            capture_output=True, text=True, timeout=10, check=False,
+        ).stdout  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    states: dict[str, str] = {}
+    for line in out.splitlines():
+        name = re.search(r"(?:^|\s)NodeName=(\S+)", line)
+        state = re.search(r"(?:^|\s)State=(\S+)", line)
+        if name and state:
+            states[name.group(1)] = state.group(1)
+    return states
+
+
+def is_bad_state(state: str) -> bool:
+    return any(bad in part for part in re.split(r"[+*]", state.upper()) for bad in BAD_NODE_STATES)
+
+
+def write_lost_status(jobdir: str, rank: int, node: str, state: str) -> None:
+    """A rank on a node Slurm declared dead will never stage: record that, so nobody waits for it."""
+    directory = os.path.join(jobdir, f"node_{rank}")
+    path = os.path.join(directory, "status.json")
+    if os.path.exists(path):
+        return
+    os.makedirs(directory, exist_ok=True)
+    shell.write_json(
+        path,
+        {
+            "rank": rank,
+            "node": node,
+            "exit_code": 137,
+            "status": "failed",
+            "reason": f"Slurm reports {node} {state}: the node (or its slurmd) died during the job",
+            "image_id": "",
+            "stages": {},
+        },
+    )
+
+
+def mark_lost(jobdir: str, nodes: Sequence[str], tasks_per_node: int) -> list[tuple[str, str]]:
+    """Record a lost status for every rank on a node Slurm reports dead; return (node, state) pairs."""
+    lost = []
+    states = slurm_node_states(nodes)
+    for index, node in enumerate(nodes):
+        state = states.get(node, "")
+        if state and is_bad_state(state):
+            for local in range(tasks_per_node):
+                write_lost_status(jobdir, index * tasks_per_node + local, node, state)
+            lost.append((node, state))
+    return lost
+
+
+def watch(
+    jobdir: str,
+    nodes: Sequence[str],
+    tasks_per_node: int,
+    srun_pid: int,
+    peer_grace: float,
+    progress_every: float,
+    check_every: float = 1.0,
+    node_check_every: float = 2.0,
+) -> int:
+    """Wait for the worker step; 0 when it ended, EXIT_STOP when a rank failed `peer_grace` ago."""
+    ranks = len(nodes) * tasks_per_node
+    failed_since: float | None = None
+    now = time.monotonic()
+    next_check, next_nodes, next_progress = now, now + node_check_every, now + progress_every
+    while _alive(srun_pid):
+        time.sleep(0.1)
+        now = time.monotonic()
+        if failed_since is not None:
+            if now - failed_since >= peer_grace:
+                return EXIT_STOP
+            continue
+        if now >= next_nodes and nodes:
+            next_nodes = now + node_check_every
+            lost = mark_lost(jobdir, nodes, tasks_per_node)
+            if lost:
+                node, state = lost[0]
+                talk(
+                    "multi",
+                    f"Slurm reports {node} {state}; "
+                    f"the other nodes get {peer_grace:g} s before they are stopped",
+                )
+                failed_since = now
+                continue
+        if now >= next_check:
+            next_check = now + check_every
+            for rank in range(ranks):
+                status = _read_status(os.path.join(jobdir, f"node_{rank}", "status.json"))
+                if status is not None and status.get("exit_code") != 0:
+                    reason = status.get("reason") or f"exit {status.get('exit_code')}"
+                    talk("multi", f"node_{rank} ({status.get('node', '?')}) failed: {reason}; "
+                         f"the other nodes get {peer_grace:g} s before they are stopped")  # fmt: skip
+                    failed_since = now
+                    break
+        if now >= next_progress:
+            next_progress = now + progress_every
+            talk("multi", "progress: " + " ".join(f"node_{r}={node_stage(jobdir, r)}" for r in range(ranks)))
+    return 0
+
+
+@cli.command("mark-lost", short_help="Record the ranks of dead nodes as lost.")
+@click.option("--jobdir", required=True, type=click.Path(file_okay=False))
+@click.option("--nodes", "node_list", required=True, help="The job's nodes, space-separated, in rank order.")
+@click.option("--tasks-per-node", type=click.IntRange(min=1), default=1, show_default=True)
+def mark_lost_command(jobdir: str, node_list: str, tasks_per_node: int) -> None:
+    """Write status.json for the ranks of every node Slurm reports DOWN or failed (they never will).
+
+    \b
+    Example: slurm-multi job mark-lost --jobdir "$SM_JOBDIR" --nodes "node1 node2"
+    """
+    for node, state in mark_lost(jobdir, node_list.split(), tasks_per_node):
+        talk("multi", f"Slurm reports {node} {state}: its ranks are recorded as lost; not waiting for them")
+
+
+@cli.command("watch", short_help="Watch the node tasks until the step ends.")
+@click.option("--jobdir", required=True, type=click.Path(file_okay=False))
+@click.option("--nodes", "node_list", required=True, help="The job's nodes, space-separated, in rank order.")
+@click.option("--tasks-per-node", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--srun-pid", type=int, required=True, help="The worker step's srun: the watch ends with it.")
+@click.option("--peer-grace", type=click.FloatRange(min=0), default=30, show_default=True)
+@click.option("--progress-seconds", type=click.FloatRange(min=1), default=15, show_default=True)
+def watch_command(
+    jobdir: str,
+    node_list: str,
+    tasks_per_node: int,
+    srun_pid: int,
+    peer_grace: float,
+    progress_seconds: float,
+) -> None:
+    """Watch the node tasks: progress, a rank's failure, a node Slurm declares DOWN or failed.
+
+    Exits 0 when the step ended, 10 when a rank failed (or its node died) PEER_GRACE seconds ago and
+    the batch step should stop the others.
+
+    \b
+    Example: slurm-multi job watch --jobdir "$SM_JOBDIR" --nodes "node1 node2" --srun-pid "$pid"
+    """
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    sys.exit(watch(jobdir, node_list.split(), tasks_per_node, srun_pid, peer_grace, progress_seconds))

@@ -1,0 +1,333 @@
+"""A node's helpers: one `prepare` per task, `status` at its end, `from-job` to re-run a stage by hand.
+
+`slurm-multi node prepare` is the node's one look at its settings, its GPUs and the manifest, in one
+Python start: it detects the GPUs, resolves the run context, checks that the GPUs asked for are
+here (what the node detects wins; asking for more is an error naming both lists), de-duplicates the
+mounts (our /sm-out first: results are never displaced), splits the workload's arguments, and
+writes into the task's scratch dir (mode 0700):
+
+    context.sh     bash for sm-node to source AFTER this helper exited 0 (no process substitution)
+    container.env  the manifest's docker_env_vars, for `docker run --env-file` (the container only:
+                   the toolkit's shell and helpers never have them in their environment)
+    workload.env   the same as bash `export` lines, for the bare-metal runtime's workload subshell
+    secrets        every secret value the context can print, for the node's log filter
+    gpus.json      what detection found
+
+Any failure is one line on stderr and a non-zero exit, and then nothing is sourced.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import click
+
+from slurm_multi import shell
+from slurm_multi.common import HelperError, talk, usage_error
+from slurm_multi.context import RunContext, resolve
+from slurm_multi.redact import MASK, is_secret_name
+
+AREA = "prepare"
+SM_OUT_MOUNT = "/sm-out"
+
+
+def resolve_build_paths(ctx: RunContext, env: Mapping[str, str]) -> None:
+    """Relative dockerfile/context paths in a manifest are relative to where madengine ran: try the
+    submit dir, then the manifest's dir and its parents."""
+    manifest_dir = os.path.dirname(os.path.abspath(ctx.manifest)) if ctx.manifest else None
+    bases = [env.get("SLURM_SUBMIT_DIR") or os.getcwd()]
+    if manifest_dir:
+        bases += [manifest_dir, os.path.dirname(manifest_dir), os.path.dirname(os.path.dirname(manifest_dir))]
+    for name in ("SM_DOCKERFILE", "SM_DOCKER_CONTEXT"):
+        value = ctx.values.get(name, "")
+        if not value or os.path.isabs(value) or name in env:
+            continue
+        for base in bases:
+            candidate = os.path.join(base, value)
+            if os.path.exists(candidate):
+                ctx.values[name] = os.path.abspath(candidate)
+                break
+
+
+def env_file_text(docker_env: Mapping[str, str]) -> str:
+    """docker's --env-file format: NAME=VALUE per line, the value taken literally to the line's end.
+    A value with a line break cannot be carried: an error, never a silently cut value."""
+    lines = []
+    for name, value in docker_env.items():
+        if "\n" in value or "\r" in value:
+            raise usage_error(
+                f"{AREA}: docker_env_vars {name} has a line break; docker --env-file cannot pass it on. "
+                "Export it in the job's environment instead (the environment wins over the manifest)"
+            )
+        lines.append(f"{name}={value}")
+    return "".join(line + "\n" for line in lines)
+
+
+def gpu_arguments(ctx: RunContext, detected: dict[str, Any], node: str) -> list[str]:
+    from slurm_multi.gpus import docker_gpu_args
+
+    vendor = ctx.get("SM_GPU_VENDOR") or None
+    return docker_gpu_args(detected, vendor, ctx.get("SM_DOCKER_GPUS") or None, node)
+
+
+def docker_options(ctx: RunContext, scratch: str) -> list[str]:
+    """The manifest's docker options and mounts, de-duplicated; our /sm-out mount always wins."""
+    from slurm_multi.mounts import dedup_mounts
+
+    ours = ["-v", f"{scratch}/output:{SM_OUT_MOUNT}"]
+    args, dropped = dedup_mounts(ours + ctx.docker_opts, ctx.mounts)
+    for message in dropped:
+        talk("mounts", message)
+    return args
+
+
+def env_arguments(ctx: RunContext, env_file: str | None) -> list[str]:
+    args = ["--env-file", env_file] if env_file else []
+    for name in ctx.kept_env:  # the value comes from the environment the docker client runs in
+        args += ["-e", name]
+    return args
+
+
+def prepare(
+    env: Mapping[str, str],
+    scratch: str,
+    command: Sequence[str],
+    detect: bool,
+    shown_scratch: str | None = None,
+) -> dict[str, Any]:
+    """Resolve and check this node's context; write the files named in the module docstring.
+
+    `shown_scratch` is the scratch path the docker arguments name (the dry run writes its files
+    elsewhere but shows the node's paths)."""
+    from slurm_multi.gpus import detect_gpus
+
+    node = env.get("SLURMD_NODENAME") or socket.gethostname()
+    scratch = os.path.abspath(scratch)
+    shown = os.path.abspath(shown_scratch) if shown_scratch else scratch
+    detected = (
+        detect_gpus(path=env.get("PATH"))
+        if detect
+        else {"vendor": "none", "count": 0, "gpus": [], "skipped": True}
+    )
+    ctx = resolve(env, command)
+    for warning in ctx.warnings:
+        talk("manifest", warning)
+    runtime = ctx.get("SM_RUNTIME", "docker")
+    if not ctx.get("SM_IMAGE") and runtime == "docker":
+        raise usage_error(f"{AREA}: no image: give --image or a manifest with docker_image")
+    resolve_build_paths(ctx, env)
+    gpu_args = gpu_arguments(ctx, detected, node) if detect else []
+    os.makedirs(os.path.join(scratch, "output"), exist_ok=True)
+    env_file = None
+    if ctx.docker_env:
+        shell.write_private(os.path.join(scratch, "container.env"), env_file_text(ctx.docker_env))
+        env_file = os.path.join(shown, "container.env")
+    shell.write_private(
+        os.path.join(scratch, "workload.env"),
+        "".join(shell.scalar(n, v, export=True) + "\n" for n, v in ctx.docker_env.items()),
+    )
+    secrets = ctx.secret_values(env)
+    shell.write_private(os.path.join(scratch, "secrets"), "".join(s + "\n" for s in secrets if "\n" not in s))
+    shell.write_json(os.path.join(scratch, "gpus.json"), detected)
+    exports = {k: v for k, v in ctx.values.items() if k not in env or env[k] != v}
+    arrays = {
+        "SM_BUILD_ARGS": [f"{n}={v}" for n, v in ctx.build_args],
+        "SM_BUILD_SECRET_NAMES": [n for n, _ in ctx.build_args if n in ctx.secret_names or is_secret_name(n)],
+        "RUN_GPU_ARGS": gpu_args,
+        "RUN_DOCKER_OPTS": docker_options(ctx, shown) if runtime == "docker" else [],
+        "RUN_ENV_ARGS": env_arguments(ctx, env_file),
+        "RUN_WORKLOAD": ctx.workload,
+    }
+    scalars = {"SM_GPU_DETECTED": f"{detected['vendor']} x{detected['count']}"}
+    shell.write_private(
+        os.path.join(scratch, "context.sh"),
+        shell.render("slurm-multi node prepare", scalars=scalars, arrays=arrays, exports=exports),
+    )
+    indexes = ",".join(str(g.get("index")) for g in detected["gpus"]) or "-"
+    shown_env = ", ".join(f"{n}={MASK if n in ctx.secret_names else v}" for n, v in ctx.docker_env.items())
+    talk(
+        AREA,
+        f"GPUs detected: {detected['vendor']} ({indexes}); image {ctx.get('SM_IMAGE') or '-'}; "
+        f"container env: {shown_env or '-'}",
+    )
+    return {"detected": detected, "context": ctx}
+
+
+# ---- status.json ---------------------------------------------------------------------------------
+
+
+def status_document(
+    rank: int, node: str, exit_code: int, reason: str, image_id: str, stages: Sequence[str], terminated: bool
+) -> dict[str, Any]:
+    status = "ok" if exit_code == 0 else "timeout" if exit_code == 124 else "failed"
+    if terminated and status == "ok":
+        status = "terminated"
+    table: dict[str, Any] = {}
+    for spec in stages:
+        parts = spec.split(":")
+        if len(parts) < 3:
+            raise usage_error(f"node status: --stage {spec!r}: expected NAME:SECONDS:STATUS[:EXIT]")
+        name, seconds, state = parts[0], parts[1], parts[2]
+        try:
+            entry: dict[str, Any] = {"seconds": float(seconds), "status": state}
+            if len(parts) > 3 and parts[3] != "":
+                entry["exit_code"] = int(parts[3])
+        except ValueError:
+            raise usage_error(
+                f"node status: --stage {spec!r}: seconds and exit code must be numbers"
+            ) from None
+        table[name] = entry
+    return {
+        "rank": rank,
+        "node": node,
+        "exit_code": exit_code,
+        "status": status,
+        "reason": reason,
+        "image_id": image_id,
+        "stages": table,
+    }
+
+
+# ---- --from-job ----------------------------------------------------------------------------------
+
+
+def _read_json(path: str, what: str) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except OSError as exc:
+        raise usage_error(f"node from-job: cannot read {what} {path}: {exc.strerror}") from None
+    except ValueError as exc:
+        raise usage_error(f"node from-job: {what} {path} is not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise usage_error(f"node from-job: {what} {path} is not a JSON object")
+    return data
+
+
+def from_job(jobdir: str, rank: int, env: Mapping[str, str]) -> str:
+    """Bash that sets what a stage of that job needs on this node: the job's settings (masked ones
+    from this environment), its id, node list, rank 0's address and rank 0's image ID."""
+    job = _read_json(os.path.join(jobdir, "job.json"), "job.json")
+    settings = job.get("settings")
+    if not isinstance(settings, dict):
+        raise usage_error(
+            f"node from-job: {jobdir}/job.json has no settings (written by an older slurm-multi)"
+        )
+    nodes = job.get("nodes") or []
+    nnodes = int(job.get("nnodes") or len(nodes) or 1)
+    tasks = int(job.get("tasks_per_node") or 1)
+    if not 0 <= rank < nnodes * tasks:
+        raise usage_error(
+            f"node from-job: rank {rank} is not a rank of job {job.get('job_id')} (0..{nnodes * tasks - 1})"
+        )
+    exports: dict[str, str] = {}
+    missing: list[str] = []
+    for name, value in settings.items():
+        if not isinstance(value, str):
+            continue
+        if value == MASK or is_secret_name(name):
+            if name not in env:
+                missing.append(name)
+            continue
+        exports[name] = value
+    if missing:
+        talk(
+            "from-job",
+            f"masked in job.json, not in this environment: {', '.join(missing)} "
+            "(export them if a stage needs them)",
+        )
+    exports.update(
+        {
+            "SLURM_JOB_ID": str(job.get("job_id", "")),
+            "SM_RANK": str(rank),
+            "NNODES": str(nnodes),
+            "SLURM_NNODES": str(nnodes),
+            "SM_JOBDIR": jobdir,
+        }
+    )
+    if nodes:
+        exports["MASTER_ADDR"] = str(nodes[0])
+        exports["SLURM_JOB_NODELIST"] = ",".join(str(n) for n in nodes)
+    status0 = os.path.join(jobdir, "node_0", "status.json")
+    if os.path.exists(status0):
+        image_id = _read_json(status0, "rank 0's status").get("image_id") or ""
+        if image_id:
+            exports["SM_IMAGE_ID"] = str(image_id)
+    command = [str(w) for w in job.get("command") or []]
+    if any(MASK in word for word in command):
+        raise usage_error(
+            "node from-job: the job's command has masked words (secrets); run the stage with -- CMD"
+        )
+    return shell.render(
+        f"slurm-multi node from-job {jobdir} --rank {rank}", exports=exports, arrays={"SM_CMD": command}
+    )
+
+
+# ---- CLI -----------------------------------------------------------------------------------------
+
+
+@click.group("node", context_settings={"help_option_names": ["-h", "--help"]})
+def cli() -> None:
+    """A node's helpers: prepare the context, write status.json, re-run a stage of a finished job."""
+
+
+@cli.command("prepare", short_help="Resolve and check this node's run context.")
+@click.option("--scratch", required=True, type=click.Path(file_okay=False), help="The task's scratch dir.")
+@click.option("--no-detect", is_flag=True, help="Skip GPU detection and GPU arguments (dry run).")
+@click.option("--node-scratch", metavar="DIR", help="The scratch path the docker arguments name (dry run).")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD...]")
+def prepare_command(
+    scratch: str, no_detect: bool, node_scratch: str | None, command: tuple[str, ...]
+) -> None:
+    """Detect GPUs, resolve the run context, check it; write context.sh and friends into SCRATCH.
+
+    \b
+    Example: slurm-multi node prepare --scratch /tmp/sm.57.r0 && source /tmp/sm.57.r0/context.sh
+    """
+    prepare(os.environ, scratch, command, detect=not no_detect, shown_scratch=node_scratch)
+
+
+@cli.command("status")
+@click.option("--file", "path", required=True, help="Where to write status.json (atomically).")
+@click.option("--rank", type=int, required=True)
+@click.option("--node", "node_name", required=True)
+@click.option("--exit-code", type=int, required=True)
+@click.option("--reason", default="")
+@click.option("--image-id", default="")
+@click.option("--terminated", is_flag=True, help="The task was stopped by a signal.")
+@click.option("--stage", "stages", multiple=True, metavar="NAME:SECONDS:STATUS[:EXIT]")
+def status_command(
+    path: str, rank: int, node_name: str, exit_code: int, reason: str, image_id: str, terminated: bool,
+    stages: tuple[str, ...],
+) -> None:  # fmt: skip
+    """Write a node's status.json (the verdict's input).
+
+    \b
+    Example: slurm-multi node status --file node_1/status.json --rank 1 --node node2 --exit-code 0 \\
+               --stage prepare:0.12:ok --stage run:1.30:ok:0
+    """
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        shell.write_json(
+            path, status_document(rank, node_name, exit_code, reason, image_id, stages, terminated)
+        )
+    except OSError as exc:
+        raise HelperError(f"node status: cannot write {path}: {exc.strerror}") from None
+
+
+@cli.command("from-job", short_help="Restore a finished job's settings for a rank.")
+@click.argument("jobdir", type=click.Path(exists=True, file_okay=False))
+@click.option("--rank", type=int, required=True, help="The rank whose stage to re-run.")
+def from_job_command(jobdir: str, rank: int) -> None:
+    """Print bash that restores a finished job's settings for one rank (sm-node --from-job uses it).
+
+    \b
+    Example: slurm-multi node from-job /shared/out/toy_model/57 --rank 1
+    """
+    text = from_job(os.path.abspath(jobdir), rank, os.environ)
+    sys.stdout.buffer.write(text.encode("utf-8", "surrogateescape"))

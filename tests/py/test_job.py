@@ -1,0 +1,337 @@
+"""slurm-multi job plan / watch and node prepare / status / from-job: the seam's Python side."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slurm_multi import job, node
+from slurm_multi.context import model_dir_name, resolve
+
+REPO = Path(__file__).resolve().parents[2]
+TOY = REPO / "examples" / "toy" / "build_manifest.json"
+
+
+def write_manifest(path: Path, context: dict | None = None, model: dict | None = None) -> Path:
+    entry = {"name": "toy_model", "scripts": "run.sh", "args": "--steps 2", "multiple_results": "perf.csv"}
+    entry.update(model or {})
+    path.write_text(
+        json.dumps(
+            {
+                "built_images": {"m": {"docker_image": "toy/model:local"}},
+                "built_models": {"m": entry},
+                "context": context or {},
+            }
+        )
+    )
+    return path
+
+
+def invoke(args: list[str], env: dict[str, str]) -> tuple[int, str, str]:
+    """`slurm-multi ARGS` as a node runs it, in a clean environment plus `env`."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SM_", "MAD_", "SLURM"))}
+    proc = subprocess.run(
+        [sys.executable, "-m", "slurm_multi", *args],
+        env={**base, "PYTHONPATH": str(REPO / "py"), **env},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+# ---- job plan ------------------------------------------------------------------------------------
+
+
+@given(st.text(min_size=0, max_size=40))
+@settings(max_examples=300, deadline=None)
+def test_the_job_dir_is_inside_out_whatever_the_model_is_called(name: str) -> None:
+    ctx = resolve({"SM_MODEL": name, "SM_IMAGE": "img"})
+    model = model_dir_name(ctx)
+    assert model not in ("", ".", "..") and "/" not in model and not model.startswith(".")
+    path = job.job_dir("/srv/out", "/submit", model, "42")
+    assert os.path.dirname(os.path.dirname(path)) == "/srv/out"
+
+
+def test_a_relative_out_is_relative_to_the_submit_dir() -> None:
+    assert job.job_dir("./o", "/submit", "m", "7") == "/submit/o/m/7"
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("not json", "not JSON (line 1 column 1"),
+        ('{"built_models": [1, 2]}', "built_models must be an object, got array"),
+        ('{"context": {}}', "built_models is missing"),
+        ('{"built_models": {"a": {}, "b": {}}}', "several models in built_models (a, b)"),
+        (
+            '{"built_models": {"a": {"args": ["x"]}}}',
+            "built_models.a.args must be a string, number or boolean",
+        ),
+        (
+            '{"built_models": {"a": {}}, "context": {"docker_env_vars": []}}',
+            "context.docker_env_vars must be an object",
+        ),
+    ],
+)
+def test_plan_refuses_a_bad_manifest_in_one_line_naming_file_and_key(
+    tmp_path: Path, content: str, message: str
+) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(content)
+    code, out, err = invoke(["job", "plan", "--job-id", "1", "--nnodes", "2"], {"SM_MANIFEST": str(bad)})
+    assert code == 2
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1
+    assert str(bad) in err or "built_models" in err
+    assert message in err
+
+
+def test_plan_writes_job_json_with_every_setting_and_the_manifest_values_secrets_masked(
+    tmp_path: Path,
+) -> None:
+    manifest = write_manifest(
+        tmp_path / "m.json",
+        context={
+            "docker_env_vars": {"HF_TOKEN": "hf_literal_env_secret", "MODE": "x"},
+            "docker_build_arg": {"API_KEY": "key_literal_build_secret", "GREETING": "hi"},
+        },
+    )
+    env = {
+        "SM_MANIFEST": str(manifest),
+        "SM_OUT": str(tmp_path / "out"),
+        "SM_TIMEOUT": "99",
+        "SM_BARRIER_TOKEN": "barrier_token_secret_value",
+        "SM_RUNTIME": "docker",
+    }
+    code, out, err = invoke(
+        ["job", "plan", "--job-id", "5", "--nnodes", "2", "--nodes", "n1 n2", "--write"], env
+    )
+    assert code == 0, err
+    assert f"declare -g SM_JOBDIR={tmp_path}/out/toy_model/5" in out
+    text = (tmp_path / "out" / "toy_model" / "5" / "job.json").read_text()
+    for secret in ("hf_literal_env_secret", "key_literal_build_secret", "barrier_token_secret_value"):
+        assert secret not in text
+    doc = json.loads(text)
+    assert doc["settings"]["SM_TIMEOUT"] == "99"
+    assert doc["settings"]["SM_BARRIER_TOKEN"] == "***"
+    assert doc["nodes"] == ["n1", "n2"] and doc["nnodes"] == 2
+    assert doc["results_csv"] == "perf.csv" and doc["model"] == "toy_model"
+    assert doc["manifest_values"]["docker_env"] == {"HF_TOKEN": "***", "MODE": "x"}
+    assert doc["manifest_values"]["build_args"] == ["API_KEY=***", "GREETING=hi"]
+    assert doc["manifest_values"]["workload"] == ["sh", "run.sh", "--steps", "2"]
+
+
+# ---- node prepare --------------------------------------------------------------------------------
+
+
+def prepare(tmp_path: Path, manifest: Path, **extra: str) -> Path:
+    scratch = tmp_path / "scratch"
+    env = {"SM_MANIFEST": str(manifest), "SM_RUNTIME": "docker", "PATH": "/usr/bin:/bin", **extra}
+    node.prepare(env, str(scratch), (), detect=True)
+    return scratch
+
+
+def test_prepare_keeps_the_manifest_env_out_of_the_shell_and_in_a_private_env_file(tmp_path: Path) -> None:
+    manifest = write_manifest(
+        tmp_path / "m.json",
+        context={
+            "docker_env_vars": {"PYTHONHOME": "/nope", "DOCKER_HOST": "tcp://x:1", "HF_TOKEN": "hf_abcdef"}
+        },
+    )
+    scratch = prepare(tmp_path, manifest)
+    context = (scratch / "context.sh").read_text()
+    assert "PYTHONHOME" not in context and "DOCKER_HOST" not in context and "hf_abcdef" not in context
+    assert (
+        scratch / "container.env"
+    ).read_text() == "PYTHONHOME=/nope\nDOCKER_HOST=tcp://x:1\nHF_TOKEN=hf_abcdef\n"
+    for name in ("container.env", "secrets", "context.sh", "workload.env"):
+        assert stat.S_IMODE((scratch / name).stat().st_mode) == 0o600
+    assert (scratch / "secrets").read_text() == "hf_abcdef\n"
+
+
+def test_prepare_refuses_a_value_docker_env_file_cannot_carry(tmp_path: Path) -> None:
+    manifest = write_manifest(tmp_path / "m.json", context={"docker_env_vars": {"CERT": "line1\nline2"}})
+    with pytest.raises(node.HelperError) as caught:
+        prepare(tmp_path, manifest)
+    assert caught.value.exit_code == 2 and "docker_env_vars CERT has a line break" in str(caught.value)
+    assert not (tmp_path / "scratch" / "context.sh").exists()
+
+
+def test_prepare_puts_our_sm_out_mount_first_so_it_always_wins(tmp_path: Path) -> None:
+    manifest = write_manifest(
+        tmp_path / "m.json",
+        context={"docker_mounts": {"/data": "/shared/data"}},
+        model={"additional_docker_run_options": "-v /other:/sm-out --shm-size 1G"},
+    )
+    scratch = prepare(tmp_path, manifest)
+    context = (scratch / "context.sh").read_text()
+    line = next(x for x in context.splitlines() if x.startswith("declare -ga RUN_DOCKER_OPTS="))
+    assert line == (
+        f"declare -ga RUN_DOCKER_OPTS=(-v {scratch}/output:/sm-out --shm-size 1G -v /shared/data:/data)"
+    )
+
+
+def test_prepare_output_sources_back_to_the_same_values(tmp_path: Path) -> None:
+    manifest = write_manifest(tmp_path / "m.json", model={"args": "--name 'a b' \"$(touch pwned)\""})
+    scratch = prepare(tmp_path, manifest)
+    script = f'source {scratch}/context.sh && printf "%s\\n" "${{RUN_WORKLOAD[@]}}"'
+    out = subprocess.run(
+        ["bash", "-c", script], capture_output=True, text=True, check=True, cwd=tmp_path
+    ).stdout
+    assert out.splitlines() == ["sh", "run.sh", "--name", "a b", "$(touch pwned)"]
+    assert not (tmp_path / "pwned").exists()
+
+
+# ---- status and from-job -------------------------------------------------------------------------
+
+
+def test_status_document_and_its_cli(tmp_path: Path) -> None:
+    path = tmp_path / "node_1" / "status.json"
+    code, _, err = invoke(
+        ["node", "status", "--file", str(path), "--rank", "1", "--node", "node2", "--exit-code", "3",
+         "--reason", 'container exited 3 "boom"', "--stage", "prepare:0.12:ok",
+         "--stage", "run:1.50:failed:3"],
+        {},
+    )  # fmt: skip
+    assert code == 0, err
+    doc = json.loads(path.read_text())
+    assert doc["status"] == "failed" and doc["reason"] == 'container exited 3 "boom"'
+    assert doc["stages"] == {
+        "prepare": {"seconds": 0.12, "status": "ok"},
+        "run": {"seconds": 1.5, "status": "failed", "exit_code": 3},
+    }
+    code, _, err = invoke(
+        [
+            "node",
+            "status",
+            "--file",
+            str(path),
+            "--rank",
+            "1",
+            "--node",
+            "n",
+            "--exit-code",
+            "0",
+            "--stage",
+            "x",
+        ],
+        {},
+    )
+    assert code == 2 and "expected NAME:SECONDS:STATUS" in err
+
+
+def test_from_job_restores_settings_but_not_masked_ones_and_reads_rank0s_image(tmp_path: Path) -> None:
+    jobdir = tmp_path / "job"
+    (jobdir / "node_0").mkdir(parents=True)
+    (jobdir / "job.json").write_text(
+        json.dumps(
+            {"job_id": "9", "nnodes": 2, "nodes": ["node1", "node2"], "command": ["sh", "-c", "echo hi"],
+             "settings": {"SM_TIMEOUT": "50", "SM_BARRIER_TOKEN": "***", "SM_IMAGE": "img:1"}}
+        )
+    )  # fmt: skip
+    (jobdir / "node_0" / "status.json").write_text(json.dumps({"image_id": "sha256:abc"}))
+    text = node.from_job(str(jobdir), 1, {})
+    assert "declare -gx SM_TIMEOUT=50" in text and "declare -gx SM_IMAGE=img:1" in text
+    assert "SM_BARRIER_TOKEN" not in text
+    assert "declare -gx SM_IMAGE_ID=sha256:abc" in text and "declare -gx MASTER_ADDR=node1" in text
+    assert "declare -ga SM_CMD=(sh -c 'echo hi')" in text
+    with pytest.raises(node.HelperError, match="rank 2 is not a rank of job 9"):
+        node.from_job(str(jobdir), 2, {})
+
+
+# ---- job watch -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def sleeper() -> subprocess.Popen:
+    proc = subprocess.Popen(["sleep", "60"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def fake_scontrol(tmp_path: Path, states: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    script = bin_dir / "scontrol"
+    script.write_text(f"#!/bin/sh\nprintf '%s\\n' {states}\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+
+
+def test_watch_ends_with_the_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_scontrol(tmp_path, "'NodeName=node1 State=ALLOCATED'", monkeypatch)
+    proc = subprocess.Popen(["sleep", "0.5"])
+    # The step ends (a zombie not yet reaped counts as ended): the watch ends with exit 0.
+    assert job.watch(str(tmp_path), ["node1"], 1, proc.pid, peer_grace=30, progress_every=60) == 0
+    proc.wait()
+
+
+def test_watch_stops_the_others_a_peer_grace_after_a_rank_failed(
+    tmp_path: Path, sleeper: subprocess.Popen, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_scontrol(tmp_path, "'NodeName=node1 State=ALLOCATED' 'NodeName=node2 State=ALLOCATED'", monkeypatch)
+    (tmp_path / "node_1").mkdir()
+    (tmp_path / "node_1" / "status.json").write_text(
+        json.dumps({"exit_code": 3, "node": "node2", "reason": "boom"})
+    )
+    started = time.monotonic()
+    assert (
+        job.watch(str(tmp_path), ["node1", "node2"], 1, sleeper.pid, peer_grace=0.5, progress_every=60)
+        == job.EXIT_STOP
+    )
+    assert time.monotonic() - started < 10
+
+
+def test_a_node_slurm_declares_down_counts_as_failed_at_once(
+    tmp_path: Path, sleeper: subprocess.Popen, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_scontrol(
+        tmp_path, "'NodeName=node1 State=ALLOCATED' 'NodeName=node2 State=DOWN*+DRAIN'", monkeypatch
+    )
+    assert (
+        job.watch(
+            str(tmp_path),
+            ["node1", "node2"],
+            1,
+            sleeper.pid,
+            peer_grace=0.2,
+            progress_every=60,
+            node_check_every=0.1,
+        )
+        == job.EXIT_STOP
+    )
+    doc = json.loads((tmp_path / "node_1" / "status.json").read_text())
+    assert doc["exit_code"] == 137 and "Slurm reports node2 DOWN" in doc["reason"]
+    assert not (tmp_path / "node_0" / "status.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("state", "bad"),
+    [("ALLOCATED", False), ("MIXED", False), ("IDLE*", False), ("DOWN", True), ("DOWN*", True),
+     ("ALLOCATED+FAIL", True), ("MIXED+DRAIN", False), ("FAILING", True)],
+)  # fmt: skip
+def test_bad_node_states(state: str, bad: bool) -> None:
+    assert job.is_bad_state(state) is bad
+
+
+def test_cli_module_runs_as_python_m(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "slurm_multi", "job", "--help"],
+        env={**os.environ, "PYTHONPATH": str(REPO / "py")},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0 and "plan" in proc.stdout and "watch" in proc.stdout
