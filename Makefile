@@ -6,7 +6,10 @@ SHELL := /bin/bash
 
 VENV       ?= .venv
 PY         := $(VENV)/bin/python
-STAMP      := $(VENV)/.sm-setup-stamp
+# The venv is made from the system's Python, which every user can execute: jobs run as ordinary
+# users, and a venv whose base interpreter lives under /root (pyenv) is useless to them.
+VENV_PYTHON ?= $(shell test -x /usr/bin/python3 && echo /usr/bin/python3 || command -v python3)
+STAMP      := $(VENV)/.sm-setup-stamp$(subst /,-,$(VENV_PYTHON))
 NODES      ?= 2
 CLUSTER_NODES ?= 3
 NODE       ?= node1
@@ -35,7 +38,9 @@ setup: $(STAMP) ## install Debian packages (as root) and create .venv (idempoten
 
 $(STAMP): pyproject.toml
 	@if [ "$$(id -u)" = 0 ]; then tests/cluster/install-packages; else echo "setup: not root, skipping Debian packages" >&2; fi
-	@test -x $(PY) || python3 -m venv $(VENV)
+	@if [ -f $(VENV)/pyvenv.cfg ] && [ "$$(sed -n 's/^home = //p' $(VENV)/pyvenv.cfg)" != "$$(dirname $(VENV_PYTHON))" ]; then \
+	  echo "setup: $(VENV) was made from another Python; making it again from $(VENV_PYTHON)" >&2; rm -rf $(VENV); fi
+	@test -x $(PY) || $(VENV_PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
 	@touch $@
 

@@ -106,13 +106,10 @@ job::stop_step() {
 # behind; one short step per node stops the container and stages them. Skipped when every node
 # staged already.
 job::reap() {
-  local r missing=0
-  for ((r = 0; r < ${SLURM_JOB_NUM_NODES:-1}; r++)); do
-    [[ -f ${SM_JOBDIR}/node_${r}/status.json ]] || missing=1
-  done
-  ((missing)) || return 0
-  [[ ${SM_RUNTIME:-docker} == docker ]] || return 0
-  local argv=(srun --overlap --nodes="${SLURM_JOB_NUM_NODES:-1}" --ntasks-per-node=1 --kill-on-bad-exit=0
+  job::all_staged && return 0
+  # pyxis runs no sm-node on the nodes (see lib/launch.sh): nothing there to reap with.
+  [[ ${SM_RUNTIME:-docker} != pyxis ]] || return 0
+  local argv=(srun --overlap --nodes="${SLURM_JOB_NUM_NODES:-1}" --ntasks-per-node="$(launch::tasks_per_node)" --kill-on-bad-exit=0
     --job-name=sm-reap --label "${SM_HOME}/bin/sm-node" --stage reap --jobdir "${SM_JOBDIR}")
   log::cmd multi "${argv[@]}"
   # A node that is down cannot be reaped; do not let it hold the teardown for long.
@@ -136,7 +133,8 @@ job::teardown() {
   trap - EXIT
   local reason=$1 rc=${JOB_SRUN_RC:-0} deadline
   log::info multi "teardown: ${reason}"
-  [[ -n ${JOB_WATCH_PID:-} ]] && kill -TERM "${JOB_WATCH_PID}" 2>/dev/null
+  # (scancel signals the watch helper too: it may be gone already)
+  if [[ -n ${JOB_WATCH_PID:-} ]]; then kill -TERM "${JOB_WATCH_PID}" 2>/dev/null || true; fi
   if [[ -n ${JOB_SRUN_PID} ]] && kill -0 "${JOB_SRUN_PID}" 2>/dev/null; then
     job::stop_step "${reason}"
     # Wait for the tasks, not for srun: after a cancel srun can sit for a minute waiting for the
@@ -161,6 +159,9 @@ job::teardown() {
   else
     teardown::pre_cleanup "${reason}"
   fi
+  # A rank whose node Slurm declared dead is recorded as lost (and not reaped: nothing answers there).
+  job::all_staged || util::sm job mark-lost --jobdir "${SM_JOBDIR}" --nodes "${JOB_NODES[*]}" \
+    --tasks-per-node "$(launch::tasks_per_node)" || true
   job::reap
   teardown::post_cleanup
   if settings::truthy "${SM_COLLECT}"; then

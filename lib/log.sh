@@ -52,6 +52,8 @@ log::install_err_trap() {
 
 log::_on_err() {
   local rc=$1 cmd=$2 i
+  # A wait cut short by SIGTERM/SIGINT (scancel, a stop) is how a job ends, not a bug of ours.
+  ((rc != 143 && rc != 130)) || return 0
   log::_emit error "${SM_LOG_AREA:-slurm-multi}" "command failed (exit ${rc}): ${cmd}"
   for ((i = 1; i < ${#FUNCNAME[@]}; i++)); do
     printf '    at %s (%s:%s)\n' "${FUNCNAME[i]}" "${BASH_SOURCE[i]##*/}" "${BASH_LINENO[i - 1]}" >&2

@@ -16,7 +16,9 @@ RUN_DOCKER_PID=
 BARRIER_CTL=
 SM_BARRIER_PID=
 
-# node::init JOBDIR: rank, scratch, node dir and the node log (live on shared storage).
+# node::init JOBDIR [--reap]: rank, scratch, node dir and the node log (live on shared storage).
+# From here on every exit path writes status.json and removes the scratch dir (the traps); a
+# SIGTERM that came earlier (bin/sm-node records it) is acted on as soon as they are in place.
 node::init() {
   export SM_JOBDIR=${1:-${SM_JOBDIR:-}}
   [[ -n ${SM_JOBDIR} ]] || log::die node "no job directory: pass --jobdir DIR (the batch step does) or --from-job JOBDIR" 2
@@ -40,6 +42,10 @@ node::init() {
   fi
   chmod 700 "${SM_SCRATCH}"
   : >>"${SM_SCRATCH}/secrets"
+  if [[ ${2:-} != --reap ]]; then
+    trap node::on_exit EXIT
+    trap node::on_term TERM INT
+  fi
   if [[ ${SM_NODE_LOG_REDIRECTED:-0} != 1 ]]; then
     export SM_NODE_LOG_REDIRECTED=1
     # Everything this task prints goes to the node log (secrets masked) and on to srun's output.
@@ -47,6 +53,7 @@ node::init() {
     # would take the task down (SIGPIPE) before it stops the workload and stages its outputs.
     exec > >(trap '' TERM INT HUP; util::sm redact --secrets-file "${SM_SCRATCH}/secrets" | tee -a "${SM_NODE_LOG}") 2>&1
   fi
+  if [[ -n ${SM_EARLY_SIGNAL:-} && ${2:-} != --reap ]]; then node::on_term; fi
   ((NODE_FROM_JOB)) || node::remove_stale
 }
 
@@ -288,7 +295,7 @@ node::stage_save_outputs() {
   fi
   local f
   for f in "${SM_SCRATCH}"/output/*; do
-    [[ -f ${f} && ${f##*/} != "${csv}" ]] && cp -f "${f}" "${SM_NODE_DIR}/" 2>/dev/null
+    if [[ -f ${f} && ${f##*/} != "${csv}" ]]; then cp -f "${f}" "${SM_NODE_DIR}/" 2>/dev/null || true; fi
   done
   [[ ${SM_KEEP_CONTAINER:-0} == 1 || ${SM_RUNTIME:-docker} != docker ]] || docker rm -f "${name}" >/dev/null 2>&1 || true
   return 0
@@ -321,7 +328,7 @@ node::stage_reap() {
   local name
   name=$(run::container_name)
   if [[ -f ${SM_NODE_DIR}/status.json ]]; then
-    docker rm -f "${name}" >/dev/null 2>&1 || true
+    [[ ${SM_RUNTIME:-docker} != docker ]] || docker rm -f "${name}" >/dev/null 2>&1 || true
     node::remove_scratch
     return 0
   fi
@@ -330,7 +337,7 @@ node::stage_reap() {
   NODE_REASON="the sm-node task on $(hostname) died before saving its outputs (killed?); outputs recovered by the reaper"
   # shellcheck source=/dev/null
   [[ -f ${SM_SCRATCH}/context.sh ]] && source "${SM_SCRATCH}/context.sh"
-  if docker container inspect "${name}" >/dev/null 2>&1; then
+  if [[ ${SM_RUNTIME:-docker} == docker ]] && docker container inspect "${name}" >/dev/null 2>&1; then
     run::diagnose "${name}" "task died; container left behind"
     run::stop_container "${name}"
     RUN_EXIT=$(docker container inspect -f '{{.State.ExitCode}}' "${name}" 2>/dev/null || echo "")
@@ -352,7 +359,7 @@ node::on_term() {
   [[ ${SM_RUNTIME:-docker} == docker ]] && run::stop_container "$(run::container_name)"
   # Bare metal: the workload is our child (under nsight-slurm only this task gets the signal).
   if [[ ${SM_RUNTIME:-docker} == none && -n ${RUN_DOCKER_PID} ]]; then kill -TERM "${RUN_DOCKER_PID}" 2>/dev/null || true; fi
-  [[ -n ${RUN_DOCKER_PID} ]] && wait "${RUN_DOCKER_PID}" 2>/dev/null
+  if [[ -n ${RUN_DOCKER_PID} ]]; then wait "${RUN_DOCKER_PID}" 2>/dev/null || true; fi
   [[ -n ${SM_BARRIER_PID} ]] && node::barrier_say "ABORT rank 0 ($(hostname)) was terminated"
   ((NODE_EXIT != 0)) || NODE_EXIT=143
   [[ -n ${NODE_REASON} ]] || NODE_REASON="terminated by a signal (scancel, time limit or a failed peer)"
@@ -392,8 +399,6 @@ node::on_exit() {
 # node::run STAGE…: run the stages in order, stopping at the first failure; status.json and the
 # scratch clean-up happen on every exit path (the EXIT trap).
 node::run() {
-  trap node::on_exit EXIT
-  trap node::on_term TERM INT
   local name rc
   for name in "$@"; do
     rc=0

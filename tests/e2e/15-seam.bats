@@ -26,8 +26,8 @@ setup_file() {
   refute_output --partial Traceback
   run sacct -j "${JOB_ID}" -n -o JobName -P 2>/dev/null
   refute_output --partial sm-node
-  run find "${BATS_FILE_TMPDIR}/out" -name "node_*"
-  assert_output ""
+  run compgen -G "${BATS_FILE_TMPDIR}/out/*/*/node_*"
+  assert_failure
 }
 
 @test "a cached tar cut to 5 bytes with its sidecar intact is no hit: rank 0 saves it again, the worker never loads it" {
@@ -61,15 +61,13 @@ setup_file() {
   local job node deadline
   job=$(sbatch --parsable -N3 -o "${BATS_FILE_TMPDIR}/job-%j.out" "${REPO_ROOT}/sbatch/multi.sbatch" \
     --out "${BATS_FILE_TMPDIR}/out" --manifest "${TOY_MANIFEST}" --image-cache "${E2E_CACHE}" -- sh run.sh --steps 200)
+  local jobdir=${BATS_FILE_TMPDIR}/out/toy_model/${job}
   deadline=$((SECONDS + 90))
-  until "${REPO_ROOT}/tests/cluster/exec" node3 docker container inspect "sm-${job}-r2" >/dev/null 2>&1 || ((SECONDS > deadline)); do
-    sleep 0.5
-  done
+  until grep -qs "toy: rank 2 step" "${jobdir}/node_2/node.log" || ((SECONDS > deadline)); do sleep 0.5; done
   # While it runs, each node holds the job's scratch dir (its container env and secrets list).
   run "${REPO_ROOT}/tests/cluster/exec" node2 bash -c "ls -d /tmp/slurm-multi.${job}.r*"
   assert_success
   scancel "${job}"
-  local jobdir=${BATS_FILE_TMPDIR}/out/toy_model/${job}
   e2e::wait_teardown "${job}" "${jobdir}" 120
   assert_file_exists "${jobdir}/summary.json"
   for node in node1 node2 node3; do
@@ -97,10 +95,12 @@ setup_file() {
   # The job's own record is untouched; the re-run's log is beside it.
   assert_equal "$(e2e::json "${JOB_DIR}/node_1/status.json" 'd["status"]')" failed
   assert_file_exists "${JOB_DIR}/node_1/rerun/node.log"
-  # The run stage re-runs the failing workload the same way: exit 3 again, its outputs in rerun/.
+  # The run stage re-runs with the job's rank env and container env; a command after -- replaces
+  # the workload (the toy itself would wait for a rank 0 that is gone). Its outputs go to rerun/.
   run "${REPO_ROOT}/tests/cluster/exec" node2 runuser -u "${E2E_USER}" -- bash -c \
-    "cd /tmp && ${REPO_ROOT}/bin/sm-node --from-job ${JOB_DIR} --rank 1 --stage run"
+    "cd /tmp && ${REPO_ROOT}/bin/sm-node --from-job ${JOB_DIR} --rank 1 --stage run -- sh -c 'echo \"rank \$RANK of \$WORLD_SIZE, mode \$TOY_MODE\"; exit 3'"
   assert_failure 3
+  assert_output --partial "rank 1 of 2, mode demo"
   assert_file_exists "${JOB_DIR}/node_1/rerun/status.json"
   assert_equal "$(e2e::json "${JOB_DIR}/node_1/rerun/status.json" 'd["exit_code"]')" 3
 }

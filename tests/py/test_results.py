@@ -40,7 +40,7 @@ def ok_status(rank: int, node: str, run_seconds: float = 3.2) -> dict[str, Any]:
             "image": {"seconds": 1.5, "status": "ok"},
             "barrier": {"seconds": 0.4, "status": "ok"},
             "run": {"seconds": run_seconds, "status": "ok", "exit_code": 0},
-            "stage": {"seconds": 0.05, "status": "ok"},
+            "save-outputs": {"seconds": 0.05, "status": "ok"},
         },
     }
 
@@ -175,7 +175,7 @@ def test_primus_job_is_success_from_the_last_ranks_csv(tmp_path: Path):
         "log_metrics", "nodes", "reasons", "warnings", "perf_rows",
     ]  # fmt: skip
     assert summary_json["nodes"][1]["stages"] == {
-        "prepare": 0.19, "image": 12.9, "barrier": 31.6, "run": 613.95, "stage": 0.07
+        "prepare": 0.19, "image": 12.9, "barrier": 31.6, "run": 613.95, "save-outputs": 0.07
     }  # fmt: skip
     assert summary_json["perf_rows"] == 2 and summary_json["source"] == "csv"
 
@@ -364,7 +364,7 @@ def test_collect_cli_success_exits_0_and_prints_the_table_on_stderr(tmp_path: Pa
     assert result.stdout == ""
     assert "results: job 4711 (primus_llama3_8b, 2 nodes): SUCCESS" in result.stderr
     assert "chosen CSV: node_1/perf_primus.csv: 2 of 2 rows with performance" in result.stderr
-    assert "rank  node     status  exit  prepare  image  barrier  run     stage" in result.stderr
+    assert "rank  node     status  exit  prepare  image  barrier  run     save-outputs" in result.stderr
 
 
 def test_collect_cli_json_prints_the_summary_on_stdout(tmp_path: Path):
@@ -573,7 +573,7 @@ def test_a_node_beyond_nnodes_is_judged_and_warned_about(tmp_path: Path):
     (jobdir / "job.json").write_text(json.dumps(dict(job, nnodes=2)))
     summary = collect(jobdir)
     assert [n.rank for n in summary.nodes] == [0, 1, 2]
-    assert summary.warnings == ["node_2 beyond nnodes 2: judged like the others"]
+    assert summary.warnings == ["node_2 beyond 2 ranks: judged like the others"]
 
 
 def test_secret_values_from_the_environment_are_masked_in_log_excerpts(tmp_path: Path, monkeypatch):

@@ -65,11 +65,16 @@ def collect(
     except OSError as exc:
         raise HelperError(f"{AREA}: cannot list {jobdir}: {os_error(exc)}") from None
     nnodes = _job_nnodes(meta, found)
+    # Several tasks per node (bare metal, pyxis): every task is a rank with its own node_<rank>/.
+    per_node = as_int(meta.get("tasks_per_node")) or 1
+    expected = nnodes * per_node if 0 < per_node <= MAX_NODES else nnodes
     names = meta.get("nodes") if isinstance(meta.get("nodes"), list) else []
-    ranks = sorted(set(range(nnodes)) | set(found))
-    extra = [found[rank] for rank in ranks if rank >= nnodes and rank in found]
+    if per_node > 1 and names:
+        names = [name for name in names for _ in range(per_node)]
+    ranks = sorted(set(range(expected)) | set(found))
+    extra = [found[rank] for rank in ranks if rank >= expected and rank in found]
     if extra and present(meta.get("nnodes")):
-        warnings.append(f"{', '.join(extra)} beyond nnodes {nnodes}: judged like the others")
+        warnings.append(f"{', '.join(extra)} beyond {expected} ranks: judged like the others")
     known = secret_values(os.environ)  # once per job, not once per node
     nodes = [read_node(root, rank, found.get(rank), names, patterns, known) for rank in ranks]
     if not present(meta.get("image_id")):
