@@ -86,7 +86,6 @@ collect: setup ## re-run results collection for a finished job dir (JOBDIR=...)
 	@bin/sm-collect $(JOBDIR)
 
 bench: setup ## measure overheads against baselines taken in the same run (brings the cluster up)
-	@tests/cluster/status >/dev/null 2>&1 || tests/cluster/up --nodes $(CLUSTER_NODES)
 	@bench/run
 
 clean: ## remove the venv and local outputs (not the cluster: see cluster-down)

@@ -18,15 +18,41 @@ join() { local IFS=,; printf '%s' "$*"; }
 
 row() { PYTHONPATH="${ROOT}/bench" "${PY}" "${ROOT}/bench/cluster_rows.py" "$@"; }
 
-# bench::wait_job ID: until the job ends; prints its exit code.
+# wait_job ID: until the job ends, at most BENCH_JOB_TIMEOUT seconds (then it is cancelled); a job
+# that Slurm says can never start (too few nodes, say) fails at once. Prints its exit code.
 wait_job() {
-  local line state
+  local line state reason deadline=$((SECONDS + ${BENCH_JOB_TIMEOUT:-600}))
   while :; do
     line=$(scontrol show job -o "$1" 2>/dev/null)
     state=$(grep -o 'JobState=[A-Z_]*' <<<"${line}" | cut -d= -f2)
-    case ${state} in PENDING | RUNNING | CONFIGURING | COMPLETING | "") sleep 0.2 ;; *) break ;; esac
+    reason=$(grep -o ' Reason=[A-Za-z_]*' <<<"${line}" | cut -d= -f2)
+    if [[ ${state} == PENDING && ${reason} =~ ^(PartitionNodeLimit|PartitionConfig|BadConstraints|ReqNodeNotAvail)$ ]]; then
+      scancel "$1" 2>/dev/null || true
+      log::error bench "job $1 can never start here (${reason}); cancelled"
+      echo 255
+      return 1
+    fi
+    case ${state} in PENDING | RUNNING | CONFIGURING | COMPLETING | "") ;; *) break ;; esac
+    if ((SECONDS >= deadline)); then
+      scancel "$1" 2>/dev/null || true
+      log::error bench "job $1 still ${state} after ${BENCH_JOB_TIMEOUT:-600} s; cancelled"
+      echo 255
+      return 1
+    fi
+    sleep 0.2
   done
   grep -o ' ExitCode=[0-9]*' <<<"${line}" | cut -d= -f2
+}
+
+# ensure_nodes N: the test cluster has at least N nodes (the demo may have left 2): bring it up again
+# with N if not. Every row's job fits then.
+ensure_nodes() {
+  local have=0
+  [[ -f ${CLUSTER_STATE}/nodes ]] && have=$(wc -l <"${CLUSTER_STATE}/nodes")
+  if ((have < $1)) || ! "${ROOT}/tests/cluster/status" >/dev/null 2>&1; then
+    log::info bench "the cluster rows need $1 nodes (the test cluster has ${have}); bringing it up with $1"
+    "${ROOT}/tests/cluster/up" --no-install --nodes "$1" >&2
+  fi
 }
 
 # Inside ONE allocation, so scheduling latency is out of both sides of the ratio.
@@ -53,7 +79,7 @@ for i in \$(seq ${repeats}); do
 done
 SCRIPT
   local lines
-  lines=$(salloc -N2 --quiet bash "${work}/overhead.sh")
+  lines=$(timeout "${BENCH_JOB_TIMEOUT:-600}" salloc -N2 --immediate=60 --quiet bash "${work}/overhead.sh")
   local toolkit bare
   toolkit=$(awk '$1 == "toolkit" { print $2 }' <<<"${lines}" | paste -sd,)
   bare=$(awk '$1 == "bare" { print $2 }' <<<"${lines}" | paste -sd,)
@@ -75,13 +101,13 @@ image_rows() {
     rm -rf "${cache}" && mkdir -p "${cache}"
     job=$(cd "${work}" && sbatch --parsable -N3 -o /dev/null "${ROOT}/sbatch/multi.sbatch" --manifest "${work}/manifest.json" \
       --image-cache "${cache}" --out "${work}/out" -- sh -c 'true')
-    [[ $(wait_job "${job}") == 0 ]] || log::warn bench "cold job ${job} did not succeed"
+    [[ $(wait_job "${job}") == 0 ]] || log::die bench "cold job ${job} did not succeed; see ${work}/out" 1
     dir=$(find "${work}/out" -mindepth 2 -maxdepth 2 -name "${job}" | head -n 1)
     cold+=("$(image_stage_max "${dir}")")
     # Warm: cache holds the tar, every node has the image: no save, no load.
     job=$(cd "${work}" && sbatch --parsable -N3 -o /dev/null "${ROOT}/sbatch/multi.sbatch" --manifest "${work}/manifest.json" \
       --image-cache "${cache}" --out "${work}/out" -- sh -c 'true')
-    [[ $(wait_job "${job}") == 0 ]] || log::warn bench "warm job ${job} did not succeed"
+    [[ $(wait_job "${job}") == 0 ]] || log::die bench "warm job ${job} did not succeed; see ${work}/out" 1
     dir=$(find "${work}/out" -mindepth 2 -maxdepth 2 -name "${job}" | head -n 1)
     warm+=("$(image_stage_max "${dir}")")
     # Baseline 1: one docker save plus one docker load, by hand.
@@ -94,9 +120,9 @@ image_rows() {
     # Baseline 2: every node rebuilds from the same context, in parallel.
     t=$(now)
     for node in node1 node2 node3; do
-      DOCKER_BUILDKIT=0 "${EXEC}" "${node}" docker build -q -t toy/model:bench-rebuild "${ROOT}/examples/toy" >/dev/null 2>&1 &
+      DOCKER_BUILDKIT=0 timeout 600 "${EXEC}" "${node}" docker build -q -t toy/model:bench-rebuild "${ROOT}/examples/toy" >/dev/null 2>&1 &
     done
-    wait
+    wait # (each build is bounded by its timeout)
     rebuild+=("$(since "${t}")")
     for node in node1 node2 node3; do "${EXEC}" "${node}" docker image rm -f toy/model:bench-rebuild >/dev/null 2>&1 || true; done
   done
@@ -147,6 +173,7 @@ main() {
   work=$(mktemp -d /tmp/sm-bench.XXXXXX)
   # shellcheck disable=SC2064 # expand now: work is local
   trap "rm -rf '${work}'" EXIT
+  ensure_nodes 3
   log::info bench "toolkit overhead (${repeats} runs each side)"
   overhead_row "${repeats}" "${out}" "${work}"
   log::info bench "image distribution (${repeats} runs each)"

@@ -195,9 +195,11 @@ image::ensure_on_rank0() {
   printf '%s' "${id}"
 }
 
-# image::ensure_on_worker WANT_ID: make rank 0's image present here.
+# image::ensure_on_worker WANT_ID: make rank 0's image present here; IMAGE_WORKER_ID is then the ID
+# this node runs (rank 0's, or a rebuild's own).
 image::ensure_on_worker() {
   local want=$1 id key cache=${SM_IMAGE_CACHE:-}
+  IMAGE_WORKER_ID=${want}
   key=$(image::cache_key "${SM_IMAGE}")
   id=$(image::local_id "${SM_IMAGE}" || true)
   if [[ ${id} == "${want}" ]]; then
@@ -217,7 +219,8 @@ image::ensure_on_worker() {
   if [[ -n ${SM_DOCKERFILE:-} && -f ${SM_DOCKERFILE} ]]; then
     log::info image "rebuilding ${SM_IMAGE} from the manifest (${SM_DOCKERFILE})"
     image::build "$(image::fingerprint)" || { log::error image "rebuild of ${SM_IMAGE} failed"; return 1; }
-    log::warn image "rebuilt ${SM_IMAGE} is $(image::local_id "${SM_IMAGE}" | cut -c8-19), not byte-identical to rank 0's ${want:7:12} (same dockerfile, context and build args)"
+    IMAGE_WORKER_ID=$(image::local_id "${SM_IMAGE}")
+    log::warn image "rebuilt ${SM_IMAGE} is ${IMAGE_WORKER_ID:7:12}, not byte-identical to rank 0's ${want:7:12} (same dockerfile, context and build args)"
     return 0
   fi
   if ! settings::truthy "${SM_LOCAL_IMAGE:-false}"; then

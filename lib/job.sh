@@ -44,6 +44,7 @@ job::run() {
   export SM_JOBDIR SM_BATCH_LOG=${SM_JOBDIR}/batch.log
   # The logger ignores SIGTERM (scancel signals the whole batch step): teardown must still be heard.
   exec > >(trap '' TERM INT HUP; util::sm redact | tee -a "${SM_BATCH_LOG}") 2>&1
+  log::enable_debug
   log::info multi "job ${SLURM_JOB_ID}: ${SLURM_JOB_NUM_NODES} nodes (${SLURM_JOB_NODELIST}), outputs in ${SM_JOBDIR}"
   trap 'job::teardown "normal end"' EXIT
   trap 'job::teardown "SIGTERM (scancel or time limit)"; exit 143' TERM
@@ -179,6 +180,8 @@ job::teardown() {
 # (so a manifest the job would refuse is refused here, exit 2). Secrets are masked by the one rule.
 job::dry_run() {
   local nnodes=$1 scratch rc=0
+  # The plan's output goes through the helpers' log filter: an unusable interpreter is one line here.
+  util::helper --version >/dev/null 2>&1 || log::die multi "${UTIL_ERROR}" 2
   scratch=$(mktemp -d "${TMPDIR:-/tmp}/sm-dry-run.XXXXXX") || log::die multi "cannot create a temp dir" 1
   : >"${scratch}/secrets"
   # shellcheck disable=SC2030,SC2031 # the plan runs in a subshell on purpose

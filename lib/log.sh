@@ -7,7 +7,8 @@ log::_emit() {
   local level=$1 area=$2
   shift 2
   local stamp host rank
-  stamp=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+  # printf's own clock: no `date` process per log line.
+  TZ=UTC printf -v stamp '%(%Y-%m-%dT%H:%M:%SZ)T' -1
   host=${SLURMD_NODENAME:-${HOSTNAME:-$(hostname)}}
   rank=${SM_RANK:-${SLURM_NODEID:--}}
   if [[ ${level} == info ]]; then

@@ -64,6 +64,7 @@ node::multi() { ((NNODES > 1)); }
 # SIGKILLed after KillWait cannot clean up after itself; the next job on the node does). A job counts
 # as ended only when Slurm says so: an unreachable controller removes nothing.
 node::remove_stale() {
+  [[ ${SM_KEEP_SCRATCH:-0} != 1 ]] || return 0
   local dir base job state known=" ${SLURM_JOB_ID:-local} " gone=" "
   for dir in "${TMPDIR:-/tmp}"/slurm-multi.*.r*; do
     [[ -d ${dir} && -O ${dir} ]] || continue
@@ -124,15 +125,19 @@ node::fail() {
 node::stage_prepare() {
   export MASTER_ADDR=${MASTER_ADDR:-$(util::first_node)}
   export MASTER_PORT=${MASTER_PORT:-${SM_MASTER_PORT:-29500}}
+  # Is the engine there? Asked while the helper runs (both are mostly waiting).
+  local engine=${SM_SCRATCH}/docker-version engine_pid="" rc=0
   if [[ ${SM_RUNTIME:-docker} == docker ]]; then
-    local engine
-    if ! engine=$(timeout 20 docker version --format '{{.Server.Version}}' 2>&1); then
-      node::fail "docker engine not reachable on $(hostname): ${engine##*$'\n'}" || return
-    fi
+    timeout 20 docker version --format '{{.Server.Version}}' >"${engine}" 2>&1 &
+    engine_pid=$!
   fi
   local argv=(node prepare --scratch "${SM_SCRATCH}")
   ((${#SM_CMD[@]})) && argv+=(-- "${SM_CMD[@]}")
-  util::sm_logged prepare "${argv[@]}" || node::fail "${UTIL_ERROR}" 2 || return
+  util::sm_logged prepare "${argv[@]}" || rc=$?
+  if [[ -n ${engine_pid} ]] && ! wait "${engine_pid}"; then
+    node::fail "docker engine not reachable on $(hostname): $(tail -n 1 "${engine}")" || return
+  fi
+  ((rc == 0)) || node::fail "${UTIL_ERROR}" 2 || return
   # shellcheck source=/dev/null
   source "${SM_SCRATCH}/context.sh"
 }
@@ -185,8 +190,7 @@ node::stage_image() {
       node::fail "${reason}" || return
     fi
     # What this node really runs (a rebuilt image has its own ID).
-    SM_IMAGE_ID=$(image::local_id "${SM_IMAGE}" || echo "${id}")
-    export SM_IMAGE_ID
+    export SM_IMAGE_ID=${IMAGE_WORKER_ID:-${id}}
   fi
 }
 
@@ -196,6 +200,7 @@ node::serve_barrier() {
   local argv=(barrier serve "${BARRIER_ARGS[@]}" --timeout "${SM_BARRIER_TIMEOUT}"
     --image-timeout "${SM_IMAGE_TIMEOUT}" --control-stdin)
   log::cmd barrier "${SM_HOME}/bin/slurm-multi" "${argv[@]}"
+  log::info barrier "(its stdin is a pipe from this task: it gets 'RELEASE <image-id>' or 'ABORT <reason>')"
   exec {BARRIER_CTL}> >(trap - ERR; SM_ERROR_FILE=${SM_SCRATCH}/barrier.error util::sm "${argv[@]}")
   SM_BARRIER_PID=$!
 }
@@ -307,12 +312,12 @@ node::write_status() {
   for name in "${NODE_STAGE_ORDER[@]+"${NODE_STAGE_ORDER[@]}"}"; do
     spec="${name}:${NODE_STAGE_SECONDS[${name}]}:${NODE_STAGE_STATUS[${name}]}"
     [[ ${name} == run && -n ${RUN_EXIT} ]] && spec+=":${RUN_EXIT}"
-    stages+=(--stage "${spec}")
+    stages+=("${spec}")
   done
-  local argv=(node status --file "${SM_NODE_DIR}/status.json" --rank "${SM_RANK}" --node "$(hostname)"
-    --exit-code "${NODE_EXIT}" --reason "${NODE_REASON}" --image-id "${SM_IMAGE_ID:-}" "${stages[@]+"${stages[@]}"}")
-  ((NODE_TERMINATED)) && argv+=(--terminated)
-  util::helper "${argv[@]}" || log::error node "cannot write ${SM_NODE_DIR}/status.json: ${UTIL_ERROR}"
+  # The click-free entry of `slurm-multi node status` (this runs at the end of every task).
+  PYTHONPATH="${SM_HOME}/py" "${SM_PYTHON}" -S -m slurm_multi.statusfile "${SM_NODE_DIR}/status.json" "${SM_RANK}" \
+    "$(hostname)" "${NODE_EXIT}" "${NODE_REASON}" "${SM_IMAGE_ID:-}" "${NODE_TERMINATED}" "${stages[@]+"${stages[@]}"}" ||
+    log::error node "cannot write ${SM_NODE_DIR}/status.json (see the line above)"
 }
 
 # node::remove_scratch: the scratch dir holds the container env and the secrets list: never left.

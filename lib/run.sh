@@ -67,7 +67,8 @@ run::docker() {
   local name pid rc=0 watchdog=""
   run::docker_argv
   name=$(run::container_name)
-  docker rm -f "${name}" >/dev/null 2>&1 || true
+  # The name is the job's and the rank's: only a re-run by hand can find an old one in the way.
+  if ((${NODE_FROM_JOB:-0})); then docker rm -f "${name}" >/dev/null 2>&1 || true; fi
   rm -f "${SM_SCRATCH}/timed-out"
   log::cmd run "${RUN_ARGV[@]}"
   "${RUN_ARGV[@]}" </dev/null &

@@ -9,11 +9,20 @@ import sys
 try:
     import click  # noqa: F401 - only checked here
 except ImportError:
-    sys.stderr.write(
-        f"slurm-multi: {sys.executable} (Python {sys.version.split()[0]}) has no 'click' module; "
-        "set SM_PYTHON to a Python that has it (e.g. the venv on shared storage: "
-        "python3 -m venv $SM_HOME/.venv && $SM_HOME/.venv/bin/pip install -e $SM_HOME)\n"
+    import os
+
+    line = (
+        f"slurm-multi: helper interpreter {sys.executable} (Python {sys.version.split()[0]}) has no 'click' "
+        "module; set SM_PYTHON to a Python that has it (e.g. the venv on shared storage: "
+        "python3 -m venv $SM_HOME/.venv && $SM_HOME/.venv/bin/pip install -e $SM_HOME)"
     )
+    sys.stderr.write(line + "\n")
+    if os.environ.get("SM_ERROR_FILE"):
+        try:
+            with open(os.environ["SM_ERROR_FILE"], "w", encoding="utf-8") as handle:
+                handle.write(line + "\n")
+        except OSError:
+            pass
     sys.exit(2)
 
 from slurm_multi.cli import main  # noqa: E402

@@ -1,9 +1,11 @@
 """TCP barrier between the nodes of one job: rank 0 serves, workers join, rank 0 can abort.
 
 Nobody may enter `docker run` against a half-loaded image, and no shared filesystem is needed to
-know that. Rank 0 runs `barrier serve` in the background, builds or loads its image, then runs
-`barrier release --image-id ID` (or `barrier abort --reason TEXT` when that failed). Every worker
-runs `barrier join`, which prints rank 0's image ID once the barrier opens.
+know that. Rank 0's task starts `barrier serve --control-stdin` on a pipe, builds or loads its
+image, then writes `RELEASE <id>` (or `ABORT <reason>`) to the pipe; the pipe closing before a
+release aborts the workers too. (`barrier release|abort` do the same over TCP, for a server started
+by hand or a worker that gives up.) Every worker runs `barrier join`, which prints rank 0's image
+ID once the barrier opens.
 
 Protocol: one line each way, UTF-8, `\\n`-terminated, at most 256 bytes including the newline
 (a trailing `\\r` is tolerated so `\\r\\n` clients work). Fields are separated by single ASCII
@@ -720,7 +722,7 @@ class BarrierServer:
         return budget
 
     def _timeout_reason(self, elapsed: float) -> str:
-        present = set(self._waiters["start"])
+        present = set(self._waiters["start"]) | set(self._waiters["image"])
         missing = [r for r in range(1, self.nnodes) if r not in present]
         if self._released_at is None and self.image_timeout is not None:
             parts = [f"--image-timeout ran out: rank 0 did not obtain its image within {_seconds(elapsed)} s"]
@@ -752,7 +754,8 @@ class BarrierServer:
             self._sel.unregister(self._control_fd)
             self._control_fd = None
             if not self.image_id and not self._abort_reason and self._stop_reason is None:
-                self.request_stop("rank 0's task ended before it released the image")
+                # Like an ABORT: late workers still hear it for the linger time.
+                self._abort("rank 0's task ended before it released the image")
             return
         self._control_buf += data
         while b"\n" in self._control_buf:

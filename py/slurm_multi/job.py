@@ -135,7 +135,7 @@ def plan_command(
     exit status); with --write, create the job dir and write job.json (secrets masked).
 
     \b
-    Example: plan=$(slurm-multi job plan --job-id "$SLURM_JOB_ID" --nnodes 2 --write) || exit 2
+    Example: slurm-multi job plan --job-id "$SLURM_JOB_ID" --nnodes 2 --write >plan.sh && source plan.sh
     """
     env = dict(os.environ)
     ctx = resolve(env, command)

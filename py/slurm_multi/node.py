@@ -158,40 +158,7 @@ def prepare(
     return {"detected": detected, "context": ctx}
 
 
-# ---- status.json ---------------------------------------------------------------------------------
-
-
-def status_document(
-    rank: int, node: str, exit_code: int, reason: str, image_id: str, stages: Sequence[str], terminated: bool
-) -> dict[str, Any]:
-    status = "ok" if exit_code == 0 else "timeout" if exit_code == 124 else "failed"
-    if terminated and status == "ok":
-        status = "terminated"
-    table: dict[str, Any] = {}
-    for spec in stages:
-        parts = spec.split(":")
-        if len(parts) < 3:
-            raise usage_error(f"node status: --stage {spec!r}: expected NAME:SECONDS:STATUS[:EXIT]")
-        name, seconds, state = parts[0], parts[1], parts[2]
-        try:
-            entry: dict[str, Any] = {"seconds": float(seconds), "status": state}
-            if len(parts) > 3 and parts[3] != "":
-                entry["exit_code"] = int(parts[3])
-        except ValueError:
-            raise usage_error(
-                f"node status: --stage {spec!r}: seconds and exit code must be numbers"
-            ) from None
-        table[name] = entry
-    return {
-        "rank": rank,
-        "node": node,
-        "exit_code": exit_code,
-        "status": status,
-        "reason": reason,
-        "image_id": image_id,
-        "stages": table,
-    }
-
+# ---- status.json: slurm_multi.statusfile (no click: it runs at the end of every node task) ----
 
 # ---- --from-job ----------------------------------------------------------------------------------
 
@@ -311,11 +278,14 @@ def status_command(
     Example: slurm-multi node status --file node_1/status.json --rank 1 --node node2 --exit-code 0 \\
                --stage prepare:0.12:ok --stage run:1.30:ok:0
     """
+    from slurm_multi.statusfile import StatusError, status_document, write_status
+
     try:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        shell.write_json(
-            path, status_document(rank, node_name, exit_code, reason, image_id, stages, terminated)
-        )
+        document = status_document(rank, node_name, exit_code, reason, image_id, stages, terminated)
+    except StatusError as exc:
+        raise usage_error(str(exc)) from None
+    try:
+        write_status(path, document)
     except OSError as exc:
         raise HelperError(f"node status: cannot write {path}: {exc.strerror}") from None
 

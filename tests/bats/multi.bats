@@ -125,3 +125,14 @@ setup() {
   assert_output --regexp "SM_COLLECT +false"
   assert_output --regexp "SM_BARRIER_TIMEOUT +600"
 }
+
+@test "a helper interpreter without click, or not executable, stops the plan with one line naming it" {
+  python3 -m venv --without-pip "${BATS_TEST_TMPDIR}/bare"
+  SM_PYTHON=${BATS_TEST_TMPDIR}/bare/bin/python run bash "${REPO_ROOT}/sbatch/multi.sbatch" --dry-run -N 2 --image x
+  assert_failure 2
+  assert_output --regexp "helper interpreter ${BATS_TEST_TMPDIR}/bare/bin/python .*no 'click' module; set SM_PYTHON"
+  refute_output --partial Traceback
+  SM_PYTHON=${BATS_TEST_TMPDIR}/nonexistent/python run bash "${REPO_ROOT}/sbatch/multi.sbatch" --dry-run -N 2 --image x
+  assert_failure 2
+  assert_output --partial "helper interpreter ${BATS_TEST_TMPDIR}/nonexistent/python cannot be executed by"
+}

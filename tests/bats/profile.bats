@@ -623,7 +623,8 @@ for line in open(sys.argv[1]):
   export FAKE_STEPS="4242.3|nsight-slurm-connector"
   export FAKE_REPORTS_ON_TERM=
   run nsight_batch eval 'sleep 60 & JOB_SRUN_PID=$!; profile::before_steps || exit
-    (sleep 0.5; head -c 8192 /dev/zero >"${SM_JOBDIR}/nsight-slurm-direct/4242_node1_rank0.nsys-rep") &
+    (for _ in $(seq 200); do [[ -f ${SM_JOBDIR}/.profile-prestop.json ]] && break; sleep 0.05; done
+     head -c 8192 /dev/zero >"${SM_JOBDIR}/nsight-slurm-direct/4242_node1_rank0.nsys-rep") &
     teardown::pre_cleanup "normal end"; kill "${JOB_SRUN_PID}"'
   assert_success
   assert_output --partial "flush (normal end): 0 report(s) of this job before the stop"

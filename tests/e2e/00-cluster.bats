@@ -55,7 +55,7 @@ SCRIPT
   local listener=$!
   sleep 0.5
   run srun -w node2 bash -c 'echo hello-node3 >/dev/tcp/node3/24680'
-  wait "${listener}" || true
+  e2e::wait_pid "${listener}" 30 || true
   assert_success
   assert_equal "$(cat "${BATS_TEST_TMPDIR}/got")" hello-node3
 }

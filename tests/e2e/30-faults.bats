@@ -139,7 +139,7 @@ teardown() {
   kill -STOP "${pid}"
   pkill -KILL -f "image::cache_save ${cache}" || true
   kill -KILL "${pid}"
-  wait "${saver}" || true
+  e2e::wait_pid "${saver}" 60 || true
   local tmp
   tmp=$(find "${cache}" -name ".${key}.tar.tmp.*" | head -n 1)
   assert [ -n "${tmp}" ]
@@ -171,8 +171,8 @@ teardown() {
   local a=$!
   "${REPO_ROOT}/tests/cluster/exec" node3 bash -c "${lib}; image::cache_save ${cache} ${key} ${id} fp" 2>"${BATS_TEST_TMPDIR}/b.log" &
   local b=$!
-  wait "${a}"
-  wait "${b}"
+  e2e::wait_pid "${a}" 120
+  e2e::wait_pid "${b}" 120
   # Exactly one saved; the other found the finished tar under the lock.
   assert_equal "$(cat "${BATS_TEST_TMPDIR}"/{a,b}.log | grep -c 'saved toy/model:local')" 1
   assert_equal "$(cat "${BATS_TEST_TMPDIR}"/{a,b}.log | grep -c 'cache hit')" 1

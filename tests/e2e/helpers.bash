@@ -12,8 +12,24 @@ source "${REPO_ROOT}/tests/cluster/lib.sh"
 # faults (tests/cluster/exec, scancel, scontrol).
 E2E_USER=${SM_CLUSTER_USER:-smuser}
 export E2E_USER
-sbatch() { runuser -u "${E2E_USER}" -- sbatch "$@"; }
-srun() { runuser -u "${E2E_USER}" -- srun "$@"; }
+# sbatch returns at once; a step that hangs is cut off (no wait in this suite is unbounded).
+sbatch() { runuser -u "${E2E_USER}" -- timeout 60 sbatch "$@"; }
+srun() { runuser -u "${E2E_USER}" -- timeout "${E2E_STEP_TIMEOUT:-120}" srun "$@"; }
+
+# e2e::wait_pid PID [SECONDS]: wait for a background process, at most SECONDS (default 120); then
+# kill it and fail. Its exit status is returned.
+e2e::wait_pid() {
+  local pid=$1 deadline=$((SECONDS + ${2:-120}))
+  while kill -0 "${pid}" 2>/dev/null; do
+    if ((SECONDS >= deadline)); then
+      kill -TERM "${pid}" 2>/dev/null || true
+      echo "background process ${pid} still running after ${2:-120} s; killed" >&2
+      return 124
+    fi
+    sleep 0.1
+  done
+  wait "${pid}"
+}
 
 # e2e::share_dir DIR…: the job user may write in DIR and in everything created there later (a
 # default ACL), and reach it (o+x on the bats run dirs above it).

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -301,12 +302,15 @@ def _fake_root(tmp_path: Path, cluster_up: bool, script: str | None) -> Path:
     return root
 
 
-def _hook(root: Path, out: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _hook(root: Path, out: Path, *args: str, can_bring_up: bool = True) -> subprocess.CompletedProcess[str]:
     code = (
         f"source {REPO}/lib/log.sh; source {BENCH}/lib.sh; BENCH_ROOT={root}; BENCH_PY={sys.executable}; "
         f'bench::cluster_hook {out} "$@"'
     )
-    return subprocess.run(["bash", "-c", code, "hook", *args], capture_output=True, text=True, timeout=60)
+    env = {**os.environ, "BENCH_CAN_BRING_UP": "1" if can_bring_up else "0"}
+    return subprocess.run(
+        ["bash", "-c", code, "hook", *args], capture_output=True, text=True, timeout=60, env=env
+    )
 
 
 ROW_WRITER = """#!/usr/bin/env bash
@@ -326,7 +330,7 @@ echo 'this goes to stderr, not into the table'
     ("cluster_up", "script", "why"),
     [
         (True, None, "bench/cluster_bench.sh not present yet"),
-        (False, ROW_WRITER, "test cluster not up; run make cluster-up"),
+        (False, ROW_WRITER, "test cluster not up (bringing it up needs root)"),
     ],
 )
 def test_cluster_hook_writes_a_skipped_row_when_it_cannot_measure(
@@ -334,14 +338,18 @@ def test_cluster_hook_writes_a_skipped_row_when_it_cannot_measure(
 ) -> None:
     out = tmp_path / "out"
     out.mkdir()
-    done = _hook(_fake_root(tmp_path, cluster_up, script), out)
+    done = _hook(_fake_root(tmp_path, cluster_up, script), out, can_bring_up=False)
     assert done.returncode == 0, done.stderr
     (row,) = report.load_rows(sorted(out.glob("*.json")))
     assert row["row"] == "toolkit overhead / image distribution" and row["skipped"] == why
 
 
-def test_cluster_hook_runs_the_cluster_script_with_the_options_when_the_cluster_is_up(tmp_path: Path) -> None:
-    root = _fake_root(tmp_path, True, ROW_WRITER)
+@pytest.mark.parametrize("cluster_up", [True, False])
+def test_cluster_hook_runs_the_cluster_script_with_the_options_when_the_cluster_is_up(
+    tmp_path: Path, cluster_up: bool
+) -> None:
+    # Not up: as root the script itself brings the cluster to the nodes it needs.
+    root = _fake_root(tmp_path, cluster_up, ROW_WRITER)
     out = tmp_path / "out"
     out.mkdir()
     done = _hook(root, out, "--repeats", "2")

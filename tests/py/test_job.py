@@ -335,3 +335,20 @@ def test_cli_module_runs_as_python_m(tmp_path: Path) -> None:
         check=False,
     )
     assert proc.returncode == 0 and "plan" in proc.stdout and "watch" in proc.stdout
+
+
+def test_the_status_writer_runs_without_click_and_refuses_bad_stages(tmp_path: Path) -> None:
+    path = tmp_path / "node_0" / "status.json"
+    code = "import sys; from slurm_multi import statusfile; rc = statusfile.main(sys.argv[1:]); "
+    code += "assert 'click' not in sys.modules; sys.exit(rc)"
+    args = [str(path), "0", "node1", "143", "terminated by a signal", "sha256:ab", "1", "run:1.5:failed:143"]
+    env = {"PYTHONPATH": str(REPO / "py"), "PATH": os.environ["PATH"]}
+    proc = subprocess.run([sys.executable, "-S", "-c", code, *args], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(path.read_text())
+    assert doc["status"] == "failed" and doc["exit_code"] == 143
+    assert doc["stages"] == {"run": {"seconds": 1.5, "status": "failed", "exit_code": 143}}
+    proc = subprocess.run(
+        [sys.executable, "-S", "-c", code, *args[:-1], "run"], env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 2 and "expected NAME:SECONDS:STATUS" in proc.stderr
