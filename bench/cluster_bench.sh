@@ -100,13 +100,13 @@ image_rows() {
     for node in node2 node3; do "${EXEC}" "${node}" docker image rm -f "${BENCH_IMAGE}" >/dev/null 2>&1 || true; done
     rm -rf "${cache}" && mkdir -p "${cache}"
     job=$(cd "${work}" && sbatch --parsable -N3 -o /dev/null "${ROOT}/sbatch/multi.sbatch" --manifest "${work}/manifest.json" \
-      --image-cache "${cache}" --out "${work}/out" -- sh -c 'true')
+      --image-cache "${cache}" --out "${work}/out" --collect false -- sh -c 'true')
     [[ $(wait_job "${job}") == 0 ]] || log::die bench "cold job ${job} did not succeed; see ${work}/out" 1
     dir=$(find "${work}/out" -mindepth 2 -maxdepth 2 -name "${job}" | head -n 1)
     cold+=("$(image_stage_max "${dir}")")
     # Warm: cache holds the tar, every node has the image: no save, no load.
     job=$(cd "${work}" && sbatch --parsable -N3 -o /dev/null "${ROOT}/sbatch/multi.sbatch" --manifest "${work}/manifest.json" \
-      --image-cache "${cache}" --out "${work}/out" -- sh -c 'true')
+      --image-cache "${cache}" --out "${work}/out" --collect false -- sh -c 'true')
     [[ $(wait_job "${job}") == 0 ]] || log::die bench "warm job ${job} did not succeed; see ${work}/out" 1
     dir=$(find "${work}/out" -mindepth 2 -maxdepth 2 -name "${job}" | head -n 1)
     warm+=("$(image_stage_max "${dir}")")

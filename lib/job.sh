@@ -43,7 +43,7 @@ job::run() {
   job::plan --write
   export SM_JOBDIR SM_BATCH_LOG=${SM_JOBDIR}/batch.log
   # The logger ignores SIGTERM (scancel signals the whole batch step): teardown must still be heard.
-  exec > >(trap '' TERM INT HUP; util::sm redact | tee -a "${SM_BATCH_LOG}") 2>&1
+  exec > >(trap '' TERM INT HUP; util::redact | tee -a "${SM_BATCH_LOG}") 2>&1
   log::enable_debug
   log::info multi "job ${SLURM_JOB_ID}: ${SLURM_JOB_NUM_NODES} nodes (${SLURM_JOB_NODELIST}), outputs in ${SM_JOBDIR}"
   trap 'job::teardown "normal end"' EXIT
@@ -80,8 +80,10 @@ job::step_id() {
 job::watch() {
   local rc=0 per_node
   per_node=$(launch::tasks_per_node)
-  util::sm job watch --jobdir "${SM_JOBDIR}" --nodes "${JOB_NODES[*]}" --tasks-per-node "${per_node}" \
-    --srun-pid "${JOB_SRUN_PID}" --peer-grace "${SM_PEER_GRACE}" --progress-seconds "${SM_PROGRESS_SECONDS:-15}" &
+  # The click-free entry of `slurm-multi job watch` (it starts beside every job's srun).
+  PYTHONPATH="${SM_HOME}/py" "${SM_PYTHON}" -S -m slurm_multi.watch --jobdir "${SM_JOBDIR}" --nodes "${JOB_NODES[*]}" \
+    --tasks-per-node "${per_node}" --srun-pid "${JOB_SRUN_PID}" --peer-grace "${SM_PEER_GRACE}" \
+    --progress-seconds "${SM_PROGRESS_SECONDS:-15}" &
   JOB_WATCH_PID=$!
   wait "${JOB_WATCH_PID}" || rc=$?
   JOB_WATCH_PID=
@@ -168,7 +170,9 @@ job::teardown() {
   if settings::truthy "${SM_COLLECT}"; then
     rc=0
     # Collect reads job.json (written by the plan), never the manifest.
-    util::sm_logged multi results collect "${SM_JOBDIR}" || rc=$?
+    local cargs=("${SM_JOBDIR}")
+    [[ -z ${SM_PERF_CSV:-} ]] || cargs+=(--perf-csv "${SM_PERF_CSV}")
+    util::sm_logged multi results collect "${cargs[@]}" || rc=$?
     log::info multi "verdict: $( ((rc == 0)) && echo SUCCESS || echo FAILURE) (${SM_JOBDIR}/summary.json)"
   fi
   exit "${rc}"
@@ -193,7 +197,7 @@ job::dry_run() {
     # Prepare (without GPU detection) for rank 0 first: its secrets file masks what follows.
     job::dry_run_prepare "${scratch}" 0 "${nnodes}"
     job::dry_run_plan "${nnodes}" "${scratch}"
-  ) | util::sm redact --secrets-file "${scratch}/secrets" || rc=$?
+  ) | util::redact --secrets-file "${scratch}/secrets" || rc=$?
   rm -rf "${scratch}"
   return "${rc}"
 }

@@ -15,6 +15,8 @@ RUN_EXIT=
 RUN_DOCKER_PID=
 BARRIER_CTL=
 SM_BARRIER_PID=
+NODE_JOIN_PID=
+NODE_JOIN_FD=
 
 # node::init JOBDIR [--reap]: rank, scratch, node dir and the node log (live on shared storage).
 # From here on every exit path writes status.json and removes the scratch dir (the traps); a
@@ -51,7 +53,7 @@ node::init() {
     # Everything this task prints goes to the node log (secrets masked) and on to srun's output.
     # The logger ignores SIGTERM: scancel signals every process of the step, and a dead logger
     # would take the task down (SIGPIPE) before it stops the workload and stages its outputs.
-    exec > >(trap '' TERM INT HUP; util::sm redact --secrets-file "${SM_SCRATCH}/secrets" | tee -a "${SM_NODE_LOG}") 2>&1
+    exec > >(trap '' TERM INT HUP; util::redact --secrets-file "${SM_SCRATCH}/secrets" | tee -a "${SM_NODE_LOG}") 2>&1
   fi
   if [[ -n ${SM_EARLY_SIGNAL:-} && ${2:-} != --reap ]]; then node::on_term; fi
   ((NODE_FROM_JOB)) || node::remove_stale
@@ -131,6 +133,12 @@ node::stage_prepare() {
     timeout 20 docker version --format '{{.Server.Version}}' >"${engine}" 2>&1 &
     engine_pid=$!
   fi
+  # In a whole multi-node job the barrier starts now, beside prepare: rank 0 listens, a worker
+  # dials and waits for rank 0's image ID. Neither needs what prepare resolves.
+  if ((!NODE_FROM_JOB)) && node::multi && [[ ${SM_RUNTIME:-docker} == docker && ${NODE_WHOLE_TASK:-0} == 1 ]]; then
+    node::barrier_args
+    if node::is_rank0; then node::serve_barrier; else node::join_image_phase; fi
+  fi
   local argv=(node prepare --scratch "${SM_SCRATCH}")
   ((${#SM_CMD[@]})) && argv+=(-- "${SM_CMD[@]}")
   util::sm_logged prepare "${argv[@]}" || rc=$?
@@ -168,7 +176,7 @@ node::stage_image() {
   fi
   node::barrier_args
   if node::is_rank0; then
-    node::serve_barrier
+    [[ -n ${SM_BARRIER_PID} ]] || node::serve_barrier
     if id=$(image::ensure_on_rank0); then
       export SM_IMAGE_ID=${id}
       node::barrier_say "RELEASE ${id}"
@@ -178,14 +186,16 @@ node::stage_image() {
       node::fail "${reason}" || return
     fi
   else
-    local argv=(barrier join --rank "${SM_RANK}" "${BARRIER_ARGS[@]}" --phase image
-      --connect-timeout "${SM_BARRIER_TIMEOUT}" --wait-timeout "$((SM_IMAGE_TIMEOUT + SM_BARRIER_TIMEOUT))")
-    util::sm_logged image "${argv[@]}" >"${SM_SCRATCH}/rank0-image-id" ||
-      node::fail "${UTIL_ERROR}" "$?" || return
-    id=$(<"${SM_SCRATCH}/rank0-image-id")
+    local rc=0
+    [[ -n ${NODE_JOIN_PID} ]] || node::join_image_phase
+    if ! read -r -u "${NODE_JOIN_FD}" id; then
+      wait "${NODE_JOIN_PID}" || rc=$?
+      node::join_failed "${rc}" || return
+    fi
     log::info image "rank 0's image is ${SM_IMAGE} ${id:7:12}"
     if ! image::ensure_on_worker "${id}"; then
       reason="$(hostname) (rank ${SM_RANK}): cannot get rank 0's image ${SM_IMAGE} ${id:7:12}"
+      node::stop_join
       node::barrier_abort "${reason}"
       node::fail "${reason}" || return
     fi
@@ -203,6 +213,36 @@ node::serve_barrier() {
   log::info barrier "(its stdin is a pipe from this task: it gets 'RELEASE <image-id>' or 'ABORT <reason>')"
   exec {BARRIER_CTL}> >(trap - ERR; SM_ERROR_FILE=${SM_SCRATCH}/barrier.error util::sm "${argv[@]}")
   SM_BARRIER_PID=$!
+}
+
+# node::join_image_phase: a worker's whole barrier in one helper, started in the background (rank 0
+# may still be building): it prints rank 0's image ID on a pipe the image stage reads, then waits
+# for SIGUSR1 (this node has the image) to join the start phase; the barrier stage sends that and
+# waits for it. Its one-line reason, if it fails, is in join.error.
+node::join_image_phase() {
+  local argv=(barrier join --rank "${SM_RANK}" "${BARRIER_ARGS[@]}" --phase both
+    --connect-timeout "${SM_BARRIER_TIMEOUT}" --wait-timeout "$((SM_IMAGE_TIMEOUT + SM_BARRIER_TIMEOUT))")
+  log::cmd image "${SM_HOME}/bin/slurm-multi" "${argv[@]}"
+  log::info image "(its stdout is a pipe to this task; SIGUSR1 from this task starts its start phase)"
+  exec {NODE_JOIN_FD}< <(SM_ERROR_FILE=${SM_SCRATCH}/join.error PYTHONPATH="${SM_HOME}/py${PYTHONPATH:+:${PYTHONPATH}}" \
+    exec "${SM_PYTHON}" -m slurm_multi "${argv[@]}")
+  NODE_JOIN_PID=$!
+}
+
+# node::stop_join: the worker gives up; its join helper goes (SIGTERM).
+node::stop_join() {
+  [[ -n ${NODE_JOIN_PID} ]] || return 0
+  kill -TERM "${NODE_JOIN_PID}" 2>/dev/null || true
+  wait "${NODE_JOIN_PID}" 2>/dev/null || true
+  NODE_JOIN_PID=
+}
+
+# node::join_failed RC: the join helper's own reason as the stage's.
+node::join_failed() {
+  local why="barrier: did not get a GO from rank 0 (join exit $1)"
+  [[ -s ${SM_SCRATCH}/join.error ]] && why=$(<"${SM_SCRATCH}/join.error") && why=${why#slurm-multi: }
+  NODE_JOIN_PID=
+  node::fail "${why}" "$1"
 }
 
 # node::barrier_say LINE: one control line to rank 0's server (a subshell: a server that died must
@@ -244,6 +284,14 @@ node::stage_barrier() {
       node::fail "${why}" "${rc}" || return
     fi
     log::info barrier "every worker is ready; GO sent"
+  elif [[ -n ${NODE_JOIN_PID} ]]; then
+    # The join of the image stage goes on to the start phase: this node has the image.
+    kill -USR1 "${NODE_JOIN_PID}"
+    wait "${NODE_JOIN_PID}" || rc=$?
+    exec {NODE_JOIN_FD}<&-
+    ((rc == 0)) || node::join_failed "${rc}" || return
+    NODE_JOIN_PID=
+    log::info barrier "GO received"
   else
     util::sm_logged barrier barrier join --rank "${SM_RANK}" "${BARRIER_ARGS[@]}" --phase start \
       --connect-timeout "${SM_BARRIER_TIMEOUT}" --wait-timeout "${SM_BARRIER_TIMEOUT}" >/dev/null ||
@@ -302,7 +350,11 @@ node::stage_save_outputs() {
   for f in "${SM_SCRATCH}"/output/*; do
     if [[ -f ${f} && ${f##*/} != "${csv}" ]]; then cp -f "${f}" "${SM_NODE_DIR}/" 2>/dev/null || true; fi
   done
-  [[ ${SM_KEEP_CONTAINER:-0} == 1 || ${SM_RUNTIME:-docker} != docker ]] || docker rm -f "${name}" >/dev/null 2>&1 || true
+  # Removed while status.json is written; node::on_exit waits for it.
+  if [[ ${SM_KEEP_CONTAINER:-0} != 1 && ${SM_RUNTIME:-docker} == docker ]]; then
+    docker rm -f "${name}" >/dev/null 2>&1 &
+    NODE_RM_PID=$!
+  fi
   return 0
 }
 
@@ -350,6 +402,7 @@ node::stage_reap() {
   node::stage_save_outputs
   NODE_STAGE_ORDER+=(reap) NODE_STAGE_SECONDS[reap]=0 NODE_STAGE_STATUS[reap]=ok
   node::write_status
+  if [[ -n ${NODE_RM_PID:-} ]]; then wait "${NODE_RM_PID}" 2>/dev/null || true; fi
   node::remove_scratch
   return 0
 }
@@ -365,7 +418,8 @@ node::on_term() {
   # Bare metal: the workload is our child (under nsight-slurm only this task gets the signal).
   if [[ ${SM_RUNTIME:-docker} == none && -n ${RUN_DOCKER_PID} ]]; then kill -TERM "${RUN_DOCKER_PID}" 2>/dev/null || true; fi
   if [[ -n ${RUN_DOCKER_PID} ]]; then wait "${RUN_DOCKER_PID}" 2>/dev/null || true; fi
-  [[ -n ${SM_BARRIER_PID} ]] && node::barrier_say "ABORT rank 0 ($(hostname)) was terminated"
+  if [[ -n ${SM_BARRIER_PID} ]]; then node::barrier_say "ABORT rank 0 ($(hostname)) was terminated"; fi
+  node::stop_join
   ((NODE_EXIT != 0)) || NODE_EXIT=143
   [[ -n ${NODE_REASON} ]] || NODE_REASON="terminated by a signal (scancel, time limit or a failed peer)"
   exit "${NODE_EXIT}"
@@ -396,6 +450,7 @@ node::on_exit() {
     node::stage save-outputs || true
   fi
   node::write_status
+  if [[ -n ${NODE_RM_PID:-} ]]; then wait "${NODE_RM_PID}" 2>/dev/null || true; fi
   log::info node "done: exit ${NODE_EXIT}${NODE_REASON:+ (${NODE_REASON})}"
   node::remove_scratch
   exit "${NODE_EXIT}"
@@ -413,7 +468,12 @@ node::run() {
       # A worker that cannot start tells rank 0, which aborts everyone within seconds instead
       # of waiting for the barrier timeout. (rank 0 aborts its own barrier in the image stage.)
       if [[ ${name} == prepare ]] && node::multi && ! node::is_rank0 && ((!NODE_FROM_JOB)); then
+        node::stop_join
         node::barrier_abort "$(hostname) (rank ${SM_RANK}): ${NODE_REASON}"
+      fi
+      # rank 0 failing before its release tells the workers why (its server is already up).
+      if [[ ${name} == prepare && -n ${BARRIER_CTL} ]]; then
+        node::barrier_say "ABORT rank 0 ($(hostname)): ${NODE_REASON}"
       fi
       return "${NODE_EXIT}"
     fi

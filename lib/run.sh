@@ -47,7 +47,7 @@ run::diagnose() {
   # Secrets stay out of diagnostics too.
   local f
   for f in "${dir}"/*.txt; do
-    util::sm redact --secrets-file "${SM_SCRATCH}/secrets" <"${f}" >"${f}.r" 2>/dev/null && mv -f "${f}.r" "${f}"
+    util::redact --secrets-file "${SM_SCRATCH}/secrets" <"${f}" >"${f}.r" 2>/dev/null && mv -f "${f}.r" "${f}"
   done
   return 0
 }
@@ -69,7 +69,7 @@ run::docker() {
   name=$(run::container_name)
   # The name is the job's and the rank's: only a re-run by hand can find an old one in the way.
   if ((${NODE_FROM_JOB:-0})); then docker rm -f "${name}" >/dev/null 2>&1 || true; fi
-  rm -f "${SM_SCRATCH}/timed-out"
+  rm -f "${SM_SCRATCH}/timed-out" "${SM_SCRATCH}/run-done"
   log::cmd run "${RUN_ARGV[@]}"
   "${RUN_ARGV[@]}" </dev/null &
   pid=$!
@@ -78,6 +78,8 @@ run::docker() {
     (
       trap - TERM INT EXIT
       { sleep "${SM_TIMEOUT}"; } 2>/dev/null # (a killed sleep is not news)
+      # The workload ended first: this watchdog's sleep was cut short on purpose, nothing to do.
+      [[ -e ${SM_SCRATCH}/run-done ]] && exit 0
       : >"${SM_SCRATCH}/timed-out"
       log::error run "workload exceeded --timeout ${SM_TIMEOUT} s; stopping ${name}"
       run::diagnose "${name}" "timeout after ${SM_TIMEOUT} s"
@@ -87,6 +89,8 @@ run::docker() {
   fi
   wait "${pid}" || rc=$?
   RUN_DOCKER_PID=
+  # Said before the watchdog is stopped, so a watchdog woken by that stop does nothing.
+  : >"${SM_SCRATCH}/run-done"
   if [[ -n ${watchdog} ]]; then
     if [[ -f ${SM_SCRATCH}/timed-out ]]; then
       wait "${watchdog}" 2>/dev/null || true

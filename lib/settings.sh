@@ -32,6 +32,7 @@ SETTINGS_TABLE=(
   "SM_FLUSH_TIMEOUT_SECONDS|--flush-timeout-seconds S|600|stop waiting for reports after this long"
   "SM_PROFILE_STOP_GRACE|--profile-stop-grace SECONDS||docker stop grace for a profiled container (default: flush settle + 15; never below the settle window)"
   "SM_COLLECT|--collect true|false|true|aggregate results at the end of the job (alias MAD_COLLECT_METRICS)"
+  "SM_PERF_CSV|--perf-csv PATH||also append this job's rows to a madengine perf.csv kept across runs (locked)"
   "SM_STOP_GRACE|--stop-grace SECONDS|30|SIGTERM-to-SIGKILL grace when a container is stopped"
   "SM_PEER_GRACE|--peer-grace SECONDS|30|after one node fails, how long the others may run on"
 )

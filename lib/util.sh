@@ -8,6 +8,12 @@ util::sm() {
   PYTHONPATH="${SM_HOME}/py${PYTHONPATH:+:${PYTHONPATH}}" "${SM_PYTHON}" -m slurm_multi "$@"
 }
 
+# util::redact [--secrets-file FILE]: the log filter (the one secret rule), stdin to stdout. It runs
+# for the whole job on every node, so it starts without click (slurm_multi.secret_rule, python -S).
+util::redact() {
+  PYTHONPATH="${SM_HOME}/py${PYTHONPATH:+:${PYTHONPATH}}" "${SM_PYTHON}" -S -m slurm_multi.secret_rule "$@"
+}
+
 # util::sm_logged AREA ARGS…: log the helper call as a command that pastes back on the node
 # (bin/slurm-multi ARGS…), then run it through util::helper.
 util::sm_logged() {

@@ -37,6 +37,7 @@ import os
 import re
 import selectors
 import socket
+import sys
 import time
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -67,7 +68,8 @@ RANK_RE = re.compile(r"0|[1-9][0-9]{0,8}")  # ASCII only: `\d` would accept unic
 IMAGE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,159}")
 
 ATTEMPT_TIMEOUT = 5.0  # one TCP connect attempt
-BACKOFF_START, BACKOFF_MAX = 0.2, 2.0
+# A worker usually dials a moment before rank 0 listens: retry soon, then back off (doubling).
+BACKOFF_START, BACKOFF_MAX = 0.02, 2.0
 FLUSH_SECONDS = 2.0  # how long the server waits for its last lines to leave
 DRAIN_SECONDS = 1.0  # after an answer, keep reading (and discarding) so close() does not RST it
 NOTE_BUDGET, NOTE_WINDOW = 40, 10.0  # per-connection log lines allowed per window (floods are summed)
@@ -1548,7 +1550,13 @@ def abort_cmd(
 @click.option("--nnodes", type=click.IntRange(min=2), required=True, help="Nodes in the job.")
 @click.option("--master-addr", envvar="MASTER_ADDR", show_envvar=True, required=True, help="Rank 0's host.")
 @_port_options
-@click.option("--phase", type=click.Choice(PHASES), default="start", show_default=True)
+@click.option(
+    "--phase",
+    type=click.Choice((*PHASES, "both")),
+    default="start",
+    show_default=True,
+    help="both: the image phase, print the ID, then on SIGUSR1 (this node has the image) the start phase.",
+)
 @click.option(
     "--connect-timeout",
     type=click.FloatRange(min=0),
@@ -1580,13 +1588,22 @@ def join_cmd(
 ) -> None:
     """Worker: wait for rank 0's GO and print its image ID on stdout.
 
+    With --phase both (one process for a worker's whole barrier): the image phase, its ID printed at
+    once; then, when this node holds the image (SIGUSR1 from its task), the start phase, and exit 0
+    on GO. SIGTERM before that ends it (the task gave up).
+
     \b
     Example: image=$(slurm-multi barrier join --rank "$SLURM_NODEID" --nnodes "$SLURM_NNODES")
     """
+    import signal
+
     if not 1 <= rank < nnodes:
         raise usage_error(
             f"barrier: --rank {rank} is not a worker rank (1..{nnodes - 1}); rank 0 runs `serve`"
         )
+    if phase == "both":
+        # Blocked from the start, so a SIGUSR1 that comes early waits for sigwait below.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
     token = read_token(token_env)
     candidates = candidate_ports(ports, master_port, job_id, override, count)
     image_id = join(
@@ -1594,8 +1611,14 @@ def join_cmd(
         candidates,
         token,
         rank,
-        phase=phase,
+        phase="image" if phase == "both" else phase,
         connect_timeout=connect_timeout,
         wait_timeout=wait_timeout,
     )
     click.echo(image_id)
+    if phase == "both":
+        sys.stdout.flush()
+        signal.sigwait({signal.SIGUSR1})
+        join(master_addr, candidates, token, rank, phase="start", connect_timeout=connect_timeout,
+             wait_timeout=wait_timeout)  # fmt: skip
+        _talk(f"rank {rank}: GO (start)")

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
-import sys
-import time
 
 import click
 
@@ -45,9 +42,4 @@ def timeout_error(message: str) -> HelperError:
     return HelperError(message, EXIT_TIMEOUT)
 
 
-def talk(area: str, message: str) -> None:
-    """Log one line to stderr as `<UTC time> <host> r<rank> <area>: <message>` (stdout is data)."""
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-    rank = os.environ.get("SM_RANK", os.environ.get("SLURM_NODEID", "-"))
-    print(f"{stamp} {host} r{rank} {area}: {message}", file=sys.stderr, flush=True)
+from slurm_multi.logline import talk  # noqa: E402,F401 - one logger; re-exported for the helpers

@@ -40,8 +40,9 @@ setup_file() {
   size=$(stat -c %s "${tar}")
   run grep -c "^bytes=${size}$" "${tar%.tar}.id"
   assert_output 1
-  run grep -cE '^sha256=[0-9a-f]{64}$' "${tar%.tar}.id"
+  run grep -cE '^cksum=[0-9]+$' "${tar%.tar}.id"
   assert_output 1
+  assert_equal "$(grep '^cksum=' "${tar%.tar}.id")" "cksum=$(cksum <"${tar}" | cut -d' ' -f1)"
   head -c 5 "${tar}" >"${tar}.cut" && mv -f "${tar}.cut" "${tar}"
   chmod a+rw "${tar}"
   "${REPO_ROOT}/tests/cluster/exec" node2 docker image rm -f toy/model:local >/dev/null 2>&1 || true

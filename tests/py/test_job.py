@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slurm_multi import job, node
+from slurm_multi import job, node, watch
 from slurm_multi.context import model_dir_name, resolve
 
 REPO = Path(__file__).resolve().parents[2]
@@ -274,7 +274,7 @@ def test_watch_ends_with_the_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     fake_scontrol(tmp_path, "'NodeName=node1 State=ALLOCATED'", monkeypatch)
     proc = subprocess.Popen(["sleep", "0.5"])
     # The step ends (a zombie not yet reaped counts as ended): the watch ends with exit 0.
-    assert job.watch(str(tmp_path), ["node1"], 1, proc.pid, peer_grace=30, progress_every=60) == 0
+    assert watch.watch(str(tmp_path), ["node1"], 1, proc.pid, peer_grace=30, progress_every=60) == 0
     proc.wait()
 
 
@@ -288,8 +288,8 @@ def test_watch_stops_the_others_a_peer_grace_after_a_rank_failed(
     )
     started = time.monotonic()
     assert (
-        job.watch(str(tmp_path), ["node1", "node2"], 1, sleeper.pid, peer_grace=0.5, progress_every=60)
-        == job.EXIT_STOP
+        watch.watch(str(tmp_path), ["node1", "node2"], 1, sleeper.pid, peer_grace=0.5, progress_every=60)
+        == watch.EXIT_STOP
     )
     assert time.monotonic() - started < 10
 
@@ -301,7 +301,7 @@ def test_a_node_slurm_declares_down_counts_as_failed_at_once(
         tmp_path, "'NodeName=node1 State=ALLOCATED' 'NodeName=node2 State=DOWN*+DRAIN'", monkeypatch
     )
     assert (
-        job.watch(
+        watch.watch(
             str(tmp_path),
             ["node1", "node2"],
             1,
@@ -310,7 +310,7 @@ def test_a_node_slurm_declares_down_counts_as_failed_at_once(
             progress_every=60,
             node_check_every=0.1,
         )
-        == job.EXIT_STOP
+        == watch.EXIT_STOP
     )
     doc = json.loads((tmp_path / "node_1" / "status.json").read_text())
     assert doc["exit_code"] == 137 and "Slurm reports node2 DOWN" in doc["reason"]
@@ -323,7 +323,7 @@ def test_a_node_slurm_declares_down_counts_as_failed_at_once(
      ("ALLOCATED+FAIL", True), ("MIXED+DRAIN", False), ("FAILING", True)],
 )  # fmt: skip
 def test_bad_node_states(state: str, bad: bool) -> None:
-    assert job.is_bad_state(state) is bad
+    assert watch.is_bad_state(state) is bad
 
 
 def test_cli_module_runs_as_python_m(tmp_path: Path) -> None:

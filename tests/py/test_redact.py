@@ -42,3 +42,28 @@ def test_cli_masks_env_secrets_on_every_line() -> None:
     )
     assert result.exit_code == 0
     assert result.output == "one ***\ntwo\n"
+
+
+def test_the_log_filter_starts_without_click_and_masks_file_and_env_secrets(tmp_path) -> None:  # noqa: ANN001
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    secrets = tmp_path / "secrets"
+    secrets.write_text("manifest_literal_secret\n")
+    code = (
+        "import sys; from slurm_multi import secret_rule; rc = secret_rule.main(sys.argv[1:]); "
+        "assert 'click' not in sys.modules; sys.exit(rc)"
+    )
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "py"),
+           "API_KEY": "env_secret_value"}  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-S", "-c", code, "--secrets-file", str(secrets)],
+        input=b"a manifest_literal_secret b env_secret_value c \xff\n",
+        env=env,
+        capture_output=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == b"a *** b *** c \xff\n"

@@ -1,0 +1,190 @@
+"""The batch step's watch over its node tasks, without click (it runs beside every job:
+`python -S -m slurm_multi.watch …`, ~10 ms to start). `slurm-multi job watch` and `job mark-lost`
+are the same functions behind the CLI.
+
+It reads what the nodes write (status.json, the tail of node.log) and what Slurm says of the nodes
+(`scontrol show node`): a rank whose status.json says it failed, or a node Slurm reports DOWN or
+failed, starts the peer grace at once; when it is over, exit 10 tells the batch step to stop the
+others. A node Slurm declared dead gets a "lost" status.json for each of its ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from slurm_multi import shell
+from slurm_multi.logline import talk
+
+EXIT_STOP = 10  # `job watch`: a node failed and the peer grace is over: stop the step
+BAD_NODE_STATES = ("DOWN", "FAIL", "NODE_FAIL")
+
+
+def _alive(pid: int) -> bool:
+    """The process exists and has not exited (a zombie waiting to be reaped counts as ended)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] not in (b"Z", b"X")
+
+
+def _read_status(path: str) -> dict[str, Any] | None:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def node_stage(jobdir: str, rank: int) -> str:
+    """The stage a node is in, from the tail of its live log."""
+    if os.path.exists(os.path.join(jobdir, f"node_{rank}", "status.json")):
+        return "finished"
+    try:
+        with open(os.path.join(jobdir, f"node_{rank}", "node.log"), "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - 8192))
+            tail = handle.read().decode("utf-8", "replace")
+    except OSError:
+        return "starting"
+    found = re.findall(r" stage ([a-z0-9-]+)", tail)
+    return found[-1] if found else "starting"
+
+
+def slurm_node_states(nodes: Sequence[str]) -> dict[str, str]:
+    """Slurm's state of each node (`scontrol show node -o`), e.g. IDLE, MIXED, DOWN*, ALLOCATED+DRAIN."""
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["scontrol", "show", "node", "-o", ",".join(nodes)],
+            capture_output=True, text=True, timeout=10, check=False,
+        ).stdout  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    states: dict[str, str] = {}
+    for line in out.splitlines():
+        name = re.search(r"(?:^|\s)NodeName=(\S+)", line)
+        state = re.search(r"(?:^|\s)State=(\S+)", line)
+        if name and state:
+            states[name.group(1)] = state.group(1)
+    return states
+
+
+def is_bad_state(state: str) -> bool:
+    return any(bad in part for part in re.split(r"[+*]", state.upper()) for bad in BAD_NODE_STATES)
+
+
+def write_lost_status(jobdir: str, rank: int, node: str, state: str) -> None:
+    """A rank on a node Slurm declared dead will never stage: record that, so nobody waits for it."""
+    directory = os.path.join(jobdir, f"node_{rank}")
+    path = os.path.join(directory, "status.json")
+    if os.path.exists(path):
+        return
+    os.makedirs(directory, exist_ok=True)
+    shell.write_json(
+        path,
+        {
+            "rank": rank,
+            "node": node,
+            "exit_code": 137,
+            "status": "failed",
+            "reason": f"Slurm reports {node} {state}: the node (or its slurmd) died during the job",
+            "image_id": "",
+            "stages": {},
+        },
+    )
+
+
+def mark_lost(jobdir: str, nodes: Sequence[str], tasks_per_node: int) -> list[tuple[str, str]]:
+    """Record a lost status for every rank on a node Slurm reports dead; return (node, state) pairs."""
+    lost = []
+    states = slurm_node_states(nodes)
+    for index, node in enumerate(nodes):
+        state = states.get(node, "")
+        if state and is_bad_state(state):
+            for local in range(tasks_per_node):
+                write_lost_status(jobdir, index * tasks_per_node + local, node, state)
+            lost.append((node, state))
+    return lost
+
+
+def watch(
+    jobdir: str,
+    nodes: Sequence[str],
+    tasks_per_node: int,
+    srun_pid: int,
+    peer_grace: float,
+    progress_every: float,
+    check_every: float = 1.0,
+    node_check_every: float = 2.0,
+) -> int:
+    """Wait for the worker step; 0 when it ended, EXIT_STOP when a rank failed `peer_grace` ago."""
+    ranks = len(nodes) * tasks_per_node
+    failed_since: float | None = None
+    now = time.monotonic()
+    next_check, next_nodes, next_progress = now, now + node_check_every, now + progress_every
+    while _alive(srun_pid):
+        time.sleep(0.1)
+        now = time.monotonic()
+        if failed_since is not None:
+            if now - failed_since >= peer_grace:
+                return EXIT_STOP
+            continue
+        if now >= next_nodes and nodes:
+            next_nodes = now + node_check_every
+            lost = mark_lost(jobdir, nodes, tasks_per_node)
+            if lost:
+                node, state = lost[0]
+                talk(
+                    "multi",
+                    f"Slurm reports {node} {state}; "
+                    f"the other nodes get {peer_grace:g} s before they are stopped",
+                )
+                failed_since = now
+                continue
+        if now >= next_check:
+            next_check = now + check_every
+            for rank in range(ranks):
+                status = _read_status(os.path.join(jobdir, f"node_{rank}", "status.json"))
+                if status is not None and status.get("exit_code") != 0:
+                    reason = status.get("reason") or f"exit {status.get('exit_code')}"
+                    talk("multi", f"node_{rank} ({status.get('node', '?')}) failed: {reason}; "
+                         f"the other nodes get {peer_grace:g} s before they are stopped")  # fmt: skip
+                    failed_since = now
+                    break
+        if now >= next_progress:
+            next_progress = now + progress_every
+            talk("multi", "progress: " + " ".join(f"node_{r}={node_stage(jobdir, r)}" for r in range(ranks)))
+    return 0
+
+
+def main(argv: Sequence[str]) -> int:
+    import argparse
+    import signal
+
+    parser = argparse.ArgumentParser(
+        prog="python -S -m slurm_multi.watch", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--jobdir", required=True)
+    parser.add_argument("--nodes", required=True)
+    parser.add_argument("--tasks-per-node", type=int, default=1)
+    parser.add_argument("--srun-pid", type=int, required=True)
+    parser.add_argument("--peer-grace", type=float, default=30)
+    parser.add_argument("--progress-seconds", type=float, default=15)
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    return watch(args.jobdir, args.nodes.split(), max(1, args.tasks_per_node), args.srun_pid, args.peer_grace,
+                 max(1.0, args.progress_seconds))  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
