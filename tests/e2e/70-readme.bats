@@ -6,6 +6,9 @@ load helpers
 setup_file() {
   e2e::ensure_cluster
   e2e::toy_image_only_on node1
+  # The README's jobs run as the ordinary user too: the places they write are theirs.
+  mkdir -p "${REPO_ROOT}/slurm_output/toy_model" /tmp/sm-image-cache /tmp/sm-runs
+  chown -R "${E2E_USER}" "${REPO_ROOT}/slurm_output" /tmp/sm-image-cache /tmp/sm-runs
 }
 
 # readme_commands: the command lines of the README's ```bash blocks, comments stripped.
@@ -31,18 +34,23 @@ SKIP_REGEX='^(git clone |python3 -m venv |export SM_HOME=|make test$|make bench$
     [[ ${line} =~ ${SKIP_REGEX} ]] && continue
     cmd=${line}
     if [[ ${cmd} == *"<jobid>"* ]]; then
-      job=$(find "${REPO_ROOT}/slurm_output/toy_model" -mindepth 1 -maxdepth 1 -type d -regex '.*/[0-9]+' -printf '%T@ %f\n' |
+      # The newest job the README's own sbatch ran (as the ordinary user; make demo's run as root).
+      job=$(find "${REPO_ROOT}/slurm_output/toy_model" -mindepth 1 -maxdepth 1 -type d -regex '.*/[0-9]+' -user "${E2E_USER}" -printf '%T@ %f\n' |
         sort -rn | awk 'NR == 1 { print $2 }')
       cmd=${cmd//<jobid>/${job}}
     fi
     echo "README: ${cmd}" >&3
     if [[ ${cmd} == sbatch* ]]; then
-      # A real job: wait for it and require SUCCESS.
-      run bash -c "cd '${REPO_ROOT}' && ${cmd/sbatch /sbatch --parsable }"
+      # A real job, submitted as the ordinary user: wait for it and require SUCCESS.
+      run runuser -u "${E2E_USER}" -- bash -c "cd '${REPO_ROOT}' && ${cmd/sbatch /sbatch --parsable }"
       assert_success
       local id=${output##*$'\n'}
       e2e::wait_job "${id}"
       assert_equal "${JOB_RC}" 0
+    elif [[ ${cmd} == bin/sm-node* ]]; then
+      # "on a compute node": inside node2, as the user whose job it was.
+      run "${REPO_ROOT}/tests/cluster/exec" node2 runuser -u "${E2E_USER}" -- bash -c "cd '${REPO_ROOT}' && ${cmd}"
+      assert_success
     else
       run bash -c "cd '${REPO_ROOT}' && ${cmd}"
       assert_success
@@ -51,7 +59,7 @@ SKIP_REGEX='^(git clone |python3 -m venv |export SM_HOME=|make test$|make bench$
   done < <(readme_commands)
   echo "ran ${count} README commands" >&3
   # A guard against an extraction that silently finds nothing.
-  ((count >= 12))
+  ((count >= 13))
 }
 
 @test "every option of sbatch/multi.sbatch is documented (profiling ones in docs/profiling.md)" {
