@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import tempfile
 from collections.abc import Iterable, Mapping
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -46,13 +45,16 @@ def render(
     return "\n".join(lines) + "\n"
 
 
-def write_private(path: str, text: str) -> None:
-    """Write `text` to `path` atomically, mode 0600 (it may hold secrets)."""
+def write_atomic(path: str, text: str, mode: int = 0o644) -> None:
+    """Write `text` to `path` atomically: a sibling temp file (created with `mode`, never readable
+    wider while it is written), then a rename. A reader sees the old file or the new one."""
     directory = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix=".tmp.", dir=directory)
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
         with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as handle:
             handle.write(text)
+        os.chmod(tmp, mode)  # whatever the umask
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -60,23 +62,15 @@ def write_private(path: str, text: str) -> None:
         except OSError:
             pass
         raise
+
+
+def write_private(path: str, text: str) -> None:
+    """Write `text` to `path` atomically, mode 0600 (it may hold secrets)."""
+    write_atomic(path, text, 0o600)
 
 
 def write_json(path: str, document: object) -> None:
-    """Write a JSON document atomically (sibling temp file, then rename), mode 0644."""
+    """Write a JSON document atomically, mode 0644."""
     import json
 
-    directory = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix=".tmp.", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(document, handle, indent=2, ensure_ascii=False)
-            handle.write("\n")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_atomic(path, json.dumps(document, indent=2, ensure_ascii=False) + "\n")

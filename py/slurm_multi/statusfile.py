@@ -9,7 +9,6 @@ STAGE is NAME:SECONDS:STATUS[:EXIT]; TERMINATED is 0 or 1. Exit 0 written, 2 bad
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Sequence
@@ -54,20 +53,10 @@ def status_document(
 
 def write_status(path: str, document: dict[str, Any]) -> None:
     """Atomically (sibling temp file, then rename), creating the node dir if needed."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, f".status.json.tmp.{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as handle:
-            json.dump(document, handle, indent=2, ensure_ascii=False)
-            handle.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    from slurm_multi.shell import write_json
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    write_json(path, document)
 
 
 def main(argv: Sequence[str]) -> int:
