@@ -127,12 +127,8 @@ node::fail() {
 node::stage_prepare() {
   export MASTER_ADDR=${MASTER_ADDR:-$(util::first_node)}
   export MASTER_PORT=${MASTER_PORT:-${SM_MASTER_PORT:-29500}}
-  # Is the engine there? Asked while the helper runs (both are mostly waiting).
-  local engine=${SM_SCRATCH}/docker-version engine_pid="" rc=0
-  if [[ ${SM_RUNTIME:-docker} == docker ]]; then
-    timeout 20 docker version --format '{{.Server.Version}}' >"${engine}" 2>&1 &
-    engine_pid=$!
-  fi
+  # (The helper also asks the node's docker engine for /_ping: a dead engine is its one-line reason.)
+  local rc=0
   # In a whole multi-node job the barrier starts now, beside prepare: rank 0 listens, a worker
   # dials and waits for rank 0's image ID. Neither needs what prepare resolves.
   if ((!NODE_FROM_JOB)) && node::multi && [[ ${SM_RUNTIME:-docker} == docker && ${NODE_WHOLE_TASK:-0} == 1 ]]; then
@@ -142,10 +138,7 @@ node::stage_prepare() {
   local argv=(node prepare --scratch "${SM_SCRATCH}")
   ((${#SM_CMD[@]})) && argv+=(-- "${SM_CMD[@]}")
   util::sm_logged prepare "${argv[@]}" || rc=$?
-  if [[ -n ${engine_pid} ]] && ! wait "${engine_pid}"; then
-    node::fail "docker engine not reachable on $(hostname): $(tail -n 1 "${engine}")" || return
-  fi
-  ((rc == 0)) || node::fail "${UTIL_ERROR}" 2 || return
+  ((rc == 0)) || node::fail "${UTIL_ERROR}" "${rc}" || return
   # shellcheck source=/dev/null
   source "${SM_SCRATCH}/context.sh"
 }

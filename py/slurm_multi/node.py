@@ -93,6 +93,30 @@ def env_arguments(ctx: RunContext, env_file: str | None) -> list[str]:
     return args
 
 
+def check_docker_engine(env: Mapping[str, str], node: str, timeout: float = 20.0) -> None:
+    """The node's docker engine answers `GET /_ping` on its socket (what `docker version` would
+    ask, without starting the docker CLI). A tcp:// DOCKER_HOST is left to the docker CLI."""
+    host = env.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    if not host.startswith("unix://"):
+        return
+    path = host[len("unix://") :]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout)
+            sock.connect(path)
+            sock.sendall(b"GET /_ping HTTP/1.0\r\nHost: docker\r\n\r\n")
+            reply = sock.recv(256)
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__
+        raise HelperError(
+            f"{AREA}: docker engine not reachable on {node}: cannot talk to {path} ({why}); "
+            "is dockerd running there, and may this user use it (the docker group)?"
+        ) from None
+    if not reply.startswith(b"HTTP/") or b" 200 " not in reply.split(b"\r\n", 1)[0]:
+        first = reply.split(b"\r\n", 1)[0].decode("ascii", "replace")
+        raise HelperError(f"{AREA}: docker engine not reachable on {node}: {path} answered {first!r}")
+
+
 def prepare(
     env: Mapping[str, str],
     scratch: str,
@@ -120,6 +144,8 @@ def prepare(
     runtime = ctx.get("SM_RUNTIME", "docker")
     if not ctx.get("SM_IMAGE") and runtime == "docker":
         raise usage_error(f"{AREA}: no image: give --image or a manifest with docker_image")
+    if runtime == "docker" and detect:
+        check_docker_engine(env, node)
     resolve_build_paths(ctx, env)
     gpu_args = gpu_arguments(ctx, detected, node) if detect else []
     os.makedirs(os.path.join(scratch, "output"), exist_ok=True)

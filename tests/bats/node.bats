@@ -6,6 +6,10 @@
 
 load helpers
 
+teardown() {
+  [[ -z ${FAKE_ENGINE_PID:-} ]] || kill "${FAKE_ENGINE_PID}" 2>/dev/null || true
+}
+
 setup() {
   export SM_JOBDIR=${BATS_TEST_TMPDIR}/job TMPDIR=${BATS_TEST_TMPDIR}/tmp
   mkdir -p "${TMPDIR}" "${BATS_TEST_TMPDIR}/shim"
@@ -28,6 +32,26 @@ case "$1 $2" in
 esac
 EOF
   chmod +x "${BATS_TEST_TMPDIR}/shim/docker"
+  # The engine's socket, as prepare asks it (GET /_ping): a tiny stand-in that answers OK.
+  export DOCKER_HOST=unix://${BATS_TEST_TMPDIR}/docker.sock
+  "${SM_PYTHON}" - "${BATS_TEST_TMPDIR}/docker.sock" <<'PY' &
+import os, socket, sys
+path = sys.argv[1]
+server = socket.socket(socket.AF_UNIX)
+server.bind(path)
+server.listen(16)
+server.settimeout(300)
+while True:
+    try:
+        conn, _ = server.accept()
+    except OSError:
+        break
+    with conn:
+        conn.recv(1024)
+        conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nOK")
+PY
+  FAKE_ENGINE_PID=$!
+  for _ in $(seq 100); do [[ -S ${BATS_TEST_TMPDIR}/docker.sock ]] && break; sleep 0.05; done
   export PATH="${BATS_TEST_TMPDIR}/shim:${PATH}"
   unset SLURM_JOB_ID SLURM_NODEID SLURM_JOB_NODELIST SM_BARRIER_TOKEN
   export SLURM_JOB_ID=77 SLURM_NNODES=1 SM_RANK=0 SLURMD_NODENAME=node1 SM_PYTHON_CHECKED=1
@@ -154,8 +178,8 @@ EOF
   assert_success
   assert_equal "$(status_field status)" ok
   # Every docker client call (and the helpers after prepare, which would fail with that
-  # PYTHONHOME) ran without them.
-  run grep -v 'DOCKER_HOST=unset LD_LIBRARY_PATH=unset PYTHONHOME=unset' "${BATS_TEST_TMPDIR}/docker-env"
+  # PYTHONHOME) ran without them: the toolkit's own DOCKER_HOST, not the manifest's.
+  run grep -v "DOCKER_HOST=${DOCKER_HOST} LD_LIBRARY_PATH=unset PYTHONHOME=unset" "${BATS_TEST_TMPDIR}/docker-env"
   assert_output ""
   # The container gets them, through --env-file.
   run grep '^run ' "${BATS_TEST_TMPDIR}/docker-calls"
@@ -277,4 +301,16 @@ EOF
     SM_RUNTIME=docker SM_COLLECT=true SM_IMAGE=x run settings::validate
   assert_failure 2
   assert_output --partial "--master-port 70000 is not a TCP port"
+}
+
+@test "a node whose docker engine does not answer fails prepare with one line naming it, no container starts" {
+  manifest "${BATS_TEST_TMPDIR}/m.json" '{}'
+  kill "${FAKE_ENGINE_PID}"
+  wait "${FAKE_ENGINE_PID}" 2>/dev/null || true
+  rm -f "${BATS_TEST_TMPDIR}/docker.sock"
+  SM_MANIFEST=${BATS_TEST_TMPDIR}/m.json node_task
+  assert_failure 1
+  run status_field reason
+  assert_output --regexp "^prepare: docker engine not reachable on .*: cannot talk to ${BATS_TEST_TMPDIR}/docker.sock"
+  refute_container_started
 }

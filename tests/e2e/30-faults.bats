@@ -39,7 +39,7 @@ teardown() {
   assert_file_exists "${JOB_DIR}/node_0/status.json"
   assert_file_exists "${JOB_DIR}/node_0/node.log"
   run cat "${JOB_DIR}/node_0/node.log"
-  assert_output --partial "node2 (rank 1): docker engine not reachable"
+  assert_output --partial "node2 (rank 1): prepare: docker engine not reachable on node2"
   echo "docker-down job took ${took} s (barrier timeout 300 s)" >&3
   assert [ "${took}" -lt 90 ]
 }
