@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
 import stat
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -135,26 +139,75 @@ def test_plan_writes_job_json_with_every_setting_and_the_manifest_values_secrets
 # ---- node prepare --------------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def docker_engine_socket(path: Path, status: bytes = b"200 OK") -> Iterator[str]:
+    """A stand-in for the engine's socket: answers GET /_ping like dockerd."""
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(path))
+    server.listen(8)
+    server.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.recv(1024)
+                conn.sendall(b"HTTP/1.1 " + status + b"\r\nContent-Length: 2\r\n\r\nOK")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"unix://{path}"
+    finally:
+        stop.set()
+        thread.join(2)
+        server.close()
+
+
 def prepare(tmp_path: Path, manifest: Path, **extra: str) -> Path:
     scratch = tmp_path / "scratch"
-    env = {"SM_MANIFEST": str(manifest), "SM_RUNTIME": "docker", "PATH": "/usr/bin:/bin", **extra}
-    node.prepare(env, str(scratch), (), detect=True)
+    with docker_engine_socket(tmp_path / "docker.sock") as host:
+        env = {
+            "SM_MANIFEST": str(manifest),
+            "SM_RUNTIME": "docker",
+            "PATH": "/usr/bin:/bin",
+            "DOCKER_HOST": host,
+        }
+        node.prepare({**env, **extra}, str(scratch), (), detect=True)
     return scratch
+
+
+def test_prepare_fails_in_one_line_when_the_docker_engine_does_not_answer(tmp_path: Path) -> None:
+    manifest = write_manifest(tmp_path / "m.json")
+    env = {"SM_MANIFEST": str(manifest), "SM_RUNTIME": "docker", "PATH": "/usr/bin:/bin",
+           "DOCKER_HOST": f"unix://{tmp_path}/nothing.sock", "SLURMD_NODENAME": "node2"}  # fmt: skip
+    with pytest.raises(
+        node.HelperError, match="docker engine not reachable on node2: cannot talk to"
+    ) as caught:
+        node.prepare(env, str(tmp_path / "scratch"), (), detect=True)
+    assert caught.value.exit_code == 1
+    with docker_engine_socket(tmp_path / "busy.sock", b"500 Internal Server Error") as host:
+        with pytest.raises(node.HelperError, match="answered 'HTTP/1.1 500 Internal Server Error'"):
+            node.prepare({**env, "DOCKER_HOST": host}, str(tmp_path / "scratch"), (), detect=True)
 
 
 def test_prepare_keeps_the_manifest_env_out_of_the_shell_and_in_a_private_env_file(tmp_path: Path) -> None:
     manifest = write_manifest(
         tmp_path / "m.json",
         context={
-            "docker_env_vars": {"PYTHONHOME": "/nope", "DOCKER_HOST": "tcp://x:1", "HF_TOKEN": "hf_abcdef"}
+            "docker_env_vars": {"PYTHONHOME": "/nope", "LD_LIBRARY_PATH": "/x/lib", "HF_TOKEN": "hf_abcdef"}
         },
     )
     scratch = prepare(tmp_path, manifest)
     context = (scratch / "context.sh").read_text()
-    assert "PYTHONHOME" not in context and "DOCKER_HOST" not in context and "hf_abcdef" not in context
+    assert "PYTHONHOME" not in context and "LD_LIBRARY_PATH" not in context and "hf_abcdef" not in context
     assert (
         scratch / "container.env"
-    ).read_text() == "PYTHONHOME=/nope\nDOCKER_HOST=tcp://x:1\nHF_TOKEN=hf_abcdef\n"
+    ).read_text() == "PYTHONHOME=/nope\nLD_LIBRARY_PATH=/x/lib\nHF_TOKEN=hf_abcdef\n"
     for name in ("container.env", "secrets", "context.sh", "workload.env"):
         assert stat.S_IMODE((scratch / name).stat().st_mode) == 0o600
     assert (scratch / "secrets").read_text() == "hf_abcdef\n"
