@@ -314,7 +314,7 @@ node_stop_grace() {
     export SM_RUNTIME=${SM_RUNTIME:-docker} SLURM_JOB_ID=4242 SM_JOBDIR=${BATS_TEST_TMPDIR}/job SM_RANK=1 SLURM_PROCID=1
     export SM_NODE_DIR=${SM_JOBDIR}/node_1
     mkdir -p "${SM_NODE_DIR}"
-    SM_MOUNTS=() SM_CMD=(sh run.sh)
+    RUN_DOCKER_OPTS=() RUN_WORKLOAD=(sh run.sh)
     profile::before_run
     run::stop_container sm-4242-r1' 2>&1
   grep -o "stop -t [0-9]*" "${TRACE}"
