@@ -81,7 +81,7 @@ job::watch() {
   local rc=0 per_node
   per_node=$(launch::tasks_per_node)
   # The click-free entry of `slurm-multi job watch` (it starts beside every job's srun).
-  PYTHONPATH="${SM_HOME}/py" "${SM_PYTHON}" -S -m slurm_multi.watch --jobdir "${SM_JOBDIR}" --nodes "${JOB_NODES[*]}" \
+  util::py -S -m slurm_multi.watch --jobdir "${SM_JOBDIR}" --nodes "${JOB_NODES[*]}" \
     --tasks-per-node "${per_node}" --srun-pid "${JOB_SRUN_PID}" --peer-grace "${SM_PEER_GRACE}" \
     --progress-seconds "${SM_PROGRESS_SECONDS:-15}" &
   JOB_WATCH_PID=$!

@@ -217,6 +217,7 @@ node::join_image_phase() {
     --connect-timeout "${SM_BARRIER_TIMEOUT}" --wait-timeout "$((SM_IMAGE_TIMEOUT + SM_BARRIER_TIMEOUT))")
   log::cmd image "${SM_HOME}/bin/slurm-multi" "${argv[@]}"
   log::info image "(its stdout is a pipe to this task; SIGUSR1 from this task starts its start phase)"
+  # Not util::py: the process substitution must BE the helper (exec), so SIGUSR1 reaches Python.
   exec {NODE_JOIN_FD}< <(SM_ERROR_FILE=${SM_SCRATCH}/join.error PYTHONPATH="${SM_HOME}/py${PYTHONPATH:+:${PYTHONPATH}}" \
     exec "${SM_PYTHON}" -m slurm_multi "${argv[@]}")
   NODE_JOIN_PID=$!
@@ -360,7 +361,7 @@ node::write_status() {
     stages+=("${spec}")
   done
   # The click-free entry of `slurm-multi node status` (this runs at the end of every task).
-  PYTHONPATH="${SM_HOME}/py" "${SM_PYTHON}" -S -m slurm_multi.statusfile "${SM_NODE_DIR}/status.json" "${SM_RANK}" \
+  util::py -S -m slurm_multi.statusfile "${SM_NODE_DIR}/status.json" "${SM_RANK}" \
     "$(hostname)" "${NODE_EXIT}" "${NODE_REASON}" "${SM_IMAGE_ID:-}" "${NODE_TERMINATED}" "${stages[@]+"${stages[@]}"}" ||
     log::error node "cannot write ${SM_NODE_DIR}/status.json (see the line above)"
 }

@@ -2,17 +2,19 @@
 # Small helpers shared by the entrypoints: the helper CLI, time, node list. (JSON is Python's job:
 # bash passes paths and exit codes, and never writes or parses JSON itself.)
 
-# util::sm ARGS…: the slurm-multi helper CLI (py/ on PYTHONPATH, no install needed on a node). It
-# runs exactly what `bin/slurm-multi ARGS…` runs, which is what the logs show (util::sm_cmd).
-util::sm() {
-  PYTHONPATH="${SM_HOME}/py${PYTHONPATH:+:${PYTHONPATH}}" "${SM_PYTHON}" -m slurm_multi "$@"
+# util::py ARGS…: the helpers' interpreter (SM_PYTHON) with py/ on PYTHONPATH: no install needed on
+# a node. Every helper starts through here.
+util::py() {
+  PYTHONPATH="${SM_HOME}/py${PYTHONPATH:+:${PYTHONPATH}}" "${SM_PYTHON}" "$@"
 }
+
+# util::sm ARGS…: the slurm-multi helper CLI. It runs exactly what `bin/slurm-multi ARGS…` runs,
+# which is what the logs show (util::sm_logged).
+util::sm() { util::py -m slurm_multi "$@"; }
 
 # util::redact [--secrets-file FILE]: the log filter (the one secret rule), stdin to stdout. It runs
 # for the whole job on every node, so it starts without click (slurm_multi.secret_rule, python -S).
-util::redact() {
-  PYTHONPATH="${SM_HOME}/py${PYTHONPATH:+:${PYTHONPATH}}" "${SM_PYTHON}" -S -m slurm_multi.secret_rule "$@"
-}
+util::redact() { util::py -S -m slurm_multi.secret_rule "$@"; }
 
 # util::sm_logged AREA ARGS…: log the helper call as a command that pastes back on the node
 # (bin/slurm-multi ARGS…), then run it through util::helper.
@@ -49,7 +51,7 @@ util::check_python() {
     log::error python "helper interpreter ${SM_PYTHON} cannot be executed by $(id -un) on $(hostname); set SM_PYTHON to a usable Python 3.9+ with click (e.g. a venv on shared storage: python3 -m venv \$SM_HOME/.venv && \$SM_HOME/.venv/bin/pip install -e \$SM_HOME)"
     return 2
   fi
-  out=$(PYTHONPATH="${SM_HOME}/py" "${SM_PYTHON}" -c 'import click' 2>&1) || rc=$?
+  out=$(util::py -c 'import click' 2>&1) || rc=$?
   if ((rc != 0)); then
     [[ ${out} == *click* ]] && out="it has no 'click' module" || out="it fails to start (exit ${rc}: ${out##*$'\n'})"
     log::error python "helper interpreter ${SM_PYTHON} on $(hostname): ${out}; set SM_PYTHON to a Python 3.9+ with click (e.g. the venv on shared storage: python3 -m venv \$SM_HOME/.venv && \$SM_HOME/.venv/bin/pip install -e \$SM_HOME)"
