@@ -39,15 +39,17 @@ node::init() {
     export SM_SCRATCH=${SM_SCRATCH:-${TMPDIR:-/tmp}/slurm-multi.${SLURM_JOB_ID:-local}.r${SM_RANK}}
   fi
   export SM_NODE_LOG=${SM_NODE_DIR}/node.log
+  # The traps first: a scancel that kills one of the commands below (it signals the whole step)
+  # still ends in on_term -> on_exit, which writes status.json and removes the scratch dir.
+  if [[ ${2:-} != --reap ]]; then
+    trap node::on_exit EXIT
+    trap node::on_term TERM INT
+  fi
   if ! (umask 077 && mkdir -p "${SM_SCRATCH}/output") || ! mkdir -p "${SM_NODE_DIR}"; then
     log::die node "cannot create ${SM_NODE_DIR} or ${SM_SCRATCH} on $(hostname)" 1
   fi
   chmod 700 "${SM_SCRATCH}"
   : >>"${SM_SCRATCH}/secrets"
-  if [[ ${2:-} != --reap ]]; then
-    trap node::on_exit EXIT
-    trap node::on_term TERM INT
-  fi
   if [[ ${SM_NODE_LOG_REDIRECTED:-0} != 1 ]]; then
     export SM_NODE_LOG_REDIRECTED=1
     # Everything this task prints goes to the node log (secrets masked) and on to srun's output.
