@@ -46,10 +46,7 @@ job::run() {
   exec > >(trap '' TERM INT HUP; util::redact | tee -a "${SM_BATCH_LOG}") 2>&1
   log::enable_debug
   log::info multi "job ${SLURM_JOB_ID}: ${SLURM_JOB_NUM_NODES} nodes (${SLURM_JOB_NODELIST}), outputs in ${SM_JOBDIR}"
-  trap 'job::teardown "normal end"' EXIT
-  trap 'job::teardown "SIGTERM (scancel or time limit)"; exit 143' TERM
-  trap 'job::teardown "SIGINT"; exit 130' INT
-  trap 'job::teardown "SIGUSR1 (time limit approaching)"; exit 3' USR1
+  job::traps
   if declare -F profile::before_steps >/dev/null; then
     profile::before_steps || log::die multi "profiling setup failed (see ${SM_BATCH_LOG})" 1
   fi
@@ -114,10 +111,38 @@ job::reap() {
   [[ ${SM_RUNTIME:-docker} != pyxis ]] || return 0
   local argv=(srun --overlap --nodes="${SLURM_JOB_NUM_NODES:-1}" --ntasks-per-node="$(launch::tasks_per_node)" --kill-on-bad-exit=0
     --job-name=sm-reap --label "${SM_HOME}/bin/sm-node" --stage reap --jobdir "${SM_JOBDIR}")
-  log::cmd multi "${argv[@]}"
+  local limit
+  limit=$(job::reap_timeout)
+  if ((limit < 1)); then
+    log::warn multi "no time left before Slurm's KillWait to reap the unstaged ranks; collecting what is there"
+    return 0
+  fi
+  log::cmd multi timeout "${limit}" "${argv[@]}"
   # A node that is down cannot be reaped; do not let it hold the teardown for long.
-  timeout "${SM_REAP_TIMEOUT:-$((SM_STOP_GRACE + 30))}" "${argv[@]}" ||
-    log::warn multi "the reaper step did not finish on every node (a node down?); going on"
+  timeout "${limit}" "${argv[@]}" ||
+    log::warn multi "the reaper step did not finish on every node within ${limit} s (a node down?); going on"
+}
+
+# job::mark_lost: the teardown's record of the ranks whose node Slurm reports dead or cannot reach
+# (the job is ending: such a rank will never stage, and the reaper cannot reach it).
+job::mark_lost() {
+  util::sm job mark-lost --jobdir "${SM_JOBDIR}" --nodes "${JOB_NODES[*]}" \
+    --tasks-per-node "$(launch::tasks_per_node)" --not-responding || true
+}
+
+# job::reap_timeout: how long the reaper step may take. After a signal, Slurm SIGKILLs the batch
+# step KillWait seconds later; collect must come before that, so the reaper gets what is left of
+# KillWait minus a margin for collect (0: no time left to reap).
+job::reap_timeout() {
+  local limit=${SM_REAP_TIMEOUT:-$((SM_STOP_GRACE + 30))} kill_wait left
+  if [[ -n ${JOB_SIGNAL_AT:-} ]]; then
+    kill_wait=$(scontrol show config 2>/dev/null | awk '$1 == "KillWait" { print $3; exit }')
+    [[ ${kill_wait} =~ ^[0-9]+$ ]] || kill_wait=30
+    left=$((kill_wait - (SECONDS - JOB_SIGNAL_AT) - ${SM_COLLECT_MARGIN:-15}))
+    ((left > 0)) || left=0
+    ((left >= limit)) || limit=${left}
+  fi
+  printf '%s' "${limit}"
 }
 
 # job::all_staged: every rank of the worker step wrote its status.json.
@@ -127,6 +152,28 @@ job::all_staged() {
   for ((r = 0; r < ${SLURM_JOB_NUM_NODES:-1} * per_node; r++)); do
     [[ -f ${SM_JOBDIR}/node_${r}/status.json ]] || return 1
   done
+}
+
+# job::traps: every way out of the batch step goes through the teardown, once.
+job::traps() {
+  trap 'job::teardown "normal end"' EXIT
+  trap 'job::on_signal "SIGTERM (scancel or time limit)" 143' TERM
+  trap 'job::on_signal SIGINT 130' INT
+  trap 'job::on_signal "SIGUSR1 (time limit approaching)" 3' USR1
+}
+
+# job::on_signal REASON RC: a signal's way into the teardown. A signal that comes while the teardown
+# runs (Slurm signals the whole batch step when it kills the job for a failed node, often while the
+# reaper step waits on that node) must not end the batch step before collect: the teardown goes on,
+# and exits with its own verdict.
+job::on_signal() {
+  [[ -n ${JOB_SIGNAL_AT:-} ]] || JOB_SIGNAL_AT=${SECONDS}
+  if ((JOB_TEARDOWN_STARTED)); then
+    log::warn multi "${1} during the teardown: finishing it (collect still runs)"
+    return 0
+  fi
+  job::teardown "$1"
+  exit "$2"
 }
 
 # job::teardown REASON: every exit path ends here, once: flush, stop tasks, aggregate.
@@ -145,11 +192,10 @@ job::teardown() {
     # collect. Once every rank has staged (status.json), go on.
     deadline=$((SECONDS + SM_STOP_GRACE + 30))
     # A rank on a node Slurm declared dead never stages: recorded as lost, not waited for.
-    local per_node next_check=0
-    per_node=$(launch::tasks_per_node)
+    local next_check=0
     while kill -0 "${JOB_SRUN_PID}" 2>/dev/null && ((SECONDS < deadline)) && ! job::all_staged; do
       if ((SECONDS >= next_check)); then
-        util::sm job mark-lost --jobdir "${SM_JOBDIR}" --nodes "${JOB_NODES[*]}" --tasks-per-node "${per_node}" || true
+        job::mark_lost
         next_check=$((SECONDS + 5))
       fi
       sleep 0.2
@@ -163,9 +209,10 @@ job::teardown() {
     teardown::pre_cleanup "${reason}"
   fi
   # A rank whose node Slurm declared dead is recorded as lost (and not reaped: nothing answers there).
-  job::all_staged || util::sm job mark-lost --jobdir "${SM_JOBDIR}" --nodes "${JOB_NODES[*]}" \
-    --tasks-per-node "$(launch::tasks_per_node)" || true
+  job::all_staged || job::mark_lost
   job::reap
+  # The reaper cannot reach a node that died; Slurm may have declared it dead meanwhile.
+  job::all_staged || job::mark_lost
   teardown::post_cleanup
   if settings::truthy "${SM_COLLECT}"; then
     rc=0

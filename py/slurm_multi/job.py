@@ -179,7 +179,9 @@ def plan_command(
 @click.option("--jobdir", required=True, type=click.Path(file_okay=False))
 @click.option("--nodes", "node_list", required=True, help="The job's nodes, space-separated, in rank order.")
 @click.option("--tasks-per-node", type=click.IntRange(min=1), default=1, show_default=True)
-def mark_lost_command(jobdir: str, node_list: str, tasks_per_node: int) -> None:
+@click.option("--not-responding", is_flag=True,
+              help="Also a node Slurm cannot reach yet (the teardown: the job is ending).")  # fmt: skip
+def mark_lost_command(jobdir: str, node_list: str, tasks_per_node: int, not_responding: bool) -> None:
     """Write status.json for the ranks of every node Slurm reports DOWN or failed (they never will).
 
     \b
@@ -187,7 +189,7 @@ def mark_lost_command(jobdir: str, node_list: str, tasks_per_node: int) -> None:
     """
     from slurm_multi.watch import mark_lost
 
-    for node, state in mark_lost(jobdir, node_list.split(), tasks_per_node):
+    for node, state in mark_lost(jobdir, node_list.split(), tasks_per_node, not_responding):
         talk("multi", f"Slurm reports {node} {state}: its ranks are recorded as lost; not waiting for them")
 
 

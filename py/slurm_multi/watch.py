@@ -79,8 +79,12 @@ def slurm_node_states(nodes: Sequence[str]) -> dict[str, str]:
     return states
 
 
-def is_bad_state(state: str) -> bool:
-    return any(bad in part for part in re.split(r"[+*]", state.upper()) for bad in BAD_NODE_STATES)
+def is_bad_state(state: str, not_responding: bool = False) -> bool:
+    """DOWN or failed; with `not_responding`, also a node Slurm cannot reach (`*`, NOT_RESPONDING)."""
+    upper = state.upper()
+    if not_responding and ("*" in upper or "NOT_RESPONDING" in upper):
+        return True
+    return any(bad in part for part in re.split(r"[+*]", upper) for bad in BAD_NODE_STATES)
 
 
 def write_lost_status(jobdir: str, rank: int, node: str, state: str) -> None:
@@ -104,13 +108,20 @@ def write_lost_status(jobdir: str, rank: int, node: str, state: str) -> None:
     )
 
 
-def mark_lost(jobdir: str, nodes: Sequence[str], tasks_per_node: int) -> list[tuple[str, str]]:
-    """Record a lost status for every rank on a node Slurm reports dead; return (node, state) pairs."""
+def mark_lost(
+    jobdir: str, nodes: Sequence[str], tasks_per_node: int, not_responding: bool = False
+) -> list[tuple[str, str]]:
+    """Record a lost status for every rank on a node Slurm reports dead; return (node, state) pairs.
+
+    `not_responding` (the teardown's view: the job is ending, an unreachable node will not stage)
+    also counts a node Slurm cannot reach but has not declared DOWN yet. The watch leaves it out: a
+    missed ping during a run is not a failed node.
+    """
     lost = []
     states = slurm_node_states(nodes)
     for index, node in enumerate(nodes):
         state = states.get(node, "")
-        if state and is_bad_state(state):
+        if state and is_bad_state(state, not_responding):
             for local in range(tasks_per_node):
                 write_lost_status(jobdir, index * tasks_per_node + local, node, state)
             lost.append((node, state))

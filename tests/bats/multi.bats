@@ -136,3 +136,53 @@ setup() {
   assert_failure 2
   assert_output --partial "helper interpreter ${BATS_TEST_TMPDIR}/nonexistent/python cannot be executed by"
 }
+
+@test "a signal that comes during the teardown (Slurm killing the job for a failed node) does not skip collect" {
+  # The reaper step waits on a node that died; Slurm then signals the whole batch step. The old trap
+  # ran `exit 143` once it found the teardown already started: no collect, no summary.json.
+  cat >batch.sh <<SCRIPT
+for lib in log util settings teardown launch job; do source "${REPO_ROOT}/lib/\${lib}.sh"; done
+SM_JOBDIR=${BATS_TEST_TMPDIR}/job SM_COLLECT=1 SM_STOP_GRACE=1 SLURM_JOB_NUM_NODES=2
+mkdir -p "\${SM_JOBDIR}"
+util::sm() { echo "util::sm \$*"; }
+util::sm_logged() { echo "collect ran: \$*"; return 1; }
+job::reap() { : >${BATS_TEST_TMPDIR}/in-reap; sleep 30 & wait \$!; echo "reap ended (\$?)"; }
+job::traps
+exit 0
+SCRIPT
+  bash batch.sh >out.log 2>&1 &
+  local pid=$! n=0
+  until [[ -f in-reap ]] || ((n++ > 100)); do sleep 0.1; done
+  assert_file_exists in-reap
+  kill -TERM "${pid}"
+  local rc=0
+  wait "${pid}" || rc=$?
+  run cat out.log
+  assert_output --partial "SIGTERM (scancel or time limit) during the teardown: finishing it"
+  assert_output --partial "reap ended (143)"
+  assert_output --partial "collect ran: multi results collect ${BATS_TEST_TMPDIR}/job"
+  assert_output --partial "verdict: FAILURE"
+  # The teardown's own verdict is the exit status, not the signal's 143.
+  assert_equal "${rc}" 1
+}
+
+@test "after a signal the reaper gets what is left of Slurm's KillWait before collect, never more" {
+  mkdir -p shim
+  cat >shim/scontrol <<'SH'
+#!/bin/sh
+[ "$1 $2" = "show config" ] && printf 'KillWait                = %s sec\n' "${FAKE_KILLWAIT}"
+SH
+  chmod +x shim/scontrol
+  local lib="for lib in log util settings teardown launch job; do source ${REPO_ROOT}/lib/\${lib}.sh; done; SM_STOP_GRACE=30"
+  run bash -c "${lib}; job::reap_timeout"
+  assert_output 60
+  FAKE_KILLWAIT=60 run bash -c "${lib}; JOB_SIGNAL_AT=\${SECONDS}; job::reap_timeout"
+  assert_output 45
+  FAKE_KILLWAIT=300 run bash -c "${lib}; JOB_SIGNAL_AT=\${SECONDS}; job::reap_timeout"
+  assert_output 60
+  FAKE_KILLWAIT=10 run bash -c "${lib}; JOB_SIGNAL_AT=\${SECONDS}; job::reap_timeout"
+  assert_output 0
+  # Time already spent in the teardown counts against KillWait.
+  FAKE_KILLWAIT=60 run bash -c "${lib}; JOB_SIGNAL_AT=\$((SECONDS - 40)); job::reap_timeout"
+  assert_output 5
+}

@@ -108,6 +108,8 @@ teardown() {
   local jobdir=${BATS_FILE_TMPDIR}/out/toy_model/${job}
   while [[ ! -f ${jobdir}/summary.json ]] && ((SECONDS - t0 < bound + 60)); do sleep 0.5; done
   echo "slurmd-killed job: summary after $((SECONDS - t0)) s (bound ${bound} s)" >&3
+  # When it is late, say why: the batch step's own account of its teardown.
+  [[ -f ${jobdir}/summary.json ]] || tail -n 40 "${BATS_FILE_TMPDIR}/job-${job}.out" | cut -c1-240 >&3
   assert [ $((SECONDS - t0)) -le "${bound}" ]
   assert_file_exists "${jobdir}/node_0/status.json"
   assert_file_exists "${jobdir}/summary.json"

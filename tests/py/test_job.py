@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -379,6 +380,15 @@ def test_bad_node_states(state: str, bad: bool) -> None:
     assert watch.is_bad_state(state) is bad
 
 
+@pytest.mark.parametrize(
+    ("state", "bad"),
+    [("ALLOCATED", False), ("MIXED*", True), ("ALLOCATED+NOT_RESPONDING", True), ("IDLE", False),
+     ("DOWN", True), ("MIXED+DRAIN", False)],
+)  # fmt: skip
+def test_the_teardown_also_counts_a_node_slurm_cannot_reach(state: str, bad: bool) -> None:
+    assert watch.is_bad_state(state, not_responding=True) is bad
+
+
 def test_cli_module_runs_as_python_m(tmp_path: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "slurm_multi", "job", "--help"],
@@ -405,3 +415,21 @@ def test_the_status_writer_runs_without_click_and_refuses_bad_stages(tmp_path: P
         [sys.executable, "-S", "-c", code, *args[:-1], "run"], env=env, capture_output=True, text=True
     )
     assert proc.returncode == 2 and "expected NAME:SECONDS:STATUS" in proc.stderr
+
+
+def test_mark_lost_at_teardown_records_a_node_slurm_cannot_reach(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Slurm kills the job as it declares the node dead; the teardown may look between the two.
+    fake_scontrol(tmp_path, "'NodeName=node1 State=ALLOCATED' 'NodeName=node2 State=MIXED*'", monkeypatch)
+    jobdir = tmp_path / "job"
+    assert watch.mark_lost(str(jobdir), ["node1", "node2"], 1) == []
+    assert not (jobdir / "node_1" / "status.json").exists()
+    result = CliRunner().invoke(
+        job.cli, ["mark-lost", "--jobdir", str(jobdir), "--nodes", "node1 node2", "--not-responding"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "Slurm reports node2 MIXED*" in result.output
+    doc = json.loads((jobdir / "node_1" / "status.json").read_text())
+    assert doc["status"] == "failed" and "node2 MIXED*" in doc["reason"]
+    assert not (jobdir / "node_0" / "status.json").exists()
