@@ -12,6 +12,7 @@ NODE_EXIT=0
 NODE_TERMINATED=0
 NODE_FROM_JOB=0
 RUN_EXIT=
+RUN_HUNG=
 RUN_DOCKER_PID=
 BARRIER_CTL=
 SM_BARRIER_PID=
@@ -309,6 +310,8 @@ node::stage_run() {
   esac
   if declare -F profile::after_run >/dev/null; then profile::after_run; fi # nsys: this rank's report settles
   NODE_EXIT=${RUN_EXIT}
+  # The hang watch stopped it: its reason, not the exit code the stop caused.
+  [[ -z ${RUN_HUNG:-} ]] || { node::fail "${RUN_HUNG}" "$((RUN_EXIT == 0 ? 1 : RUN_EXIT))"; return; }
   case ${RUN_EXIT} in
     0) return 0 ;;
     124) node::fail "workload timed out after ${SM_TIMEOUT} s" 124 ;;

@@ -60,6 +60,64 @@ run::stop_container() {
   timeout "$((${SM_STOP_GRACE:-30} + 15))" docker stop -t "${SM_STOP_GRACE:-30}" "${name}" >/dev/null 2>&1 || true
 }
 
+# run::hang_watch TARGET_ARGS...: the hang watch beside the workload (py/slurm_multi/hangwatch.py:
+# no new output line in the node log and no CPU for --hang-timeout seconds). When it says hung, this
+# subshell snapshots diagnostics, records the reason in ${SM_SCRATCH}/hung and stops the workload
+# (SIGKILL for a frozen or stopped one: SIGTERM cannot reach it). Sets RUN_HANG_PID.
+run::hang_watch() {
+  RUN_HANG_PID=
+  rm -f "${SM_SCRATCH}/hung"
+  ((${SM_HANG_TIMEOUT:-0} > 0)) || return 0
+  (
+    trap - TERM INT EXIT
+    local rc=0 state line
+    # A direct child (no command substitution), so stopping this subshell's children stops it.
+    util::py -S -m slurm_multi.hangwatch "$@" --timeout "${SM_HANG_TIMEOUT}" --output "${SM_NODE_LOG}" \
+      --node-dir "${SM_NODE_DIR}" --diagnostics "${SM_SCRATCH}/diagnostics" --rank "${SM_RANK}" \
+      --node "$(hostname)" >"${SM_SCRATCH}/hang-watch.out" || rc=$?
+    ((rc == 3)) && [[ ! -e ${SM_SCRATCH}/run-done ]] || exit 0
+    read -r state line <"${SM_SCRATCH}/hang-watch.out"
+    printf '%s\n' "${line}" >"${SM_SCRATCH}/hung"
+    log::error run "${line}; stopping the workload"
+    if [[ ${1} == --container ]]; then
+      run::diagnose "$2" "${line}"
+      run::stop_hung_container "$2" "${state}"
+    else
+      case ${state} in frozen | stopped) kill -KILL "$2" 2>/dev/null ;; *) kill -TERM "$2" 2>/dev/null ;; esac
+      kill -CONT "$2" 2>/dev/null || true
+    fi
+  ) &
+  RUN_HANG_PID=$!
+}
+
+# run::stop_hung_container NAME STATE: a paused container must be unpaused before docker can stop
+# it; a frozen or stopped workload cannot act on SIGTERM, so it is killed at once.
+run::stop_hung_container() {
+  local name=$1 state=$2
+  if [[ $(docker container inspect -f '{{.State.Paused}}' "${name}" 2>/dev/null) == true ]]; then
+    log::cmd run docker unpause "${name}"
+    timeout 15 docker unpause "${name}" >/dev/null 2>&1 || true
+  fi
+  case ${state} in
+    frozen | stopped)
+      log::cmd run docker kill "${name}"
+      timeout 15 docker kill "${name}" >/dev/null 2>&1 || true
+      ;;
+    *) run::stop_container "${name}" ;;
+  esac
+}
+
+# run::end_watchers PID...: stop the watchdogs of a workload that ended on its own.
+run::end_watchers() {
+  local pid
+  for pid in "$@"; do
+    [[ -n ${pid} ]] || continue
+    pkill -TERM -P "${pid}" 2>/dev/null || true
+    kill -TERM "${pid}" 2>/dev/null || true
+    wait "${pid}" 2>/dev/null || true
+  done
+}
+
 # run::docker: run the container, enforce SM_TIMEOUT; sets RUN_EXIT (124 = timed out).
 # The wait is on the docker client itself (it returns the moment the container exits); a
 # watchdog subshell handles the time limit: snapshot first, then a graceful stop.
@@ -87,20 +145,25 @@ run::docker() {
     ) &
     watchdog=$!
   fi
+  run::hang_watch --container "${name}"
   wait "${pid}" || rc=$?
   RUN_DOCKER_PID=
-  # Said before the watchdog is stopped, so a watchdog woken by that stop does nothing.
+  # Said before the watchdogs are stopped, so a watchdog woken by that stop does nothing.
   : >"${SM_SCRATCH}/run-done"
-  if [[ -n ${watchdog} ]]; then
-    if [[ -f ${SM_SCRATCH}/timed-out ]]; then
-      wait "${watchdog}" 2>/dev/null || true
-      RUN_EXIT=124
-      return 0
-    fi
-    pkill -TERM -P "${watchdog}" 2>/dev/null || true
-    kill -TERM "${watchdog}" 2>/dev/null || true
+  if [[ -f ${SM_SCRATCH}/timed-out ]]; then
     wait "${watchdog}" 2>/dev/null || true
+    run::end_watchers "${RUN_HANG_PID}"
+    RUN_EXIT=124
+    return 0
   fi
+  if [[ -f ${SM_SCRATCH}/hung ]]; then
+    wait "${RUN_HANG_PID}" 2>/dev/null || true
+    run::end_watchers "${watchdog}"
+    RUN_HUNG=$(<"${SM_SCRATCH}/hung")
+    RUN_EXIT=${rc}
+    return 0
+  fi
+  run::end_watchers "${watchdog}" "${RUN_HANG_PID}"
   RUN_EXIT=${rc}
   if ((rc != 0)); then
     log::error run "container ${name} exited ${rc}"
@@ -123,6 +186,8 @@ run::bare() {
   ) </dev/null &
   pid=$!
   RUN_DOCKER_PID=${pid}
+  rm -f "${SM_SCRATCH}/run-done"
+  run::hang_watch --pid "${pid}"
   if ((SM_TIMEOUT > 0)); then
     local deadline=$((SECONDS + SM_TIMEOUT))
     while kill -0 "${pid}" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.1; done
@@ -130,11 +195,20 @@ run::bare() {
       log::error run "workload exceeded --timeout ${SM_TIMEOUT} s; sending SIGTERM"
       kill -TERM "${pid}" 2>/dev/null
       wait "${pid}" 2>/dev/null || true
+      : >"${SM_SCRATCH}/run-done"
+      run::end_watchers "${RUN_HANG_PID}"
       RUN_EXIT=124
       return 0
     fi
   fi
   wait "${pid}" || rc=$?
   RUN_DOCKER_PID=
+  : >"${SM_SCRATCH}/run-done"
+  if [[ -f ${SM_SCRATCH}/hung ]]; then
+    wait "${RUN_HANG_PID}" 2>/dev/null || true
+    RUN_HUNG=$(<"${SM_SCRATCH}/hung")
+  else
+    run::end_watchers "${RUN_HANG_PID}"
+  fi
   RUN_EXIT=${rc}
 }

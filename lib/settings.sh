@@ -10,6 +10,7 @@ SETTINGS_TABLE=(
   "SM_IMAGE_CACHE|--image-cache DIR||shared directory for image tars (alias MAD_DOCKER_BUILDS)"
   "SM_OUT|--out DIR|./slurm_output|where job outputs go: <out>/<model>/<jobid>/"
   "SM_TIMEOUT|--timeout SECONDS|3600|workload time limit per node (0 = none)"
+  "SM_HANG_TIMEOUT|--hang-timeout SECONDS|900|a rank with no new output line and no CPU for this long after GO is hung: the job fails naming it (0 = off)"
   "SM_IMAGE_TIMEOUT|--image-timeout SECONDS|1800|how long rank 0 may take to obtain the image (local, cache, rebuild, save)"
   "SM_BARRIER_TIMEOUT|--barrier-timeout SECONDS|600|how long every worker has to arrive once rank 0 released its image"
   "SM_MASTER_PORT|--master-port PORT|29500|MASTER_PORT for the workload; the barrier port derives from it"
@@ -102,7 +103,7 @@ settings::option_var() {
 # settings::validate: one-line errors for values that cannot work.
 settings::validate() {
   local n
-  for n in SM_TIMEOUT SM_IMAGE_TIMEOUT SM_BARRIER_TIMEOUT SM_MASTER_PORT SM_STOP_GRACE SM_PEER_GRACE; do
+  for n in SM_TIMEOUT SM_HANG_TIMEOUT SM_IMAGE_TIMEOUT SM_BARRIER_TIMEOUT SM_MASTER_PORT SM_STOP_GRACE SM_PEER_GRACE; do
     [[ ${!n} =~ ^[0-9]+$ ]] || { log::error settings "${n}='${!n}' must be a whole number"; return 2; }
   done
   ((SM_MASTER_PORT >= 1 && SM_MASTER_PORT <= 65535)) ||

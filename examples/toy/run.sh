@@ -3,7 +3,7 @@
 # TCP and "trains" for --steps. The last global rank writes the throughput rows of the
 # multiple-results CSV; every other rank writes the present-but-empty rows Primus writes.
 set -u
-steps=20 step_seconds=0.05 fail_rank=-1 fail_code=3 empty=0 hang=0
+steps=20 step_seconds=0.05 fail_rank=-1 fail_code=3 empty=0 hang=0 hang_rank=-1 busy=0
 csv=${TOY_RESULTS_CSV:-perf_toy.csv}
 while [ $# -gt 0 ]; do
   case $1 in
@@ -13,6 +13,8 @@ while [ $# -gt 0 ]; do
     --fail-code) fail_code=$2; shift 2 ;;
     --empty) empty=1; shift ;;
     --hang) hang=1; shift ;;
+    --hang-rank) hang_rank=$2; shift 2 ;;
+    --busy-seconds) busy=$2; shift 2 ;;
     --csv) csv=$2; shift 2 ;;
     *) echo "toy: unknown option $1" >&2; exit 2 ;;
   esac
@@ -50,6 +52,17 @@ while [ "${i}" -le "${steps}" ]; do
   i=$((i + 1))
 done
 while [ "${hang}" = 1 ]; do sleep 1; done
+# One rank stops making progress: asleep, no output, no CPU (what the hang watch must catch).
+if [ "${RANK}" = "${hang_rank}" ]; then
+  echo "toy: rank ${RANK} stops here (--hang-rank)"
+  while :; do sleep 1; done
+fi
+# Every rank computes in silence for a while: busy, not hung.
+if [ "${busy}" -gt 0 ]; then
+  end=$(($(date +%s) + busy))
+  while [ "$(date +%s)" -lt "${end}" ]; do :; done
+  echo "toy: rank ${RANK} computed silently for ${busy} s"
+fi
 
 if [ "${RANK}" = 0 ] && [ "${world}" -gt 1 ]; then
   waited=0

@@ -363,12 +363,13 @@ def _default_route_interfaces(route_path: str) -> list[str]:
     return [name for _, name in sorted(found)]
 
 
-def routable_local_address(route_path: str = ROUTE_PATH) -> tuple[str, str]:
-    """A non-loopback IPv4 address of this host and where it came from (no traffic is sent)."""
+def routable_interface(route_path: str = ROUTE_PATH) -> tuple[str, str, str]:
+    """(interface, its IPv4 address, where the choice came from) of a non-loopback address of this
+    host: the default route's interface first (no traffic is sent)."""
     for name in _default_route_interfaces(route_path):
         address = interface_ipv4(name)
         if address and not _is_loopback(address) and address != "0.0.0.0":
-            return address, f"{name}, the default route's interface"
+            return name, address, f"{name}, the default route's interface"
     try:
         interfaces = [name for _, name in socket.if_nameindex()]
     except OSError:
@@ -376,8 +377,30 @@ def routable_local_address(route_path: str = ROUTE_PATH) -> tuple[str, str]:
     for name in interfaces:
         address = interface_ipv4(name)
         if address and not _is_loopback(address) and address != "0.0.0.0":
-            return address, f"{name}, first interface with an IPv4 address"
+            return name, address, f"{name}, first interface with an IPv4 address"
     raise HelperError("barrier: this host has no routable IPv4 address; pass --bind ADDR")
+
+
+def routable_local_address(route_path: str = ROUTE_PATH) -> tuple[str, str]:
+    """A non-loopback IPv4 address of this host and where it came from (no traffic is sent)."""
+    _, address, source = routable_interface(route_path)
+    return address, source
+
+
+def self_name_quirk(host: str) -> str:
+    """Why `host`'s first address is one peers cannot reach (Debian's 127.0.1.1 line, an fe80::
+    address first), or "" when it is fine. gloo and NCCL advertise that first address."""
+    try:
+        infos = socket.getaddrinfo(host, None, 0, socket.SOCK_STREAM)
+    except OSError:
+        return ""
+    if not infos:
+        return ""
+    first = ipaddress.ip_address(str(infos[0][4][0]).split("%")[0])
+    if first.is_loopback or first.is_link_local:
+        kind = "loopback" if first.is_loopback else "link-local"
+        return f"{host} resolves to {first} ({kind}) first"
+    return ""
 
 
 class BindChoice(NamedTuple):

@@ -147,6 +147,7 @@ def prepare(
     if runtime == "docker" and detect:
         check_docker_engine(env, node)
     resolve_build_paths(ctx, env)
+    reachable_self_address(ctx, env, socket.gethostname())
     gpu_args = gpu_arguments(ctx, detected, node) if detect else []
     os.makedirs(os.path.join(scratch, "output"), exist_ok=True)
     env_file = None
@@ -182,6 +183,26 @@ def prepare(
         f"container env: {shown_env or '-'}",
     )
     return {"detected": detected, "context": ctx}
+
+
+def reachable_self_address(ctx: Any, env: Mapping[str, str], host: str) -> None:
+    """gloo advertises the first address the host's own name resolves to; when that is loopback or
+    link-local (Debian's 127.0.1.1 line), peers dial it and never connect. Then the container gets
+    GLOO_SOCKET_IFNAME naming the interface of this node's routable address, unless the user set it."""
+    from slurm_multi.barrier import routable_interface, self_name_quirk
+
+    if "GLOO_SOCKET_IFNAME" in ctx.docker_env or "GLOO_SOCKET_IFNAME" in env:
+        return
+    why = self_name_quirk(host)
+    if not why:
+        return
+    try:
+        name, address, _ = routable_interface()
+    except HelperError:
+        talk(AREA, f"{why}, and no routable interface was found: gloo peers may not connect")
+        return
+    ctx.docker_env["GLOO_SOCKET_IFNAME"] = name
+    talk(AREA, f"{why}: GLOO_SOCKET_IFNAME={name} ({address}) so gloo advertises an address peers reach")
 
 
 # ---- status.json: slurm_multi.statusfile (no click: it runs at the end of every node task) ----

@@ -893,3 +893,46 @@ def test_serve_cli_takes_release_on_stdin_without_a_ready_file() -> None:
     finally:
         serve.kill()
         serve.wait()
+
+
+@pytest.mark.parametrize(
+    ("first", "quirk"),
+    [("127.0.1.1", "loopback"), ("fe80::1%eth0", "link-local"), ("10.77.0.11", ""), ("::1", "loopback")],
+)
+def test_a_host_name_resolving_to_an_unreachable_address_first_is_a_quirk(
+    first: str, quirk: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    family = socket.AF_INET6 if ":" in first else socket.AF_INET
+    infos = [
+        (family, socket.SOCK_STREAM, 6, "", (first, 0)),
+        (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.0.0.9", 0)),
+    ]
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: infos)
+    why = barrier.self_name_quirk("node1")
+    assert (quirk in why) if quirk else why == ""
+
+
+def test_gloo_is_told_the_routable_interface_only_for_the_quirk_and_only_when_unset(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from types import SimpleNamespace
+
+    from slurm_multi import node
+
+    monkeypatch.setattr(
+        barrier, "routable_interface", lambda: ("eth7", "10.77.0.11", "eth7, the default route's")
+    )
+    monkeypatch.setattr(
+        barrier, "self_name_quirk", lambda host: f"{host} resolves to 127.0.1.1 (loopback) first"
+    )
+    ctx = SimpleNamespace(docker_env={"A": "1"})
+    node.reachable_self_address(ctx, {}, "node1")
+    assert ctx.docker_env == {"A": "1", "GLOO_SOCKET_IFNAME": "eth7"}
+    for ctx, env in ((SimpleNamespace(docker_env={"GLOO_SOCKET_IFNAME": "ib0"}), {}),
+                     (SimpleNamespace(docker_env={}), {"GLOO_SOCKET_IFNAME": "ib0"})):  # fmt: skip
+        node.reachable_self_address(ctx, env, "node1")
+        assert ctx.docker_env.get("GLOO_SOCKET_IFNAME", "ib0") == "ib0"
+    monkeypatch.setattr(barrier, "self_name_quirk", lambda host: "")
+    ctx = SimpleNamespace(docker_env={})
+    node.reachable_self_address(ctx, {}, "node1")
+    assert ctx.docker_env == {}

@@ -26,6 +26,15 @@ REPO = Path(__file__).resolve().parents[2]
 TOY = REPO / "examples" / "toy" / "build_manifest.json"
 
 
+@pytest.fixture(autouse=True)
+def _reachable_host_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests check prepare's files byte for byte: whatever this machine's own name resolves
+    to (127.0.1.1 on Debian) must not add GLOO_SOCKET_IFNAME (tests/py/test_barrier.py covers that)."""
+    from slurm_multi import barrier
+
+    monkeypatch.setattr(barrier, "self_name_quirk", lambda host: "")
+
+
 def write_manifest(path: Path, context: dict | None = None, model: dict | None = None) -> Path:
     entry = {"name": "toy_model", "scripts": "run.sh", "args": "--steps 2", "multiple_results": "perf.csv"}
     entry.update(model or {})

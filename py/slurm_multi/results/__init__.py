@@ -12,6 +12,8 @@ One module per concern (docs/results.md has the rules):
 - logscan     error patterns and tracebacks in node.log
 - logmetrics  the `performance: <value> <metric>` fallback and how metrics combine across nodes
 - jobdir      job.json, the node directories and each node's judgement (the manifest fallback)
+- hangs       the hang watch's progress.json and hang.json: which rank stopped first, who waited
+- stragglers  per stage, the rank much slower than the others (information, never a failure)
 - rows        perf.csv rows in madengine's columns
 - collect     the whole job: candidates, aggregate, verdict -> Summary
 - summary     Summary, JOBDIR/perf.csv, summary.json and the stderr table

@@ -1,5 +1,6 @@
 """Judge a whole job directory into one Summary: node exits and statuses, error patterns in the
-logs, the chosen per-node CSV (else the `performance: <value> <metric>` log lines), and the verdict.
+logs, a hang (which rank stopped first), the chosen per-node CSV (else the `performance: <value>
+<metric>` log lines), the verdict, and the stragglers (information only).
 
 The facts about the job come from JOBDIR/job.json, which the batch step writes; a madengine
 build_manifest.json (`--manifest`) only fills what an old job.json lacks.
@@ -15,6 +16,7 @@ from typing import Any
 
 from slurm_multi.common import HelperError, usage_error
 from slurm_multi.redact import secret_values
+from slurm_multi.results.hangs import Hang, hang_reasons, read_hangs
 from slurm_multi.results.jobdir import (
     JOB_JSON_KEYS,
     NodeReport,
@@ -32,6 +34,7 @@ from slurm_multi.results.logscan import DEFAULT_ERROR_PATTERNS, ErrorPattern
 from slurm_multi.results.pick import Candidate, choose, no_candidate_message, score
 from slurm_multi.results.rows import PERF_COLUMNS, cell, common_row, csv_perf_rows, log_perf_rows
 from slurm_multi.results.shared import AREA, PathLike, is_path, os_error
+from slurm_multi.results.stragglers import find_stragglers
 from slurm_multi.results.summary import Summary, write_outputs
 from slurm_multi.results.values import format_number
 
@@ -77,10 +80,11 @@ def collect(
         warnings.append(f"{', '.join(extra)} beyond {expected} ranks: judged like the others")
     known = secret_values(os.environ)  # once per job, not once per node
     nodes = [read_node(root, rank, found.get(rank), names, patterns, known) for rank in ranks]
+    hang = read_hangs(root, nodes, warnings)
     if not present(meta.get("image_id")):
         meta["image_id"] = rank0_image_id(root, found.get(0))
     results_csv = Path(cell(meta.get("results_csv"))).name or None
-    summary = judge(root, meta, job_id, model_name, nnodes, results_csv, nodes, warnings)
+    summary = judge(root, meta, job_id, model_name, nnodes, results_csv, nodes, warnings, hang)
     if write:
         write_outputs(root, summary)
     return summary
@@ -131,9 +135,17 @@ def judge(
     results_csv: str | None,
     nodes: list[NodeReport],
     warnings: list[str],
+    hang: Hang | None = None,
 ) -> Summary:
-    """Failures first (exits, missing nodes, error patterns), then the aggregate (CSV, else log lines)."""
-    reasons = [reason for node in nodes for reason in node.reasons]
+    """Failures first (a hang, exits, missing nodes, error patterns), then the aggregate (CSV, else
+    log lines).
+
+    A hung rank's own reasons (`container exited 137` when the time limit killed it) are not repeated:
+    the hang lines name it, and say more. They stay in its node entry.
+    """
+    hung = hang.ranks if hang else set()
+    reasons = hang_reasons(hang, nodes) if hang else []
+    reasons += [reason for node in nodes if node.rank not in hung for reason in node.reasons]
     if not nodes:
         reasons.append("no node_<rank> directories in the job directory; did any task stage?")
     nodes_ok = not reasons
@@ -164,7 +176,7 @@ def judge(
     verdict = "SUCCESS" if not reasons and any(r[status] == "SUCCESS" for r in rows) else "FAILURE"
     return Summary(
         verdict, job_id, model_name, nnodes, results_csv, chosen.path if chosen else None, candidates,
-        source, log_metrics, nodes, reasons, warnings, header, rows,
+        source, log_metrics, nodes, reasons, warnings, header, rows, hang, find_stragglers(nodes),
     )  # fmt: skip
 
 

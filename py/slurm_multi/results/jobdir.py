@@ -15,7 +15,7 @@ from typing import Any
 from slurm_multi.common import usage_error
 from slurm_multi.redact import redact, secret_values
 from slurm_multi.results.logscan import ErrorHit, ErrorPattern, scan_log_file
-from slurm_multi.results.shared import AREA, PathLike, is_path, json_error, read_json, short
+from slurm_multi.results.shared import AREA, PathLike, is_path, json_error, read_json, short, utc_iso
 
 # The job.json keys collect reads (lib/job.sh writes them). `settings` and `manifest_values` (objects)
 # and any key not listed are ignored, except one named like a perf.csv column (e.g. `git_commit`),
@@ -39,6 +39,7 @@ class NodeReport:
     reasons: list[str] = field(default_factory=list)
     log_errors: list[ErrorHit] = field(default_factory=list)
     dirname: str | None = None
+    last_progress: float | None = None  # epoch seconds, from the hang watch (results.hangs)
 
     @property
     def label(self) -> str:
@@ -51,6 +52,7 @@ class NodeReport:
             "exit_code": self.exit_code,
             "status": self.status,
             "stages": dict(self.stages),
+            "last_progress": utc_iso(self.last_progress),
             "reasons": list(self.reasons),
             "log_errors": [hit.to_dict() for hit in self.log_errors[:MAX_ERRORS_KEPT]],
         }

@@ -8,6 +8,7 @@ import os
 import re
 import secrets
 import stat
+import time
 from pathlib import Path
 from typing import Any, BinaryIO, Union
 
@@ -67,6 +68,11 @@ def read_json(path: PathLike) -> Any:
     if "\r" in text:  # what reading in text mode (universal newlines) does to line ends
         text = text.replace("\r\n", "\n").replace("\r", "\n")
     return json.loads(text)
+
+
+def utc_iso(epoch: float | None) -> str | None:
+    """`2025-11-30T11:43:20Z` (as job.json's `started`), or None without a time."""
+    return None if epoch is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
 
 
 def json_error(exc: Exception) -> str:

@@ -8,13 +8,15 @@ import csv
 import io
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from slurm_multi.results.hangs import Hang
 from slurm_multi.results.jobdir import NodeReport, stage_order
 from slurm_multi.results.pick import Candidate
 from slurm_multi.results.shared import AREA, write_atomic
+from slurm_multi.results.stragglers import Straggler
 from slurm_multi.results.values import format_number
 
 MAX_TABLE_REASONS = 20  # reasons printed on stderr; summary.json keeps them all
@@ -36,6 +38,8 @@ class Summary:
     warnings: list[str]
     perf_header: list[str]
     perf_rows: list[list[str]]
+    hang: Hang | None = None  # what the hang watch left; its lines lead `reasons`
+    stragglers: list[Straggler] = field(default_factory=list)  # information, never a reason
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -50,6 +54,8 @@ class Summary:
             "log_metrics": self.log_metrics,
             "nodes": [n.to_dict() for n in self.nodes],
             "reasons": list(self.reasons),
+            "hang": self.hang.to_dict() if self.hang else None,
+            "stragglers": [s.to_dict() for s in self.stragglers],
             "warnings": list(self.warnings),
             "perf_rows": len(self.perf_rows),
         }
@@ -175,4 +181,5 @@ def summary_table(summary: Summary, root: Path) -> list[str]:
     lines += [f"  reason: {reason}" for reason in summary.reasons[:MAX_TABLE_REASONS]]
     if len(summary.reasons) > MAX_TABLE_REASONS:
         lines.append(f"  reason: +{len(summary.reasons) - MAX_TABLE_REASONS} more (see summary.json)")
+    lines += [f"  straggler: {straggler.describe()}" for straggler in summary.stragglers]
     return lines

@@ -1,0 +1,540 @@
+"""The hang watch beside a node's workload, without click (`python -S -m slurm_multi.hangwatch …`).
+
+A rank is hung when, for --timeout seconds after GO, its workload has printed no new output line
+AND its processes have used no CPU time. Both signals are needed: a rank that is quiet but
+computing, or chatty but idle, is not hung.
+
+- Output: the size of the file the workload's output lands in (the node log).
+- CPU: for a docker container, its cgroup's CPU usage (cgroup v1 cpuacct.usage or v2 cpu.stat);
+  for a bare or pyxis workload, the summed utime+stime of the watched process and its descendants.
+  Less than CPU_BUSY_FRACTION of one core between two polls counts as no CPU: an idle runtime
+  still ticks a little (timers, a keep-alive thread), and that is not progress.
+
+One stuck rank soon makes every other rank wait in its collective, so several ranks go quiet
+within moments of each other. When the timeout is reached the watch tells the cause from the
+waiters by the processes' state: frozen (docker pause, cgroup freezer), stopped (SIGSTOP), in
+uninterruptible sleep, spinning, or merely sleeping: a cause; every other process asleep and at
+least one thread blocked in a socket or poll wait: a waiter. It then writes hang.json into the
+node dir, snapshots diagnostics (processes with state and wait channel, kernel stacks where
+readable, open sockets, py-spy dumps when the image has py-spy), and exits 3. The caller stops the
+workload. While watching it writes progress.json every --progress-every seconds: when this rank
+last printed and last used CPU.
+
+Exit: 0 the workload ended (or never started), 3 hung, 2 bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+EXIT_HUNG = 3
+CPU_BUSY_FRACTION = 0.02  # of one core, between two polls: below it, the processes are idle
+# Wait channels of a thread blocked on the network (a socket read, accept, poll/epoll/select).
+SOCKET_WAITS = (
+    "sk_wait_data", "wait_woken", "inet_csk_accept", "tcp_recvmsg", "unix_stream_read_generic",
+    "ep_poll", "do_epoll_wait", "poll_schedule_timeout", "do_select", "do_sys_poll", "sock_",
+)  # fmt: skip
+INIT_COMMANDS = ("docker-init", "tini", "tini-static")  # docker run --init: not the workload
+CAUSE_STATES = ("frozen", "stopped", "disk-sleep", "spinning", "sleeping")
+CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def iso(epoch: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+# ---- processes -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Thread:
+    pid: int
+    tid: int
+    state: str
+    comm: str
+    wchan: str = ""
+
+
+def _stat_fields(text: str) -> tuple[str, list[str]] | None:
+    """(comm, fields after comm) of a /proc/<pid>/stat line; comm may hold spaces and parens."""
+    start, end = text.find("("), text.rfind(")")
+    if start < 0 or end < start:
+        return None
+    return text[start + 1 : end], text[end + 2 :].split()
+
+
+def all_parents() -> dict[int, int]:
+    """pid -> ppid for every process on the host (one pass over /proc)."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            parsed = _stat_fields(_read(f"/proc/{entry}/stat") or "")
+            if parsed and len(parsed[1]) > 1:
+                parents[int(entry)] = int(parsed[1][1])
+    return parents
+
+
+def process_tree(root: int) -> list[int]:
+    """root and every descendant of it, root first."""
+    parents = all_parents()
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parents.items():
+        children.setdefault(ppid, []).append(pid)
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        if pid in parents or pid == root:
+            tree.append(pid)
+            todo.extend(children.get(pid, []))
+    return [pid for pid in tree if os.path.exists(f"/proc/{pid}")]
+
+
+def tree_cpu_seconds(pids: Sequence[int]) -> float:
+    """utime+stime (with waited-for children's) of these processes, in seconds."""
+    total = 0
+    for pid in pids:
+        parsed = _stat_fields(_read(f"/proc/{pid}/stat") or "")
+        if parsed and len(parsed[1]) > 14:
+            fields = parsed[1]
+            total += sum(int(fields[i]) for i in (11, 12, 13, 14))  # utime stime cutime cstime
+    return total / CLK_TCK
+
+
+def threads_of(pids: Sequence[int]) -> list[Thread]:
+    threads = []
+    for pid in pids:
+        try:
+            tids = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task") if t.isdigit())
+        except OSError:
+            continue
+        for tid in tids:
+            parsed = _stat_fields(_read(f"/proc/{pid}/task/{tid}/stat") or "")
+            if not parsed or not parsed[1]:
+                continue
+            wchan = (_read(f"/proc/{pid}/task/{tid}/wchan") or "").strip()
+            threads.append(Thread(pid, tid, parsed[1][0], parsed[0], "" if wchan == "0" else wchan))
+    return threads
+
+
+def classify(threads: Sequence[Thread], frozen: bool, frozen_detail: str = "") -> tuple[str, str, str]:
+    """(role, state, detail) of a quiet rank from its workload threads' states and wait channels."""
+    work = [t for t in threads if t.comm not in INIT_COMMANDS]
+    if frozen:
+        return "cause", "frozen", frozen_detail or "cgroup frozen"
+    if not work:
+        return "cause", "sleeping", "no workload process left"
+
+    def names(states: str) -> str:
+        picked = sorted({f"{t.comm}[{t.pid}]" for t in work if t.state in states})
+        return ", ".join(picked[:5]) + (" …" if len(picked) > 5 else "")
+
+    if any(t.state in "Tt" for t in work):
+        return "cause", "stopped", f"SIGSTOP or a debugger: {names('Tt')}"
+    if any(t.state == "D" for t in work):
+        return "cause", "disk-sleep", f"uninterruptible sleep: {names('D')}"
+    if any(t.state == "R" for t in work):
+        return "cause", "spinning", f"running without CPU progress: {names('R')}"
+    waiting = sorted({t.wchan for t in work if t.wchan and any(w in t.wchan for w in SOCKET_WAITS)})
+    if waiting:
+        return "waiter", "socket-wait", "blocked in a socket wait (" + ", ".join(waiting[:3]) + ")"
+    known = sorted({t.wchan for t in work if t.wchan})
+    if known:
+        return "cause", "sleeping", "asleep, not on the network (" + ", ".join(known[:3]) + ")"
+    return "cause", "sleeping", "asleep (wait channels not readable here)"
+
+
+# ---- what is watched -----------------------------------------------------------------------------
+
+
+def _cgroup_mounts() -> dict[str, str]:
+    """Mount point per cgroup v1 controller ('cpuacct', 'freezer') and 'unified' for cgroup v2."""
+    mounts: dict[str, str] = {}
+    for line in (_read("/proc/self/mountinfo") or "").splitlines():
+        left, _, right = line.partition(" - ")
+        parts, rparts = left.split(), right.split()
+        if len(parts) < 5 or not rparts:
+            continue
+        if rparts[0] == "cgroup2":
+            mounts.setdefault("unified", parts[4])
+        elif rparts[0] == "cgroup" and len(rparts) > 2:
+            for option in rparts[2].split(","):
+                if option in ("cpuacct", "freezer"):
+                    mounts.setdefault(option, parts[4])
+    return mounts
+
+
+@dataclass
+class Target:
+    """The workload: a docker container (by name) or a process tree (by pid)."""
+
+    container: str = ""
+    pid: int = 0
+    docker: str = "docker"
+    init_pid: int = 0
+    cgroup: dict[str, str] = field(default_factory=dict)  # controller -> path of its cgroup dir
+
+    def start(self, wait_seconds: float, parent: int = 0) -> bool:
+        """Find the container's init process (it may not have started yet); False if it never ran
+        (or the process that started this watch went away meanwhile)."""
+        if not self.container:
+            self.init_pid = self.pid
+            return self.alive()
+        deadline = time.monotonic() + wait_seconds
+        while time.monotonic() < deadline and (not parent or os.getppid() == parent):
+            out = self._docker("inspect", "-f", "{{.State.Pid}} {{.State.Running}}", self.container)
+            fields = out.split()
+            if len(fields) == 2 and fields[1] == "true" and fields[0].isdigit() and fields[0] != "0":
+                self.init_pid = int(fields[0])
+                self._find_cgroups()
+                return True
+            time.sleep(0.2)
+        return False
+
+    def _docker(self, *args: str, timeout: float = 10) -> str:
+        try:
+            return subprocess.run(
+                [self.docker, *args], capture_output=True, text=True, timeout=timeout, check=False
+            ).stdout  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+
+    def _find_cgroups(self) -> None:
+        mounts = _cgroup_mounts()
+        for line in (_read(f"/proc/{self.init_pid}/cgroup") or "").splitlines():
+            parts = line.split(":", 2)
+            if len(parts) != 3:
+                continue
+            controllers, path = parts[1].split(","), parts[2]
+            if parts[0] == "0" and parts[1] == "" and "unified" in mounts:
+                self.cgroup.setdefault("unified", mounts["unified"] + path)
+            for name in ("cpuacct", "freezer"):
+                if name in controllers and name in mounts:
+                    self.cgroup.setdefault(name, mounts[name] + path)
+
+    def alive(self) -> bool:
+        """The workload's first process exists and has not exited (a zombie counts as ended)."""
+        parsed = _stat_fields(_read(f"/proc/{self.init_pid}/stat") or "") if self.init_pid > 0 else None
+        return bool(parsed and parsed[1] and parsed[1][0] not in ("Z", "X"))
+
+    def pids(self) -> list[int]:
+        return process_tree(self.init_pid) if self.init_pid else []
+
+    def cpu_seconds(self) -> float:
+        """The workload's CPU time so far: its cgroup's, else its process tree's."""
+        if "cpuacct" in self.cgroup:
+            text = _read(os.path.join(self.cgroup["cpuacct"], "cpuacct.usage"))
+            if text and text.strip().isdigit():
+                return int(text) / 1e9
+        if "unified" in self.cgroup:
+            match = re.search(
+                r"^usage_usec (\d+)", _read(os.path.join(self.cgroup["unified"], "cpu.stat")) or "", re.M
+            )
+            if match:
+                return int(match.group(1)) / 1e6
+        return tree_cpu_seconds(self.pids())
+
+    def frozen(self) -> tuple[bool, str]:
+        if "freezer" in self.cgroup:
+            state = (_read(os.path.join(self.cgroup["freezer"], "freezer.state")) or "").strip()
+            if state in ("FROZEN", "FREEZING"):
+                return True, f"cgroup freezer {state}" + (" (docker pause)" if self.container else "")
+        if "unified" in self.cgroup and re.search(
+            r"^frozen 1", _read(os.path.join(self.cgroup["unified"], "cgroup.events")) or "", re.M
+        ):
+            return True, "cgroup frozen" + (" (docker pause)" if self.container else "")
+        if (
+            self.container
+            and self._docker("inspect", "-f", "{{.State.Paused}}", self.container).strip() == "true"
+        ):
+            return True, "docker pause"
+        return False, ""
+
+    def threads(self) -> list[Thread]:
+        threads = threads_of(self.pids())
+        if self.container and any(not t.wchan for t in threads):
+            # Container processes belong to another user: their wait channels are readable to the
+            # docker daemon (root), so ask it, as `docker top` runs ps there.
+            wchans = {}
+            for line in self._docker("top", self.container, "-eLo", "pid,lwp,wchan:40").splitlines()[1:]:
+                fields = line.split()
+                if len(fields) >= 3 and fields[1].isdigit():
+                    wchans[int(fields[1])] = "" if fields[2] in ("-", "0") else fields[2]
+            for thread in threads:
+                thread.wchan = thread.wchan or wchans.get(thread.tid, "")
+        return threads
+
+
+# ---- the watch -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Progress:
+    started: float
+    last_output: float
+    last_cpu: float
+    output_size: int
+    cpu: float
+
+    @property
+    def last(self) -> float:
+        return max(self.last_output, self.last_cpu)
+
+
+def _file_size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return -1
+
+
+def write_json(path: str, document: dict[str, Any]) -> None:
+    tmp = f"{path}.tmp.{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            json.dump(document, handle, indent=2)
+            handle.write("\n")
+        os.replace(tmp, path)
+    except OSError:
+        pass
+    finally:  # also when a SIGTERM (Stopped) comes mid-write
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+class Stopped(Exception):
+    """SIGTERM from the run stage: the workload ended; leave the last progress record and go."""
+
+
+def watch(
+    target: Target,
+    output: str,
+    timeout: float,
+    node_dir: str,
+    rank: int,
+    node: str,
+    poll: float = 1.0,
+    progress_every: float = 5.0,
+    diagnostics: str = "",
+    start_wait: float = 120.0,
+    clock: Any = time.time,
+) -> int:
+    """Watch until the workload ends (0) or is hung (EXIT_HUNG, hang.json written)."""
+    try:
+        started = target.start(start_wait, parent=os.getppid())
+    except Stopped:
+        started = False
+    if not started:
+        # Ended before it could be watched (a short run): its output's last write is its progress.
+        try:
+            moved = os.stat(output).st_mtime
+        except OSError:
+            return 0
+        write_json(os.path.join(node_dir, "progress.json"),
+                   progress_document(Progress(moved, moved, moved, 0, 0.0), rank, node, clock()))  # fmt: skip
+        return 0
+    now = clock()
+    state = Progress(now, now, now, _file_size(output), target.cpu_seconds())
+    last_poll, next_progress = now, now
+    parent = os.getppid()
+    try:
+        return _watch_loop(target, state, output, timeout, node_dir, rank, node, poll, progress_every,
+                           diagnostics, clock, parent, last_poll, next_progress)  # fmt: skip
+    except Stopped:
+        pass
+    # The workload ended: its last word on progress (a short run ends before the first write).
+    if _file_size(output) != state.output_size:
+        state.last_output = clock()
+    write_json(os.path.join(node_dir, "progress.json"), progress_document(state, rank, node, clock()))
+    return 0
+
+
+def _watch_loop(
+    target: Target, state: Progress, output: str, timeout: float, node_dir: str, rank: int, node: str,
+    poll: float, progress_every: float, diagnostics: str, clock: Any, parent: int, last_poll: float,
+    next_progress: float,
+) -> int:  # fmt: skip
+    while target.alive():
+        time.sleep(poll)
+        if os.getppid() != parent:
+            return 0  # the run stage that started us is gone: nobody would act on a hang
+        now = clock()
+        size, cpu = _file_size(output), target.cpu_seconds()
+        if size != state.output_size:
+            state.output_size, state.last_output = size, now
+        if cpu - state.cpu > CPU_BUSY_FRACTION * max(now - last_poll, 1e-3):
+            state.last_cpu = now
+        state.cpu, last_poll = cpu, now
+        if now >= next_progress:
+            next_progress = now + progress_every
+            write_json(os.path.join(node_dir, "progress.json"), progress_document(state, rank, node, now))
+        if now - state.last >= timeout and target.alive():
+            hang = hang_document(target, state, rank, node, timeout, now)
+            write_json(os.path.join(node_dir, "hang.json"), hang)
+            write_json(os.path.join(node_dir, "progress.json"), progress_document(state, rank, node, now))
+            if diagnostics:
+                snapshot(target, hang, diagnostics)
+            print(hang["state"], hang_line(hang), flush=True)  # the caller reads: STATE LINE
+            return EXIT_HUNG
+    raise Stopped
+
+
+def progress_document(state: Progress, rank: int, node: str, now: float) -> dict[str, Any]:
+    return {
+        "rank": rank, "node": node, "last_output_epoch": round(state.last_output, 3),
+        "last_cpu_epoch": round(state.last_cpu, 3), "cpu_seconds": round(state.cpu, 3),
+        "updated_epoch": round(now, 3),
+    }  # fmt: skip
+
+
+def hang_document(
+    target: Target, state: Progress, rank: int, node: str, timeout: float, now: float
+) -> dict[str, Any]:
+    frozen, frozen_detail = target.frozen()
+    threads = target.threads()
+    role, kind, detail = classify(threads, frozen, frozen_detail)
+    return {
+        "rank": rank, "node": node, "role": role, "state": kind, "detail": detail,
+        "quiet_seconds": round(now - state.last, 1), "last_output_epoch": round(state.last_output, 3),
+        "last_cpu_epoch": round(state.last_cpu, 3), "last_progress_epoch": round(state.last, 3),
+        "detected_epoch": round(now, 3), "hang_timeout": timeout,
+        "processes": [vars(thread) for thread in threads[:200]],
+    }  # fmt: skip
+
+
+def hang_line(hang: dict[str, Any]) -> str:
+    """The one line the caller logs and puts in status.json's reason."""
+    since = time.strftime("%H:%M:%S", time.gmtime(hang["last_progress_epoch"]))
+    quiet = f"no output and no CPU for {hang['quiet_seconds']:.0f} s since {since}"
+    if hang["role"] == "waiter":
+        return f"waiting on another rank: {quiet} ({hang['state']}: {hang['detail']})"
+    return f"hung: {quiet} ({hang['state']}: {hang['detail']})"
+
+
+# ---- diagnostics ---------------------------------------------------------------------------------
+
+
+def snapshot(target: Target, hang: dict[str, Any], directory: str) -> None:
+    """Processes with state and wait channel, kernel stacks where readable, sockets, py-spy."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError:
+        return
+    lines = [f"{'PID':>8} {'TID':>8} S {'WCHAN':<32} COMMAND"]
+    lines += [
+        f"{p['pid']:>8} {p['tid']:>8} {p['state']} {p['wchan'] or '-':<32} {p['comm']}"
+        for p in hang["processes"]
+    ]
+    _write(directory, "hang-processes.txt", "\n".join(lines) + "\n")
+    stacks = []
+    for pid in sorted({p["pid"] for p in hang["processes"]})[:32]:
+        stack = _read(f"/proc/{pid}/stack")
+        if stack is None and target.container:
+            inner = _inner_pid(pid)
+            if inner:
+                stack = (
+                    target._docker(
+                        "exec", "--privileged", target.container, "cat", f"/proc/{inner}/stack", timeout=5
+                    )
+                    or None
+                )
+        stacks.append(
+            f"== pid {pid} ({_comm(pid)})\n{stack if stack else '(not readable here: needs CAP_SYS_ADMIN)'}"
+        )
+    _write(directory, "kernel-stacks.txt", "\n".join(stacks) + "\n")
+    _write(directory, "sockets.txt", _run(["ss", "-tanp"]) or "(ss not available)\n")
+    if target.container:
+        found = target._docker("exec", target.container, "sh", "-c", "command -v py-spy", timeout=5).strip()
+        if found:
+            dumps = []
+            for pid in sorted({p["pid"] for p in hang["processes"] if "python" in p["comm"]})[:8]:
+                inner = _inner_pid(pid) or pid
+                argv = ("exec", "--privileged", target.container, found, "dump", "--pid", str(inner))
+                dumps.append(f"== pid {pid}\n" + target._docker(*argv, timeout=20))
+            _write(directory, "py-spy.txt", "\n".join(dumps) + "\n")
+    else:
+        spy = _run(["sh", "-c", "command -v py-spy"]).strip()
+        if spy:
+            pids = sorted({p["pid"] for p in hang["processes"] if "python" in p["comm"]})[:8]
+            _write(
+                directory, "py-spy.txt", "\n".join(_run([spy, "dump", "--pid", str(p)]) for p in pids) + "\n"
+            )
+
+
+def _inner_pid(pid: int) -> int:
+    match = re.search(r"^NSpid:\s+(.+)$", _read(f"/proc/{pid}/status") or "", re.M)
+    return int(match.group(1).split()[-1]) if match else 0
+
+
+def _comm(pid: int) -> str:
+    return (_read(f"/proc/{pid}/comm") or "?").strip()
+
+
+def _run(argv: Sequence[str]) -> str:
+    try:
+        return subprocess.run(list(argv), capture_output=True, text=True, timeout=10, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
+def _write(directory: str, name: str, text: str) -> None:
+    try:
+        with open(os.path.join(directory, name), "w", encoding="utf-8") as handle:
+            handle.write(text)
+    except OSError:
+        pass
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -S -m slurm_multi.hangwatch", description=__doc__.splitlines()[0]
+    )
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--container", help="docker container name (the docker runtime)")
+    what.add_argument("--pid", type=int, help="the workload's process (bare metal, pyxis)")
+    parser.add_argument("--timeout", type=float, required=True, help="seconds without output and CPU")
+    parser.add_argument("--output", required=True, help="the file the workload's output lands in")
+    parser.add_argument("--node-dir", required=True, help="where progress.json and hang.json go")
+    parser.add_argument("--diagnostics", default="", help="where the hang's diagnostics go")
+    parser.add_argument("--rank", type=int, default=0)
+    parser.add_argument("--node", default=os.environ.get("SLURMD_NODENAME", ""))
+    parser.add_argument("--poll", type=float, default=1.0)
+    parser.add_argument("--progress-every", type=float, default=5.0)
+    parser.add_argument("--docker", default="docker")
+    args = parser.parse_args(argv)
+    if args.timeout <= 0 or args.poll <= 0:
+        parser.error("--timeout and --poll must be positive")
+    target = Target(container=args.container or "", pid=args.pid or 0, docker=args.docker)
+    try:
+        node = args.node or os.uname().nodename
+        return watch(target, args.output, args.timeout, args.node_dir, args.rank, node,
+                     args.poll, args.progress_every, args.diagnostics)  # fmt: skip
+    except KeyboardInterrupt:
+        return 0
+
+
+def _stop(*_: Any) -> None:
+    raise Stopped
+
+
+if __name__ == "__main__":
+    import signal
+
+    signal.signal(signal.SIGTERM, _stop)
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,168 @@
+"""The hang watch on real processes: quiet and idle is hung; quiet but computing, or chatty but
+idle, is not; the cause (stopped, sleeping) is told from a waiter (blocked in a socket wait)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from slurm_multi import hangwatch
+from slurm_multi.hangwatch import Target, Thread, classify, hang_line
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def procs() -> Iterator[list[subprocess.Popen]]:
+    started: list[subprocess.Popen] = []
+    yield started
+    for proc in started:
+        try:
+            os.kill(proc.pid, signal.SIGCONT)
+        except OSError:
+            pass
+        proc.kill()
+        proc.wait()
+
+
+def start(procs: list[subprocess.Popen], argv: list[str], out: Path) -> subprocess.Popen:
+    proc = subprocess.Popen(argv, stdout=out.open("ab"), stderr=subprocess.STDOUT)
+    procs.append(proc)
+    return proc
+
+
+def run_watch(pid: int, out: Path, tmp_path: Path, timeout: float) -> int:
+    return hangwatch.watch(
+        Target(pid=pid), str(out), timeout, str(tmp_path), 1, "node2", poll=0.1, progress_every=0.2,
+        diagnostics=str(tmp_path / "diagnostics"),
+    )  # fmt: skip
+
+
+def test_a_rank_that_sleeps_without_output_is_hung_and_the_cause(procs: list, tmp_path: Path) -> None:
+    out = tmp_path / "node.log"
+    proc = start(procs, ["sh", "-c", "echo started; sleep 60"], out)
+    began = time.time()
+    assert run_watch(proc.pid, out, tmp_path, 1.0) == hangwatch.EXIT_HUNG
+    hang = json.loads((tmp_path / "hang.json").read_text())
+    assert hang["role"] == "cause" and hang["state"] == "sleeping"
+    assert hang["rank"] == 1 and hang["node"] == "node2" and hang["hang_timeout"] == 1.0
+    assert hang["quiet_seconds"] >= 1.0 and began - 1 <= hang["last_progress_epoch"] <= hang["detected_epoch"]
+    assert {p["comm"] for p in hang["processes"]} >= {"sh", "sleep"}
+    progress = json.loads((tmp_path / "progress.json").read_text())
+    assert progress["rank"] == 1 and progress["last_output_epoch"] == hang["last_output_epoch"]
+    listing = (tmp_path / "diagnostics" / "hang-processes.txt").read_text()
+    assert "sleep" in listing and "WCHAN" in listing
+    assert (tmp_path / "diagnostics" / "kernel-stacks.txt").read_text().startswith("== pid")
+    assert (tmp_path / "diagnostics" / "sockets.txt").exists()
+    assert hang_line(hang).startswith("hung: no output and no CPU for 1 s since ")
+
+
+def test_quiet_but_computing_is_not_hung(procs: list, tmp_path: Path) -> None:
+    out = tmp_path / "node.log"
+    busy = "import time\nend = time.time() + 3\nwhile time.time() < end: pass\n"
+    proc = start(procs, [sys.executable, "-c", busy], out)
+    assert run_watch(proc.pid, out, tmp_path, 1.0) == 0
+    assert not (tmp_path / "hang.json").exists()
+    progress = json.loads((tmp_path / "progress.json").read_text())
+    assert progress["cpu_seconds"] > 0.5 and progress["last_cpu_epoch"] > progress["last_output_epoch"]
+
+
+def test_chatty_but_idle_is_not_hung(procs: list, tmp_path: Path) -> None:
+    out = tmp_path / "node.log"
+    proc = start(
+        procs, ["sh", "-c", "for i in 1 2 3 4 5 6 7 8 9 10 11 12; do echo tick $i; sleep 0.25; done"], out
+    )
+    assert run_watch(proc.pid, out, tmp_path, 1.0) == 0
+    assert not (tmp_path / "hang.json").exists()
+
+
+def test_a_stopped_rank_is_the_cause(procs: list, tmp_path: Path) -> None:
+    out = tmp_path / "node.log"
+    proc = start(procs, [sys.executable, "-c", "import time\nwhile True: time.sleep(0.05)"], out)
+    os.kill(proc.pid, signal.SIGSTOP)
+    assert run_watch(proc.pid, out, tmp_path, 0.8) == hangwatch.EXIT_HUNG
+    hang = json.loads((tmp_path / "hang.json").read_text())
+    assert (hang["role"], hang["state"]) == ("cause", "stopped")
+    assert "SIGSTOP" in hang["detail"] and f"[{proc.pid}]" in hang["detail"]
+
+
+def test_a_rank_blocked_on_a_socket_is_a_waiter(procs: list, tmp_path: Path) -> None:
+    out = tmp_path / "node.log"
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    code = f"import socket\ns = socket.create_connection(('127.0.0.1', {port}))\n"
+    code += "print('connected', flush=True)\ns.recv(1)"
+    proc = start(procs, [sys.executable, "-c", code], out)
+    conn, _ = server.accept()
+    try:
+        assert run_watch(proc.pid, out, tmp_path, 1.0) == hangwatch.EXIT_HUNG
+    finally:
+        conn.close()
+        server.close()
+    hang = json.loads((tmp_path / "hang.json").read_text())
+    if not any(p["wchan"] for p in hang["processes"]):
+        pytest.fail(f"wait channels unreadable for our own child: {hang['processes']}")
+    assert (hang["role"], hang["state"]) == ("waiter", "socket-wait"), hang
+    assert hang_line(hang).startswith("waiting on another rank: no output and no CPU for ")
+
+
+def test_a_workload_that_ends_is_not_watched_further(procs: list, tmp_path: Path) -> None:
+    out = tmp_path / "node.log"
+    proc = start(procs, ["sh", "-c", "sleep 0.3"], out)
+    assert run_watch(proc.pid, out, tmp_path, 5.0) == 0
+    assert not (tmp_path / "hang.json").exists()
+    # It ended before the first periodic write: progress.json still says when it last moved.
+    progress = json.loads((tmp_path / "progress.json").read_text())
+    assert progress["rank"] == 1 and progress["updated_epoch"] >= progress["last_output_epoch"]
+
+
+def threads(*rows: tuple[str, str, str]) -> list[Thread]:
+    return [Thread(100 + i, 100 + i, state, comm, wchan) for i, (comm, state, wchan) in enumerate(rows)]
+
+
+@pytest.mark.parametrize(
+    ("rows", "frozen", "expected"),
+    [
+        ([("python3", "D", "__refrigerator")], True, ("cause", "frozen")),
+        ([("python3", "T", "do_signal_stop"), ("python3", "S", "ep_poll")], False, ("cause", "stopped")),
+        ([("python3", "D", "io_schedule"), ("python3", "S", "ep_poll")], False, ("cause", "disk-sleep")),
+        ([("python3", "R", ""), ("python3", "S", "ep_poll")], False, ("cause", "spinning")),
+        ([("py", "S", "futex_wait_queue"), ("py", "S", "ep_poll")], False, ("waiter", "socket-wait")),
+        ([("python3", "S", "sk_wait_data")], False, ("waiter", "socket-wait")),
+        ([("sh", "S", "do_wait"), ("sleep", "S", "hrtimer_nanosleep")], False, ("cause", "sleeping")),
+        ([("docker-init", "S", "ep_poll"), ("sleep", "S", "do_nanosleep")], False, ("cause", "sleeping")),
+        ([("python3", "S", "")], False, ("cause", "sleeping")),
+        ([("docker-init", "S", "do_sigtimedwait")], False, ("cause", "sleeping")),
+    ],
+)  # fmt: skip
+def test_classify_tells_the_cause_from_the_waiters(
+    rows: list, frozen: bool, expected: tuple[str, str]
+) -> None:
+    role, state, detail = classify(threads(*rows), frozen, "docker pause")
+    assert (role, state) == expected and detail
+
+
+def test_the_module_runs_without_click_and_refuses_bad_arguments(tmp_path: Path) -> None:
+    env = {"PYTHONPATH": str(REPO / "py"), "PATH": os.environ["PATH"]}
+    code = "import sys; from slurm_multi import hangwatch; assert 'click' not in sys.modules"
+    assert subprocess.run([sys.executable, "-S", "-c", code], env=env, check=False).returncode == 0
+    proc = subprocess.run(
+        [sys.executable, "-S", "-m", "slurm_multi.hangwatch", "--pid", "1", "--timeout", "0", "--output", "x",
+         "--node-dir", str(tmp_path)],
+        env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "must be positive" in proc.stderr and "Traceback" not in proc.stderr
+    proc = subprocess.run(
+        [sys.executable, "-S", "-m", "slurm_multi.hangwatch", "--timeout", "5"],
+        env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
