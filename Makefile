@@ -14,6 +14,7 @@ NODES      ?= 2
 CLUSTER_NODES ?= 3
 NODE       ?= node1
 PROFILE    ?= none
+EXAMPLE    ?= toy
 JOBDIR     ?=
 BATS       ?= bats
 BATS_JOBS  ?=
@@ -24,15 +25,15 @@ SH_FILES := $(shell git ls-files --cached --others --exclude-standard -- bin lib
               | grep -vE '\.(py|md|json|csv|txt|bats)$$|Dockerfile|/data/|\.keep$$' \
               | while read -r f; do [ -f "$$f" ] && head -c 64 "$$f" | grep -qE '^#!.*(ba)?sh|shell=bash' && echo "$$f"; done)
 BATS_FILES := $(shell git ls-files --cached --others --exclude-standard -- '*.bats' 2>/dev/null)
-PY_FILES := py tests/py bench $(shell git ls-files --cached --others --exclude-standard -- tests/fakes 2>/dev/null \
+PY_FILES := py tests/py bench examples $(shell git ls-files --cached --others --exclude-standard -- tests/fakes 2>/dev/null \
               | while read -r f; do head -c 64 "$$f" 2>/dev/null | grep -q '^#!.*python' && echo "$$f"; done)
 
 .PHONY: help setup lint test test-unit test-py test-bats test-cluster cluster-up cluster-down cluster-status \
-        toy-image demo collect bench clean
+        toy-image torch-image demo collect bench clean
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
-	@echo "Variables: NODES=$(NODES) (demo), PROFILE=$(PROFILE) (demo), NODE=$(NODE) (toy-image), JOBDIR= (collect)"
+	@echo "Variables: NODES=$(NODES) (demo), EXAMPLE=$(EXAMPLE) (demo: toy|torchrun), PROFILE=$(PROFILE) (demo), NODE=$(NODE) (toy-image, torch-image), JOBDIR= (collect)"
 
 setup: $(STAMP) ## install Debian packages (as root) and create .venv (idempotent)
 
@@ -79,8 +80,11 @@ test: setup ## lint, bats, pytest, then end-to-end on the test cluster
 toy-image: setup ## build toy/model:local on one node's engine only (NODE=node1)
 	@examples/toy/build-image --node $(NODE)
 
-demo: setup ## run a real 2-node job on the test cluster (NODES=2, PROFILE=none|nsys)
-	@bin/sm-demo --nodes $(NODES) --profile $(PROFILE)
+torch-image: setup ## build the PyTorch DDP image sm/torchrun:local on one node's engine (NODE=node1; base rootfs cached)
+	@examples/torchrun/build-image --node $(NODE)
+
+demo: setup ## run a real 2-node job on the test cluster (NODES=2, EXAMPLE=toy|torchrun, PROFILE=none|nsys)
+	@bin/sm-demo --nodes $(NODES) --example $(EXAMPLE) --profile $(PROFILE)
 
 collect: setup ## re-run results collection for a finished job dir (JOBDIR=...)
 	@bin/sm-collect $(JOBDIR)

@@ -13,7 +13,7 @@ CLUSTER_SLURM_CONF=/etc/slurm/slurm.conf
 CLUSTER_MUNGE_PID=/run/munge/munged.sm-cluster.pid
 CLUSTER_MARK="# managed by slurm-multi tests/cluster"
 CLUSTER_PACKAGES=(slurmctld slurmd slurm-client munge docker.io iptables iproute2 util-linux
-  bats bats-assert bats-support bats-file busybox-static procps psmisc acl python3-venv)
+  bats bats-assert bats-support bats-file busybox-static procps psmisc acl python3-venv debootstrap)
 # The ordinary user the end-to-end jobs run as (real users are not root): in the docker group,
 # nothing else. It stays after `down` (a user account holds no process and no port).
 CLUSTER_USER=${SM_CLUSTER_USER:-smuser}
