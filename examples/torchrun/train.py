@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-MODEL = "torchrun_ddp"
+MODEL = "ddp-mlp"  # the CSV's model column: perf.csv names it <model>_ddp-mlp, as madengine does
 HEADER = "model,performance,metric,mode,precision,batch_size,global_batch_size,seq_len,device,num_gpus"
 IN_FEATURES = 32
 HIDDEN = 128
