@@ -133,9 +133,15 @@ run::docker() {
   pid=$!
   RUN_DOCKER_PID=${pid}
   if ((SM_TIMEOUT > 0)); then
+    local task=${BASHPID}
     (
       trap - TERM INT EXIT
-      { sleep "${SM_TIMEOUT}"; } 2>/dev/null # (a killed sleep is not news)
+      # A second at a time, so a task killed outright (SIGKILL, OOM) leaves no watchdog behind.
+      local deadline=$((SECONDS + SM_TIMEOUT))
+      while ((SECONDS < deadline)); do
+        kill -0 "${task}" 2>/dev/null || exit 0
+        { sleep 1; } 2>/dev/null # (a killed sleep is not news)
+      done
       # The workload ended first: this watchdog's sleep was cut short on purpose, nothing to do.
       [[ -e ${SM_SCRATCH}/run-done ]] && exit 0
       : >"${SM_SCRATCH}/timed-out"

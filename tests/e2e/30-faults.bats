@@ -81,6 +81,12 @@ teardown() {
   assert_output --partial "died before saving its outputs"
   assert_file_exists "${jobdir}/node_1/status.json"
   assert_file_exists "${jobdir}/node_1/perf_toy.csv"
+  # Nothing of the killed task lingers on the node: its watchdogs notice it is gone (the --timeout
+  # watchdog used to sleep out the whole hour).
+  local n=0
+  while pgrep -f -- "--jobdir ${jobdir}" >/dev/null && ((n++ < 20)); do sleep 0.5; done
+  run pgrep -af -- "--jobdir ${jobdir}"
+  assert_output ""
 }
 
 @test "a worker's slurmd killed mid-job: FAILURE naming node2 within SlurmdTimeout + peer grace + 15 s" {
