@@ -133,6 +133,36 @@ def threads_of(pids: Sequence[int]) -> list[Thread]:
     return threads
 
 
+def merge_samples(samples: Sequence[Sequence[Thread]]) -> list[Thread]:
+    """One view of the threads from several looks: a thread's state is the one it showed most often,
+    except R, which must hold in every look. A waiter's thread is briefly runnable now and then (a
+    wake-up, a keep-alive); that is not spinning, and its CPU time already said it is idle."""
+    seen: dict[int, list[Thread]] = {}
+    for sample in samples:
+        for thread in sample:
+            seen.setdefault(thread.tid, []).append(thread)
+    merged = []
+    for looks in seen.values():
+        states = [t.state for t in looks]
+        if len(looks) == len(samples) and all(state == "R" for state in states):
+            best = "R"
+        else:
+            others = [state for state in states if state != "R"]
+            best = max(sorted(set(others)), key=others.count) if others else "S"
+        wchan = next((t.wchan for t in reversed(looks) if t.wchan), "")
+        merged.append(Thread(looks[-1].pid, looks[-1].tid, best, looks[-1].comm, wchan))
+    return sorted(merged, key=lambda t: (t.pid, t.tid))
+
+
+def sampled_threads(target: Any, samples: int = 5, interval: float = 0.1) -> list[Thread]:
+    looks = []
+    for index in range(samples):
+        if index:
+            time.sleep(interval)
+        looks.append(target.threads())
+    return merge_samples(looks)
+
+
 def classify(threads: Sequence[Thread], frozen: bool, frozen_detail: str = "") -> tuple[str, str, str]:
     """(role, state, detail) of a quiet rank from its workload threads' states and wait channels."""
     work = [t for t in threads if t.comm not in INIT_COMMANDS]
@@ -407,7 +437,7 @@ def hang_document(
     target: Target, state: Progress, rank: int, node: str, timeout: float, now: float
 ) -> dict[str, Any]:
     frozen, frozen_detail = target.frozen()
-    threads = target.threads()
+    threads = sampled_threads(target)
     role, kind, detail = classify(threads, frozen, frozen_detail)
     return {
         "rank": rank, "node": node, "role": role, "state": kind, "detail": detail,

@@ -166,3 +166,29 @@ def test_the_module_runs_without_click_and_refuses_bad_arguments(tmp_path: Path)
         env=env, capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
+
+
+def test_a_thread_is_spinning_only_when_runnable_in_every_look() -> None:
+    looks = [
+        [Thread(1, 1, "R", "py", ""), Thread(1, 2, "S", "py", "ep_poll"), Thread(1, 3, "R", "py", "")],
+        [
+            Thread(1, 1, "S", "py", "futex_wait_queue"),
+            Thread(1, 2, "S", "py", "ep_poll"),
+            Thread(1, 3, "R", "py", ""),
+        ],
+        [
+            Thread(1, 1, "S", "py", "futex_wait_queue"),
+            Thread(1, 2, "R", "py", ""),
+            Thread(1, 3, "R", "py", ""),
+        ],
+    ]
+    merged = {t.tid: t for t in hangwatch.merge_samples(looks)}
+    assert (merged[1].state, merged[1].wchan) == ("S", "futex_wait_queue")
+    assert (merged[2].state, merged[2].wchan) == ("S", "ep_poll")
+    assert merged[3].state == "R"
+    # Briefly runnable threads of a waiter do not make it the cause.
+    waiter = [[t for t in look if t.tid != 3] for look in looks]
+    assert classify(hangwatch.merge_samples(waiter), False)[:2] == ("waiter", "socket-wait")
+    assert classify(hangwatch.merge_samples(looks), False)[:2] == ("cause", "spinning")
+    # A thread seen only in some looks (it came and went) is not spinning either.
+    assert hangwatch.merge_samples([[Thread(1, 9, "R", "py", "")], []])[0].state == "S"
