@@ -83,11 +83,19 @@ run::hang_watch() {
       run::diagnose "$2" "${line}"
       run::stop_hung_container "$2" "${state}"
     else
-      case ${state} in frozen | stopped) kill -KILL "$2" 2>/dev/null ;; *) kill -TERM "$2" 2>/dev/null ;; esac
-      kill -CONT "$2" 2>/dev/null || true
+      case ${state} in frozen | stopped) run::kill_tree KILL "$2" ;; *) run::kill_tree TERM "$2" ;; esac
+      run::kill_tree CONT "$2"
     fi
   ) &
   RUN_HANG_PID=$!
+}
+
+# run::kill_tree SIGNAL PID: PID and every descendant (children first). A bare-metal workload is a
+# tree (sh -c '… sleep …'); signalling only its top would orphan the rest, still holding the log.
+run::kill_tree() {
+  local sig=$1 pid=$2 child
+  for child in $(pgrep -P "${pid}" 2>/dev/null); do run::kill_tree "${sig}" "${child}"; done
+  kill "-${sig}" "${pid}" 2>/dev/null || true
 }
 
 # run::stop_hung_container NAME STATE: a paused container must be unpaused before docker can stop
@@ -199,7 +207,7 @@ run::bare() {
     while kill -0 "${pid}" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.1; done
     if kill -0 "${pid}" 2>/dev/null; then
       log::error run "workload exceeded --timeout ${SM_TIMEOUT} s; sending SIGTERM"
-      kill -TERM "${pid}" 2>/dev/null
+      run::kill_tree TERM "${pid}"
       wait "${pid}" 2>/dev/null || true
       : >"${SM_SCRATCH}/run-done"
       run::end_watchers "${RUN_HANG_PID}"

@@ -61,3 +61,20 @@ setup_file() {
   assert_output --partial "timed out after 12 s"
   refute_output --partial "hung:"
 }
+
+@test "bare metal (--runtime none): a rank asleep without output is hung, read from its process tree" {
+  # Rank 1 sleeps in silence; rank 0 prints and ends. No container: CPU time from the step's processes.
+  # shellcheck disable=SC2016 # expanded by the workload's shell
+  e2e::run_job -N2 -- --runtime none --hang-timeout 4 --peer-grace 2 \
+    -- sh -c 'echo "rank ${RANK} up"; if [ "${RANK}" = 1 ]; then sleep 600; fi; echo "performance: 1.5 samples_per_second"'
+  assert_equal "${JOB_RC}" 1
+  run e2e::json "${JOB_DIR}/summary.json" 'd["reasons"][0]'
+  assert_output --regexp '^hung: node2 \(rank 1\), no output and no CPU for [0-9]+ s since [0-9:]{8} \(sleeping'
+  run e2e::json "${JOB_DIR}/node_1/hang.json" '[p["comm"] for p in d["processes"]]'
+  assert_output --partial "'sleep'"
+  assert_file_exists "${JOB_DIR}/node_1/diagnostics/hang-processes.txt"
+  assert_equal "$(e2e::json "${JOB_DIR}/node_0/status.json" 'd["exit_code"]')" 0
+  # The stopped workload is gone from node2: no sleep of this job lingers.
+  run "${REPO_ROOT}/tests/cluster/exec" node2 pgrep -u "${E2E_USER}" -f "sleep 600"
+  assert_failure
+}
