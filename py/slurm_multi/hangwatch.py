@@ -26,7 +26,6 @@ Exit: 0 the workload ended (or never started), 3 hung, 2 bad arguments.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import subprocess
@@ -35,6 +34,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from slurm_multi import shell
 
 EXIT_HUNG = 3
 CPU_BUSY_FRACTION = 0.02  # of one core, between two polls: below it, the processes are idle
@@ -335,17 +336,12 @@ def _file_size(path: str) -> int:
 
 
 def write_json(path: str, document: dict[str, Any]) -> None:
-    tmp = f"{path}.tmp.{os.getpid()}"
+    """shell.write_json (atomic; its temp file goes also when a SIGTERM comes mid-write), but a
+    progress record that cannot be written (shared storage gone) never stops the watch."""
     try:
-        with open(tmp, "w", encoding="utf-8") as handle:
-            json.dump(document, handle, indent=2)
-            handle.write("\n")
-        os.replace(tmp, path)
+        shell.write_json(path, document)
     except OSError:
         pass
-    finally:  # also when a SIGTERM (Stopped) comes mid-write
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 class Stopped(Exception):

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_multi.results.jobdir import NodeReport
-from slurm_multi.results.shared import json_error, read_json, short, utc_iso
+from slurm_multi.results.shared import json_error, rank_label, read_json, short, utc_iso
 
 PROGRESS_FILE = "progress.json"
 HANG_FILE = "hang.json"
@@ -56,7 +56,7 @@ class HangEntry:
 
     @property
     def label(self) -> str:
-        return f"{self.node} (rank {self.rank})"
+        return rank_label(self.node, self.rank)
 
     def to_dict(self) -> dict[str, Any]:
         return {

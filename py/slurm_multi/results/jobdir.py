@@ -15,7 +15,16 @@ from typing import Any
 from slurm_multi.common import usage_error
 from slurm_multi.redact import redact, secret_values
 from slurm_multi.results.logscan import ErrorHit, ErrorPattern, scan_log_file
-from slurm_multi.results.shared import AREA, PathLike, is_path, json_error, read_json, short, utc_iso
+from slurm_multi.results.shared import (
+    AREA,
+    PathLike,
+    is_path,
+    json_error,
+    rank_label,
+    read_json,
+    short,
+    utc_iso,
+)
 
 # The job.json keys collect reads (lib/job.sh writes them). `settings` and `manifest_values` (objects)
 # and any key not listed are ignored, except one named like a perf.csv column (e.g. `git_commit`),
@@ -43,7 +52,7 @@ class NodeReport:
 
     @property
     def label(self) -> str:
-        return f"{self.node} (rank {self.rank})"
+        return rank_label(self.node, self.rank)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -107,3 +107,8 @@ def write_atomic(
     except OSError as exc:
         temp.unlink(missing_ok=True)
         raise HelperError(f"{AREA}: cannot write {path}: {os_error(exc)}; {hint}") from None
+
+
+def rank_label(node: str, rank: int) -> str:
+    """How every summary line names a rank: `node2 (rank 1)`."""
+    return f"{node} (rank {rank})"

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slurm_multi.results.jobdir import NodeReport, stage_order
+from slurm_multi.results.shared import rank_label
 
 # The slowest rank is a straggler when its time is more than RATIO times the median of the OTHER
 # ranks' times (the others, so that the straggler does not pull the median towards itself, which
@@ -39,7 +40,7 @@ class Straggler:
 
     @property
     def label(self) -> str:
-        return f"{self.node} (rank {self.rank})"
+        return rank_label(self.node, self.rank)
 
     def to_dict(self) -> dict[str, Any]:
         return {
