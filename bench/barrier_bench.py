@@ -1,14 +1,18 @@
 """Barrier release latency for N simulated ranks on loopback, against a plain TCP echo floor.
 
 One run: a fresh server process listens on 127.0.0.1 (a kernel-chosen port); once it is listening,
-ONE client process opens N connections at once (a selectors loop, so 4096 clients are cheap), each
-sends one line and reads one line back. The figure is the time from the first connect attempt to
-the last reply received.
+ONE client process opens N connections at once (a selectors loop, so 4096 clients are cheap); on
+each, the server greets, the client sends one line and reads one line back. The figure is the time
+from the first connect attempt to the last reply received.
 
 - measured: slurm_multi.barrier.BarrierServer with nnodes = N + 1 and the image already released;
-  clients send `READY <token> <rank>`, the server answers GO to every rank only once all N are in.
-- floor: a minimal selectors echo server that answers each line as soon as it arrives; the very
-  same client driver, client count and concurrency.
+  the server greets with `CHALLENGE <nonce>`, each client answers `READY <mac> <nonce> <rank>
+  start` signed with the token, and the server answers GO (signed, checked by the client) to every
+  rank only once all N are in. The clients' HMAC work is inside the figure (one process does it
+  for all N here; on a cluster each node does its own).
+- floor: a minimal selectors echo server that greets with a line of the same size and then echoes
+  each line as soon as it arrives; the very same client driver, client count, concurrency, round
+  trips and line sizes, without any HMAC.
 
 The barrier has to wait for the last READY before it answers anyone, while the echo answers each
 line at once, so the ratio includes that wait by design: it is what "release latency" means.
@@ -38,6 +42,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "py"))
 
 from benchlib import format_seconds, make_row, median, skipped_row, talk, write_rows  # noqa: E402
 
+from slurm_multi.auth import new_nonce  # noqa: E402
+from slurm_multi.barrier import challenge_line, parse_challenge, reply_line, request_line  # noqa: E402
+
 LOOPBACK = "127.0.0.1"
 SIZES = (16, 256, 1024, 4096)
 TARGET_SIZE = 4096
@@ -62,8 +69,12 @@ class DriveResult:
     errors: list[str] = field(default_factory=list)
 
 
+# respond(greeting, line, expect) -> (line to send, reply to expect), once the greeting arrived.
+Respond = Callable[[bytes, bytes, bytes], tuple[bytes, bytes]]
+
+
 class _Client:
-    __slots__ = ("index", "sock", "line", "expect", "buf")
+    __slots__ = ("index", "sock", "line", "expect", "buf", "greeted")
 
     def __init__(self, index: int, line: bytes, expect: bytes) -> None:
         self.index = index
@@ -71,6 +82,7 @@ class _Client:
         self.line = line
         self.expect = expect
         self.buf = bytearray()
+        self.greeted = False
 
 
 def drive_clients(
@@ -80,9 +92,12 @@ def drive_clients(
     *,
     concurrency: int | None = None,
     timeout: float = RUN_TIMEOUT,
+    respond: Respond | None = None,
 ) -> DriveResult:
     """Connect len(lines) clients (at most `concurrency` open at once), send one line each, read
-    one line each; every reply must equal `expect[i]` (without its newline)."""
+    one line each; every reply must equal `expect[i]` (without its newline). With `respond`, each
+    client first reads the server's greeting line and sends what `respond(greeting, lines[i],
+    expect[i])` returns, expecting the reply it names."""
     if len(lines) != len(expect):
         raise ValueError("lines and expect differ in length")
     limit = len(lines) if concurrency is None else max(1, concurrency)
@@ -101,6 +116,19 @@ def drive_clients(
         errors.append(f"client {client.index}: {why}")
         _close(sel, client)
         open_count -= 1
+
+    def send(client: _Client) -> bool:
+        nonlocal sent, all_sent
+        assert client.sock is not None
+        try:
+            client.sock.send(client.line)  # one short line always fits a fresh socket buffer
+        except OSError as exc:
+            fail(client, f"send: {exc.strerror}")
+            return False
+        sent += 1
+        if sent == len(lines):
+            all_sent = time.perf_counter() - start
+        return True
 
     def launch() -> None:
         nonlocal open_count
@@ -132,14 +160,8 @@ def drive_clients(
                     if code:
                         fail(client, f"connect: {os.strerror(code)}")
                         continue
-                    try:
-                        sock.send(client.line)  # one short line always fits a fresh socket buffer
-                    except OSError as exc:
-                        fail(client, f"send: {exc.strerror}")
+                    if respond is None and not send(client):
                         continue
-                    sent += 1
-                    if sent == len(lines):
-                        all_sent = time.perf_counter() - start
                     sel.modify(sock, selectors.EVENT_READ, client)
                     continue
                 try:
@@ -155,6 +177,13 @@ def drive_clients(
                 if newline < 0:
                     continue
                 reply = bytes(client.buf[:newline])
+                if respond is not None and not client.greeted:
+                    del client.buf[: newline + 1]
+                    client.greeted = True
+                    line, expected = respond(reply, client.line, client.expect)
+                    client.line, client.expect = line, expected.rstrip(b"\n")
+                    send(client)
+                    continue
                 if reply != client.expect:
                     fail(client, f"unexpected reply {reply[:60]!r}")
                     continue
@@ -200,8 +229,9 @@ def serve_barrier(conn: Connection, clients: int, token: str, timeout: float) ->
     conn.send((outcome.exit_code, outcome.message))
 
 
-def serve_echo(conn: Connection, clients: int, timeout: float) -> None:
-    """A minimal echo server: answer each line at once, close at the client's EOF."""
+def serve_echo(conn: Connection, clients: int, timeout: float, greeting: bytes = b"") -> None:
+    """A minimal echo server: send `greeting` on accept, answer each line at once, close at the
+    client's EOF."""
     ensure_nofile(clients + FD_HEADROOM)
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -225,6 +255,8 @@ def serve_echo(conn: Connection, clients: int, timeout: float) -> None:
                     sock.setblocking(False)
                     buffers[sock] = bytearray()
                     sel.register(sock, selectors.EVENT_READ, sock)
+                    if greeting:
+                        sock.send(greeting)  # as short as the barrier's challenge: it fits
                 continue
             sock = key.data
             try:
@@ -273,6 +305,20 @@ def ensure_nofile(needed: int) -> int:
 # One measurement
 
 
+def sign_ready(token: str) -> Respond:
+    """What a worker does with rank 0's challenge: sign READY for the rank in `line`, and expect
+    the one GO rank 0 would sign for it (comparing to it is checking rank 0's MAC)."""
+
+    def respond(greeting: bytes, line: bytes, _expect: bytes) -> tuple[bytes, bytes]:
+        challenge, nonce, rank = parse_challenge(greeting), new_nonce(), line.decode()
+        return (
+            request_line(token, "READY", challenge, nonce, rank, "start"),
+            reply_line(token, "GO", challenge, nonce, rank, IMAGE_ID),
+        )
+
+    return respond
+
+
 def _ctx() -> Any:
     return multiprocessing.get_context("fork")
 
@@ -284,7 +330,7 @@ def measure_once(kind: str, clients: int, token: str, timeout: float = RUN_TIMEO
     if kind == "barrier":
         target, args = serve_barrier, (child, clients, token, timeout)
     elif kind == "echo":
-        target, args = serve_echo, (child, clients, timeout)
+        target, args = serve_echo, (child, clients, timeout, challenge_line(new_nonce()))
     else:
         raise ValueError(kind)
     proc = _ctx().Process(target=target, args=args, daemon=True)
@@ -293,16 +339,23 @@ def measure_once(kind: str, clients: int, token: str, timeout: float = RUN_TIMEO
         if not parent.poll(30):
             raise RuntimeError(f"{kind} server did not start within 30 s")
         port = parent.recv()
+        ranks = range(1, clients + 1)
+        respond: Respond
         if kind == "barrier":
-            lines = [f"READY {token} {rank}\n".encode() for rank in range(1, clients + 1)]
-            expect = [f"GO {token} {rank} {IMAGE_ID}".encode() for rank in range(1, clients + 1)]
+            lines, expect = [str(rank).encode() for rank in ranks], [b""] * clients
+            respond = sign_ready(token)
         else:
-            lines = [f"READY {token} {rank}\n".encode() for rank in range(1, clients + 1)]
+            # The same line sizes, signed ahead of time: the floor does no HMAC work.
+            lines = [request_line(token, "READY", new_nonce(), new_nonce(), str(r), "start") for r in ranks]
             expect = [line.rstrip(b"\n") for line in lines]
+
+            def respond(greeting: bytes, line: bytes, expected: bytes) -> tuple[bytes, bytes]:
+                return line, expected
+
         gc.collect()
         gc.disable()
         try:
-            result = drive_clients((LOOPBACK, port), lines, expect, timeout=timeout)
+            result = drive_clients((LOOPBACK, port), lines, expect, timeout=timeout, respond=respond)
         finally:
             gc.enable()
         if not parent.poll(timeout):

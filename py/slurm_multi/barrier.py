@@ -7,14 +7,24 @@ release aborts the workers too. (`barrier release|abort` do the same over TCP, f
 by hand or a worker that gives up.) Every worker runs `barrier join`, which prints rank 0's image
 ID once the barrier opens.
 
-Protocol: one line each way, UTF-8, `\\n`-terminated, at most 256 bytes including the newline
-(a trailing `\\r` is tolerated so `\\r\\n` clients work). Fields are separated by single ASCII
-spaces.
+Protocol: a challenge, then one line each way, UTF-8, `\\n`-terminated, at most 256 bytes including
+the newline (a trailing `\\r` is tolerated so `\\r\\n` clients work). Fields are separated by single
+ASCII spaces. The token never crosses the wire: rank 0 greets every connection with a fresh nonce S,
+the client picks its own nonce C, and each side signs its line with `auth.mac(token, ...)`
+(HMAC-SHA256 keyed by the token, over the fields joined by `|`). The first MAC field says the
+direction, so a signed request can never pass for a reply (or the other way round).
 
-    worker     -> READY <token> <rank> [image|start]     (phase defaults to `start`)
-    rank 0     -> GO <token> <rank> <image-id>  |  ABORT <token> <reason>  |  ERR <short reason>
-    controller -> RELEASE <token> <image-id>  |  ABORT <token> <reason>
-    rank 0     -> OK  |  ABORT <token> <reason> (RELEASE after an abort)  |  ERR <short reason>
+    rank 0     -> CHALLENGE <S>                                         (on accept)
+    worker     -> READY <mac> <C> <rank> [image|start]                  (phase defaults to `start`)
+                  mac = mac(token, "to-rank0", "READY", S, C, rank, phase)
+    controller -> RELEASE <mac> <C> <image-id>  |  ABORT <mac> <C> <reason>
+                  mac = mac(token, "to-rank0", verb, S, C, image-id | reason)
+    rank 0     -> GO <mac> <rank> <image-id>  |  ABORT <mac> <reason>  |  OK <mac>  |  ERR <reason>
+                  mac = mac(token, "from-rank0", verb, S, C, rank, image-id | reason | nothing)
+
+A line whose MAC does not verify (wrong token, or signed for another connection's S: a replay)
+gets `ERR bad token`. A client trusts GO/ABORT/OK only with a valid MAC over its own C, so a fake
+rank 0 cannot forge or replay them; `ERR` is not signed (it only ever makes a client give up).
 
 `image` READYs are answered as soon as the image is released (a worker learns the image ID to load);
 `start` READYs are answered once every rank 1..nnodes-1 holds a live `start` connection and the image
@@ -22,8 +32,8 @@ is released, and then the server exits 0.
 
 Strictness (decided once, here): a rank is ASCII decimal digits without sign, spaces or leading
 zeros (`1`, `12`; never `+1`, ` 1`, `01`, `１`) and 1 <= rank < nnodes. The token is 1-64 printable
-ASCII characters without spaces, compared with hmac.compare_digest, read only from an environment
-variable and never printed: ERR replies never echo it and ABORT/GO go only to peers that sent it.
+ASCII characters without spaces, read only from an environment variable and never printed or sent;
+MACs are compared in constant time. ERR replies never echo anything secret.
 
 Exit codes: 0 released/OK, 1 aborted or failed, 2 usage or rejected by rank 0, 3 timeout.
 """
@@ -31,7 +41,6 @@ Exit codes: 0 released/OK, 1 aborted or failed, 2 usage or rejected by rank 0, 3
 from __future__ import annotations
 
 import errno
-import hmac
 import ipaddress
 import os
 import re
@@ -47,10 +56,12 @@ from typing import Callable, NamedTuple
 
 import click
 
-from slurm_multi import EXIT_FAILURE, EXIT_OK, EXIT_TIMEOUT, EXIT_USAGE
+from slurm_multi import EXIT_FAILURE, EXIT_OK, EXIT_TIMEOUT, EXIT_USAGE, auth
 from slurm_multi.common import HelperError, talk, timeout_error, usage_error
 
 MAX_LINE = 256  # bytes per protocol line, newline included
+# `RELEASE <mac> <C> <image-id>\n` must fit MAX_LINE: a longer ID is released on the control pipe.
+RELEASE_ID_MAX = MAX_LINE - len("RELEASE   \n") - auth.MAC_HEX - auth.NONCE_HEX
 PHASES = ("image", "start")
 DEFAULT_TOKEN_ENV = "SM_BARRIER_TOKEN"
 LOCAL_RANGE_PATH = "/proc/sys/net/ipv4/ip_local_port_range"
@@ -63,7 +74,10 @@ WINDOW_CEILING = 32768
 MIN_WINDOW = 1024
 MAX_CANDIDATES = 32
 
+# 1-64 bytes: an HMAC key no longer than SHA-256's block, so a bash HMAC never hashes the key first.
 TOKEN_RE = re.compile(r"[!-~]{1,64}")
+# The first field of every MAC: a request's MAC can never be passed off as a reply's (both have ABORT).
+TO_RANK0, FROM_RANK0 = "to-rank0", "from-rank0"
 RANK_RE = re.compile(r"0|[1-9][0-9]{0,8}")  # ASCII only: `\d` would accept unicode digits
 IMAGE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,159}")
 
@@ -174,6 +188,7 @@ class Message:
     phase: str = ""
     image_id: str = ""
     reason: str = ""
+    nonce: str = ""  # the client's nonce C: rank 0 signs its reply over it
 
 
 @dataclass(frozen=True)
@@ -203,10 +218,6 @@ def _decode_line(line: bytes | str) -> str:
     return text
 
 
-def _token_matches(given: str, token: str) -> bool:
-    return hmac.compare_digest(given.encode("utf-8"), token.encode("utf-8"))
-
-
 def parse_rank(text: str, nnodes: int) -> int:
     """A worker rank: ASCII digits, no sign/space/leading zero, 1 <= rank < nnodes."""
     if not RANK_RE.fullmatch(text):
@@ -217,58 +228,113 @@ def parse_rank(text: str, nnodes: int) -> int:
     return rank
 
 
-def parse_line(line: bytes | str, token: str, nnodes: int) -> Message:
-    """Parse one line sent to rank 0; raise ProtocolError (never anything else) when it is bad."""
+def challenge_line(challenge: str) -> bytes:
+    """Rank 0's greeting on every connection: `CHALLENGE <S>`, S fresh from auth.new_nonce()."""
+    return f"CHALLENGE {challenge}\n".encode()
+
+
+def parse_challenge(line: bytes | str) -> str:
+    """The nonce S from rank 0's greeting; ProtocolError when the peer greets otherwise."""
+    verb, _, challenge = _decode_line(line).partition(" ")
+    if verb != "CHALLENGE" or not auth.is_nonce(challenge):
+        raise ProtocolError("no challenge")
+    return challenge
+
+
+def _signed_fields(verb: str, rest: str) -> list[str]:
+    """What a line's MAC covers after its verb and nonces: READY's rank and phase (`start` when
+    left out), RELEASE's image ID, ABORT's reason, OK's nothing."""
+    if verb in ("ABORT", "RELEASE"):
+        return [rest]
+    if verb == "OK":
+        return []
+    fields = rest.split(" ")
+    return [*fields, "start"] if verb == "READY" and len(fields) == 1 else fields
+
+
+def _fit(head: Sequence[str], tail: str) -> str:
+    """`tail` on one line, cut so that `head… tail\\n` fits MAX_LINE (reasons are free text), with
+    no space left at the end, where a client's `read` would trim it from under the MAC."""
+    budget = MAX_LINE - 1 - sum(len(f.encode()) + 1 for f in head)
+    return " ".join(tail.splitlines()).encode()[:budget].decode("utf-8", "ignore").rstrip()
+
+
+def _signed_line(
+    token: str, direction: str, verb: str, challenge: str, nonce: str, fields: Sequence[str]
+) -> bytes:
+    """`verb <mac> [<C>] fields…` (the client's nonce C only on requests), an ABORT reason cut to
+    fit before it is signed. ValueError when any other line would not fit MAX_LINE."""
+    head = [verb, "0" * auth.MAC_HEX, *([nonce] if direction == TO_RANK0 else [])]
+    fields = list(fields)
+    if verb == "ABORT":
+        fields[-1] = _fit([*head, *fields[:-1]], fields[-1])
+    line = " ".join([*head, *fields]) + "\n"
+    if len(line.encode()) > MAX_LINE:
+        raise ValueError(f"{verb} line longer than {MAX_LINE} bytes")
+    head[1] = auth.mac(token, direction, verb, challenge, nonce, *fields)
+    return (" ".join([*head, *fields]) + "\n").encode()
+
+
+def request_line(token: str, verb: str, challenge: str, nonce: str, *fields: str) -> bytes:
+    """A client's line to rank 0 (READY rank phase | RELEASE image-id | ABORT reason), signed over
+    rank 0's challenge S and our nonce C."""
+    return _signed_line(token, TO_RANK0, verb, challenge, nonce, fields)
+
+
+def reply_line(token: str, verb: str, challenge: str, nonce: str, *fields: str) -> bytes:
+    """Rank 0's answer (GO rank image-id | ABORT reason | OK), signed over S and the client's C."""
+    return _signed_line(token, FROM_RANK0, verb, challenge, nonce, fields)
+
+
+def parse_line(line: bytes | str, token: str, nnodes: int, challenge: str) -> Message:
+    """Parse one line sent to rank 0 on the connection greeted with `challenge`; raise
+    ProtocolError (never anything else) when it is bad. The MAC is checked before the fields, so a
+    client without the token learns nothing but `bad token`."""
     text = _decode_line(line)
     verb, _, rest = text.partition(" ")
     if verb not in ("READY", "RELEASE", "ABORT"):
         raise ProtocolError("unknown command")
     given, _, rest = rest.partition(" ")
-    if not _token_matches(given, token):
+    nonce, _, rest = rest.partition(" ")
+    fields = _signed_fields(verb, rest)
+    if not auth.is_nonce(nonce) or not auth.check(token, given, TO_RANK0, verb, challenge, nonce, *fields):
         raise ProtocolError("bad token")
     if verb == "ABORT":
-        return Message("ABORT", reason=rest.strip() or "no reason given")
-    fields = rest.split(" ")
+        return Message("ABORT", reason=rest.strip() or "no reason given", nonce=nonce)
     if verb == "RELEASE":
-        if len(fields) != 1 or not IMAGE_ID_RE.fullmatch(fields[0]):
+        if not IMAGE_ID_RE.fullmatch(rest):
             raise ProtocolError("bad image id")
-        return Message("RELEASE", image_id=fields[0])
-    if len(fields) not in (1, 2):
+        return Message("RELEASE", image_id=rest, nonce=nonce)
+    if len(fields) != 2:
         raise ProtocolError("malformed READY")
     rank = parse_rank(fields[0], nnodes)
-    phase = fields[1] if len(fields) == 2 else "start"
-    if phase not in PHASES:
+    if fields[1] not in PHASES:
         raise ProtocolError("bad phase")
-    return Message("READY", rank=rank, phase=phase)
+    return Message("READY", rank=rank, phase=fields[1], nonce=nonce)
 
 
-def parse_reply(line: bytes | str, token: str) -> Reply:
-    """Parse rank 0's answer; GO/ABORT must carry our token (anything else is not our barrier)."""
+def parse_reply(line: bytes | str, token: str, challenge: str, nonce: str) -> Reply:
+    """Parse rank 0's answer to our line (sent with `nonce` on the connection greeted with
+    `challenge`); GO/ABORT/OK must carry rank 0's MAC over them (else it is not our barrier)."""
     text = _decode_line(line)
     verb, _, rest = text.partition(" ")
-    if verb == "OK" and not rest:
-        return Reply("OK")
     if verb == "ERR":
         return Reply("ERR", reason=rest.replace(token, "***") or "unspecified")
-    if verb not in ("GO", "ABORT"):
+    if verb not in ("GO", "ABORT", "OK"):
         raise ProtocolError("unexpected reply")
     given, _, rest = rest.partition(" ")
-    if not _token_matches(given, token):
-        raise ProtocolError("reply with a wrong token")
+    fields = _signed_fields(verb, rest)
+    if not auth.check(token, given, FROM_RANK0, verb, challenge, nonce, *fields):
+        raise ProtocolError(f"its {verb} is not signed with our token")
+    if verb == "OK":
+        if rest:
+            raise ProtocolError("malformed OK")
+        return Reply("OK")
     if verb == "ABORT":
         return Reply("ABORT", reason=rest.replace(token, "***").strip() or "no reason given")
-    fields = rest.split(" ")
     if len(fields) != 2 or not RANK_RE.fullmatch(fields[0]) or not IMAGE_ID_RE.fullmatch(fields[1]):
         raise ProtocolError("malformed GO")
     return Reply("GO", rank=int(fields[0]), image_id=fields[1])
-
-
-def _line(*fields: str) -> bytes:
-    """Encode one protocol line, cutting the last field so that the line fits MAX_LINE."""
-    prefix = "".join(f"{f} " for f in fields[:-1]).encode()
-    budget = MAX_LINE - 1 - len(prefix)
-    tail = " ".join(fields[-1].splitlines()).encode()[:budget].decode("utf-8", "ignore")
-    return prefix + tail.encode() + b"\n"
 
 
 def format_ranks(ranks: Iterable[int]) -> str:
@@ -488,6 +554,8 @@ class _Conn:
     buf: bytearray = field(default_factory=bytearray)
     out: bytearray = field(default_factory=bytearray)
     kind: str = "new"  # new -> worker | done
+    challenge: str = ""  # S, sent on accept: the client's line must be signed over it
+    nonce: str = ""  # the client's C: our reply is signed over it
     rank: int = 0
     phase: str = ""
     close_after_flush: bool = False
@@ -816,10 +884,11 @@ class BarrierServer:
                 _keepalive(sock)
             except OSError:
                 pass
-            conn = _Conn(sock, _peer(addr))
+            conn = _Conn(sock, _peer(addr), challenge=auth.new_nonce())
             self._conns.add(conn)
             self._sel.register(sock, selectors.EVENT_READ, conn)
             self._line_deadlines.append((time.monotonic() + self.line_timeout, conn))
+            self._queue(conn, challenge_line(conn.challenge))
 
     def _shed_load(self, exc: OSError) -> None:
         """Out of file descriptors: drop the oldest connection that has not said anything yet."""
@@ -876,11 +945,20 @@ class BarrierServer:
             pass
         conn.sock.close()
 
+    def _queue(self, conn: _Conn, line: bytes) -> None:
+        """Send a line and keep the connection open (the challenge)."""
+        conn.out += line
+        self._flush(conn)
+
     def _send(self, conn: _Conn, line: bytes, close: bool = True) -> None:
         conn.out += line
         conn.close_after_flush = close
         conn.kind = "done"
         self._flush(conn)
+
+    def _reply(self, conn: _Conn, verb: str, *fields: str) -> None:
+        """The one answer to a verified line, signed over the connection's S and the client's C."""
+        self._send(conn, reply_line(self.token, verb, conn.challenge, conn.nonce, *fields))
 
     def _flush(self, conn: _Conn) -> None:
         try:
@@ -918,10 +996,11 @@ class BarrierServer:
 
     def _on_line(self, conn: _Conn, line: bytes) -> None:
         try:
-            msg = parse_line(line, self.token, self.nnodes)
+            msg = parse_line(line, self.token, self.nnodes, conn.challenge)
         except ProtocolError as exc:
             self._reject(conn, str(exc))
             return
+        conn.nonce = msg.nonce
         if msg.kind == "READY":
             self._on_ready(conn, msg)
         elif msg.kind == "RELEASE":
@@ -931,11 +1010,11 @@ class BarrierServer:
 
     def _go(self, conn: _Conn, rank: int) -> None:
         assert self.image_id is not None
-        self._send(conn, _line("GO", self.token, str(rank), self.image_id))
+        self._reply(conn, "GO", str(rank), self.image_id)
 
     def _on_ready(self, conn: _Conn, msg: Message) -> None:
         if self._abort_reason:
-            self._send(conn, _line("ABORT", self.token, self._abort_reason))
+            self._reply(conn, "ABORT", self._abort_reason)
             self._told_abort.add(msg.rank)
             return
         if self._released_all or (msg.phase == "image" and self.image_id):
@@ -958,12 +1037,12 @@ class BarrierServer:
 
     def _on_release(self, conn: _Conn, image_id: str) -> None:
         if self._abort_reason:
-            self._send(conn, _line("ABORT", self.token, self._abort_reason))
+            self._reply(conn, "ABORT", self._abort_reason)
             return
         if self.image_id and self.image_id != image_id:
             self._reject(conn, "already released with another image")
             return
-        self._send(conn, b"OK\n")
+        self._reply(conn, "OK")
         self._release(image_id)
 
     def _release(self, image_id: str) -> None:
@@ -979,7 +1058,7 @@ class BarrierServer:
         self._maybe_release()
 
     def _on_abort(self, conn: _Conn, reason: str) -> None:
-        self._send(conn, b"OK\n")
+        self._reply(conn, "OK")
         self._abort(reason)
 
     def _abort(self, reason: str) -> None:
@@ -994,7 +1073,7 @@ class BarrierServer:
         told = 0
         for phase in PHASES:
             for rank, worker in self._waiters[phase].items():
-                self._send(worker, _line("ABORT", self.token, reason))
+                self._reply(worker, "ABORT", reason)
                 self._told_abort.add(rank)
                 told += 1
             self._waiters[phase].clear()
@@ -1089,9 +1168,9 @@ class _Dialer:
             backoff = min(backoff * 2, BACKOFF_MAX)
 
 
-def _read_reply(sock: socket.socket, deadline: float, token: str) -> Reply | None:
-    """The one reply line; None when the peer closed first. socket.timeout past `deadline`."""
-    buf = bytearray()
+def _read_line(sock: socket.socket, deadline: float, buf: bytearray) -> bytes | None:
+    """The next line from `buf` and the socket; None when the peer closed first. socket.timeout
+    past `deadline`."""
     while b"\n" not in buf:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
@@ -1103,7 +1182,31 @@ def _read_reply(sock: socket.socket, deadline: float, token: str) -> Reply | Non
         buf += chunk
         if len(buf) > MAX_LINE and b"\n" not in buf[:MAX_LINE]:
             raise ProtocolError("reply too long")
-    return parse_reply(bytes(buf[: buf.index(b"\n")]), token)
+    line, _, rest = bytes(buf).partition(b"\n")
+    buf[:] = rest
+    return line
+
+
+class _NoChallenge(Exception):
+    """The peer accepted the connection but never greeted us with CHALLENGE before the deadline."""
+
+
+def _exchange(sock: socket.socket, deadline: float, token: str, verb: str, *fields: str) -> Reply | None:
+    """One conversation: rank 0's CHALLENGE, our line signed over it and a fresh nonce, its reply,
+    verified. None when the peer closed first; _NoChallenge or socket.timeout past `deadline`;
+    ProtocolError when the peer is not our barrier (no challenge, a reply without our MAC)."""
+    buf = bytearray()
+    try:
+        greeting = _read_line(sock, deadline, buf)
+    except (socket.timeout, TimeoutError):
+        raise _NoChallenge() from None
+    if greeting is None:
+        return None
+    challenge = parse_challenge(greeting)
+    nonce = auth.new_nonce()
+    sock.sendall(request_line(token, verb, challenge, nonce, *fields))
+    line = _read_line(sock, deadline, buf)
+    return None if line is None else parse_reply(line, token, challenge, nonce)
 
 
 def _bad_token_error(dialer: _Dialer) -> HelperError:
@@ -1139,7 +1242,6 @@ def join(
     budget that starts at the first connection: rank 0 may spend a long time building first).
     """
     dialer = _Dialer(host, list(ports), log=log, sleep=sleep)
-    ready = _line("READY", token, str(rank), phase)
     started = time.monotonic()
     deadline = started + connect_timeout
     wait_deadline: float | None = None
@@ -1168,8 +1270,12 @@ def join(
         dialer.preferred = port
         try:
             with sock:
-                sock.sendall(ready)
-                reply = _read_reply(sock, wait_deadline, token)
+                reply = _exchange(sock, wait_deadline, token, "READY", str(rank), phase)
+        except _NoChallenge:
+            raise timeout_error(
+                f"barrier: {host}:{port} accepted rank {rank} but sent no CHALLENGE within the "
+                f"{_seconds(wait_timeout)} s wait budget; is it our barrier (the same slurm-multi)?"
+            ) from None
         except (socket.timeout, TimeoutError):
             raise timeout_error(
                 f"barrier: no GO from rank 0 at {host}:{port} after {_seconds(wait_timeout)} s "
@@ -1206,13 +1312,14 @@ def control(
     host: str,
     ports: Sequence[int],
     token: str,
-    line: bytes,
+    verb: str,
+    field: str,
     *,
     connect_timeout: float = 10.0,
     reply_timeout: float = 10.0,
     log: Log = _talk,
 ) -> None:
-    """Send a controller line (RELEASE/ABORT) to the server and require `OK`."""
+    """Send a controller line (`RELEASE <image-id>` or `ABORT <reason>`) and require rank 0's `OK`."""
     dialer = _Dialer(host, list(ports), log=log)
     started = time.monotonic()
     deadline = started + connect_timeout
@@ -1229,9 +1336,8 @@ def control(
         sock, port = dialed
         try:
             with sock:
-                sock.sendall(line)
-                reply = _read_reply(sock, time.monotonic() + reply_timeout, token)
-        except (socket.timeout, TimeoutError):
+                reply = _exchange(sock, time.monotonic() + reply_timeout, token, verb, field)
+        except (_NoChallenge, socket.timeout, TimeoutError):
             raise timeout_error(
                 f"barrier: no answer from {host}:{port} after {_seconds(reply_timeout)} s"
             ) from None
@@ -1316,9 +1422,11 @@ def cli() -> None:
     """TCP barrier: rank 0 serves, workers join, rank 0 releases or aborts.
 
     \b
-    Protocol (one line each way, <= 256 bytes):
-      worker -> READY <token> <rank> [image|start]
-      rank 0 -> GO <token> <rank> <image-id> | ABORT <token> <reason> | ERR <reason>
+    Protocol (a challenge, then one line each way, <= 256 bytes; the token never crosses the wire):
+      rank 0 -> CHALLENGE <S>
+      worker -> READY <mac> <C> <rank> [image|start]
+      rank 0 -> GO <mac> <rank> <image-id> | ABORT <mac> <reason> | ERR <reason>
+    mac: HMAC-SHA256 keyed by the token over both nonces and the fields (docs/barrier.md).
     Exit codes: 0 ok, 1 aborted/failed, 2 usage or rejected, 3 timeout.
     """
 
@@ -1532,9 +1640,14 @@ def release_cmd(
     token = read_token(token_env)
     if not IMAGE_ID_RE.fullmatch(image_id):
         raise usage_error(f"barrier: --image-id {image_id!r} is not an image ID or reference")
+    if len(image_id) > RELEASE_ID_MAX:
+        raise usage_error(
+            f"barrier: --image-id is {len(image_id)} characters; a signed RELEASE line holds at most "
+            f"{RELEASE_ID_MAX}: release it on serve's --control-stdin pipe, or start serve with --image-id"
+        )
     wanted = _controller_ports(ready_file, ports, master_port, job_id, override, count)
     host, targets = _controller_target(master_addr, wanted, ready_file, connect_timeout)
-    control(host, targets, token, _line("RELEASE", token, image_id), connect_timeout=connect_timeout)
+    control(host, targets, token, "RELEASE", image_id, connect_timeout=connect_timeout)
     _talk(f"released image {image_id} to the workers via {host}")
 
 
@@ -1564,7 +1677,7 @@ def abort_cmd(
         raise usage_error("barrier: --reason must be printable text")
     wanted = _controller_ports(ready_file, ports, master_port, job_id, override, count)
     host, targets = _controller_target(master_addr, wanted, ready_file, connect_timeout)
-    control(host, targets, token, _line("ABORT", token, reason), connect_timeout=connect_timeout)
+    control(host, targets, token, "ABORT", reason, connect_timeout=connect_timeout)
     _talk(f"told rank 0's barrier on {host} to abort: {reason}")
 
 

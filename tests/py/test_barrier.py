@@ -1,8 +1,11 @@
-"""The TCP barrier: port derivation, strict parsing, and a real server on 127.0.0.1 under abuse."""
+"""The TCP barrier: port derivation, strict parsing, the challenge-response, and a real server on
+127.0.0.1 under abuse."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import os
 import secrets
 import signal
@@ -11,7 +14,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -20,7 +24,7 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slurm_multi import barrier
+from slurm_multi import auth, barrier
 from slurm_multi.barrier import (
     BarrierAborted,
     BarrierServer,
@@ -29,6 +33,7 @@ from slurm_multi.barrier import (
     derive_ports,
     format_ranks,
     join,
+    parse_challenge,
     parse_line,
     parse_reply,
 )
@@ -71,35 +76,83 @@ def running_barrier(nnodes: int, timeout: float = 20.0, **kwargs: object) -> Ite
 
 
 def connect(port: int) -> socket.socket:
+    """A raw connection: rank 0's CHALLENGE waits unread on it."""
     return socket.create_connection((LOOPBACK, port), timeout=5)
 
 
-def ready(port: int, rank: int | str, phase: str | None = None, token: str = TOKEN) -> socket.socket:
+@dataclass
+class Conn:
+    """A connection whose CHALLENGE was read: what a client knows to sign and to check replies."""
+
+    sock: socket.socket
+    challenge: str
+    nonce: str = ""
+
+    def sendall(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> Conn:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def greeted(port: int) -> Conn:
+    """Connect and read rank 0's greeting, which must be `CHALLENGE <32 hex>`."""
     sock = connect(port)
-    sock.sendall(f"READY {token} {rank}{' ' + phase if phase else ''}\n".encode())
-    return sock
+    return Conn(sock, parse_challenge(read_line(sock)))
 
 
-def read_line(sock: socket.socket, timeout: float = 5.0) -> str:
-    """One reply line without its newline; '' when the server closed without one."""
-    sock.settimeout(timeout)
+def signed(verb: str, rest: str, challenge: str, nonce: str, token: str = TOKEN) -> str:
+    """`verb <mac> <nonce> rest` as docs/barrier.md spells it, written out independently of
+    barrier.py: the MAC covers READY's rank and phase (`start` when left out), or the whole rest."""
+    fields = rest.split(" ") if verb == "READY" else [rest]
+    if verb == "READY" and len(fields) == 1:
+        fields.append("start")
+    tag = auth.mac(token, "to-rank0", verb, challenge, nonce, *fields)
+    return f"{verb} {tag} {nonce} {rest}"
+
+
+def ready(port: int, rank: int | str, phase: str | None = None, token: str = TOKEN) -> Conn:
+    conn = greeted(port)
+    conn.nonce = auth.new_nonce()
+    rest = f"{rank}{' ' + phase if phase else ''}"
+    conn.sendall(signed("READY", rest, conn.challenge, conn.nonce, token).encode() + b"\n")
+    return conn
+
+
+def read_line(sock: socket.socket | Conn, timeout: float = 5.0) -> str:
+    """One reply line without its newline; '' when the server closed without one. On a Conn, a
+    GO/ABORT/OK must carry rank 0's MAC over our nonces, and is shown without it (`GO 1 sha256:x`)."""
+    raw = sock.sock if isinstance(sock, Conn) else sock
+    raw.settimeout(timeout)
     buf = b""
     while b"\n" not in buf:
         try:
-            chunk = sock.recv(512)
+            chunk = raw.recv(512)
         except ConnectionResetError:
             return ""
         if not chunk:
             return buf.decode()
         buf += chunk
-    return buf.split(b"\n", 1)[0].decode()
+    line = buf.split(b"\n", 1)[0].decode()
+    if not isinstance(sock, Conn) or line.split(" ")[0] not in ("GO", "ABORT", "OK"):
+        return line
+    parse_reply(line, TOKEN, sock.challenge, sock.nonce)  # ProtocolError unless rank 0 signed it
+    verb, _, rest = line.partition(" ")
+    return " ".join([verb, *rest.split(" ", 1)[1:]])
 
 
-def silent_for(sock: socket.socket, seconds: float) -> bool:
+def silent_for(sock: socket.socket | Conn, seconds: float) -> bool:
     """True when nothing (not even EOF) arrives within `seconds`."""
-    sock.settimeout(seconds)
+    raw = sock.sock if isinstance(sock, Conn) else sock
+    raw.settimeout(seconds)
     try:
-        sock.recv(512)
+        raw.recv(512)
     except (socket.timeout, TimeoutError):
         return True
     return False
@@ -116,10 +169,88 @@ def logged(handle: SimpleNamespace, text: str) -> bool:
     return any(text in line for line in handle.logs)
 
 
-def control_line(port: int, line: str) -> str:
-    with connect(port) as sock:
-        sock.sendall(line.encode() + b"\n")
-        return read_line(sock)
+def control_line(port: int, verb: str, rest: str) -> str:
+    """What a controller gets for `RELEASE <image-id>` or `ABORT <reason>` (MAC checked, left out)."""
+    with greeted(port) as conn:
+        conn.nonce = auth.new_nonce()
+        conn.sendall(signed(verb, rest, conn.challenge, conn.nonce).encode() + b"\n")
+        return read_line(conn)
+
+
+@contextlib.contextmanager
+def impostor(*answers: Callable[[str, barrier.Message], bytes | None]) -> Iterator[SimpleNamespace]:
+    """A fake rank 0 on 127.0.0.1. For each answer in turn it accepts one connection, greets it with
+    a fresh CHALLENGE, reads the client's line (checked with the real token: the client is genuine)
+    and sends `answer(challenge, message)`, or closes without a word for None."""
+    listener = socket.create_server((LOOPBACK, 0))
+    listener.settimeout(10)
+    seen: list[tuple[str, barrier.Message]] = []
+
+    def run() -> None:
+        for answer in answers:
+            sock, _ = listener.accept()
+            with sock:
+                challenge = auth.new_nonce()
+                sock.sendall(barrier.challenge_line(challenge))
+                line = read_line(sock)
+                message = parse_line(line.encode(), TOKEN, 4, challenge)
+                seen.append((line, message))
+                out = answer(challenge, message)
+                if out:
+                    sock.sendall(out)
+                    read_line(sock)  # until the client hangs up
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield SimpleNamespace(port=listener.getsockname()[1], seen=seen)
+    finally:
+        thread.join(10)
+        listener.close()
+
+
+class RecordingProxy:
+    """A TCP relay on 127.0.0.1 in front of `target` that keeps every byte either side sends: what
+    a packet capture between the nodes would see, without needing one."""
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        self.wire = bytearray()
+        self._lock = threading.Lock()
+        self._socks: list[socket.socket] = []
+        self.listener = socket.create_server((LOOPBACK, 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+                upstream = socket.create_connection((LOOPBACK, self.target), timeout=5)
+            except OSError:
+                return
+            upstream.settimeout(None)
+            self._socks += [client, upstream]
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while chunk := src.recv(4096):
+                with self._lock:
+                    self.wire += chunk
+                dst.sendall(chunk)
+        except OSError:
+            pass
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)  # pass the half-close on: rank 0 drains until EOF
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)
+        self.listener.close()
+        for sock in self._socks:
+            sock.close()
 
 
 def free_ports(count: int) -> list[int]:
@@ -260,74 +391,144 @@ def test_port_command_prints_the_candidates_one_per_line() -> None:
 # --------------------------------------------------------------------------------------------------
 # parsing
 
+# One connection's nonces: rank 0's challenge S and the client's C.
+S, C = auth.new_nonce(), auth.new_nonce()
+
+
+def from_template(template: str, challenge: str = S) -> bytes:
+    """`{sig}` becomes `<mac> <C>` signed over what follows it, `{t}` the token itself."""
+    template = template.replace("{t}", TOKEN)
+    if "{sig}" not in template:
+        return template.encode()
+    head, tail = template.split("{sig}", 1)
+    verb, rest = head.split(" ")[0], tail.removeprefix(" ").rstrip("\r\n")
+    tag = signed(verb, rest, challenge, C).split(" ")[1]
+    return f"{head}{tag} {C}{tail}".encode()
+
+
 VALID = [
-    ("READY {t} 1", ("READY", 1, "start")),
-    ("READY {t} 3", ("READY", 3, "start")),
-    ("READY {t} 2 image", ("READY", 2, "image")),
-    ("READY {t} 2 start\r\n", ("READY", 2, "start")),
-    ("READY {t} 1\n", ("READY", 1, "start")),
+    ("READY {sig} 1", ("READY", 1, "start")),
+    ("READY {sig} 3", ("READY", 3, "start")),
+    ("READY {sig} 2 image", ("READY", 2, "image")),
+    ("READY {sig} 2 start\r\n", ("READY", 2, "start")),
+    ("READY {sig} 1\n", ("READY", 1, "start")),
 ]
 REJECTED = [
     ("", "empty line"),
     ("\n", "empty line"),
-    ("READY {t} 0", "rank out of range 1..3"),
-    ("READY {t} 4", "rank out of range 1..3"),
-    ("READY {t} 99999999999999999999", "bad rank"),
-    ("READY {t} +1", "bad rank"),
-    ("READY {t} -1", "bad rank"),
-    ("READY {t} 01", "bad rank"),  # leading zeros are refused: bash would read 010 as octal
-    ("READY {t}  1", "bad rank"),
-    ("READY {t} 1 ", "bad phase"),
-    ("READY {t} １", "bad rank"),  # fullwidth digit one
-    ("READY {t} ١", "bad rank"),  # arabic-indic digit one
-    ("READY {t} 1e0", "bad rank"),
-    ("READY {t} 0x1", "bad rank"),
-    ("READY {t} ", "bad rank"),
-    ("READY {t} 1 later", "bad phase"),
-    ("READY {t} 1 start extra", "malformed READY"),
-    ("READY {t}\t1", "unprintable character"),
-    ("READY {t} 1\x00", "unprintable character"),
+    ("READY {sig} 0", "rank out of range 1..3"),
+    ("READY {sig} 4", "rank out of range 1..3"),
+    ("READY {sig} 99999999999999999999", "bad rank"),
+    ("READY {sig} +1", "bad rank"),
+    ("READY {sig} -1", "bad rank"),
+    ("READY {sig} 01", "bad rank"),  # leading zeros are refused: bash would read 010 as octal
+    ("READY {sig}  1", "bad rank"),
+    ("READY {sig} 1 ", "bad phase"),
+    ("READY {sig} １", "bad rank"),  # fullwidth digit one
+    ("READY {sig} ١", "bad rank"),  # arabic-indic digit one
+    ("READY {sig} 1e0", "bad rank"),
+    ("READY {sig} 0x1", "bad rank"),
+    ("READY {sig} ", "bad rank"),
+    ("READY {sig} 1 later", "bad phase"),
+    ("READY {sig} 1 start extra", "malformed READY"),
+    ("READY {sig}\t1", "unprintable character"),
+    ("READY {sig} 1\x00", "unprintable character"),
+    ("READY {t} 1", "bad token"),  # the old clear-text token is no MAC
+    ("READY {t} " + C + " 1", "bad token"),
+    ("READY " + "0" * 64 + " " + C + " 1", "bad token"),
     ("READY wrong 1", "bad token"),
-    ("READY {t}x 1", "bad token"),
-    ("READY  {t} 1", "bad token"),
+    ("READY {sig}x 1", "bad token"),  # the nonce is not 32 hex any more
+    ("READY  {sig} 1", "bad token"),
     ("READY", "bad token"),
-    ("ready {t} 1", "unknown command"),
-    ("GO {t} 1 sha256:abc", "unknown command"),
-    ("RELEASE {t}", "bad image id"),
-    ("RELEASE {t} a b", "bad image id"),
-    ("RELEASE {t} -rf", "bad image id"),
-    ("READY {t} " + "1" * 300, "line too long"),
+    ("ready {sig} 1", "unknown command"),
+    ("GO {sig} 1 sha256:abc", "unknown command"),
+    ("CHALLENGE " + S, "unknown command"),
+    ("RELEASE {sig}", "bad image id"),
+    ("RELEASE {sig} a b", "bad image id"),
+    ("RELEASE {sig} -rf", "bad image id"),
+    ("READY {sig} " + "1" * 300, "line too long"),
 ]
 
 
 @pytest.mark.parametrize(("line", "expected"), VALID)
 def test_parse_line_accepts(line: str, expected: tuple[str, int, str]) -> None:
-    msg = parse_line(line.format(t=TOKEN).encode(), TOKEN, 4)
-    assert (msg.kind, msg.rank, msg.phase) == expected
+    msg = parse_line(from_template(line), TOKEN, 4, S)
+    assert (msg.kind, msg.rank, msg.phase, msg.nonce) == (*expected, C)
 
 
 @pytest.mark.parametrize(("line", "reason"), REJECTED)
 def test_parse_line_rejects(line: str, reason: str) -> None:
     with pytest.raises(ProtocolError) as err:
-        parse_line(line.format(t=TOKEN).encode(), TOKEN, 4)
+        parse_line(from_template(line), TOKEN, 4, S)
     assert str(err.value) == reason
     assert TOKEN not in str(err.value)
 
 
+def test_a_line_signed_for_another_challenge_or_with_another_token_is_a_bad_token() -> None:
+    for line in (from_template("READY {sig} 1", challenge=auth.new_nonce()),  # a replay
+                 signed("READY", "1", S, C, token="not-the-token").encode(),
+                 signed("READY", "1", S, C, token=TOKEN + "x").encode(),
+                 signed("READY", "1", S, "xyz").encode(),  # a MAC over a nonce that is none
+                 signed("READY", "1", S, C.upper()).encode()):  # fmt: skip
+        with pytest.raises(ProtocolError, match="^bad token$"):
+            parse_line(line, TOKEN, 2, S)
+
+
+def test_the_mac_is_hmac_sha256_over_the_documented_fields() -> None:
+    # Pinned, so that a bash or C client written from docs/barrier.md interoperates.
+    s, c = "a" * 32, "b" * 32
+
+    def hmac_hex(message: str) -> str:
+        return hmac.new(b"k3y", message.encode(), hashlib.sha256).hexdigest()
+
+    ready_mac = hmac_hex(f"to-rank0|READY|{s}|{c}|1|start")
+    assert (
+        barrier.request_line("k3y", "READY", s, c, "1", "start")
+        == f"READY {ready_mac} {c} 1 start\n".encode()
+    )
+    go_mac = hmac_hex(f"from-rank0|GO|{s}|{c}|1|sha256:abc")
+    assert barrier.reply_line("k3y", "GO", s, c, "1", "sha256:abc") == f"GO {go_mac} 1 sha256:abc\n".encode()
+    assert barrier.reply_line("k3y", "OK", s, c) == f"OK {hmac_hex(f'from-rank0|OK|{s}|{c}')}\n".encode()
+    assert barrier.challenge_line(s) == f"CHALLENGE {s}\n".encode()
+
+
 def test_parse_line_controller_messages() -> None:
-    assert parse_line(f"RELEASE {TOKEN} sha256:abc".encode(), TOKEN, 2).image_id == "sha256:abc"
-    assert parse_line(f"ABORT {TOKEN} disk full on node0", TOKEN, 2).reason == "disk full on node0"
-    assert parse_line(f"ABORT {TOKEN}", TOKEN, 2).reason == "no reason given"
+    assert parse_line(from_template("RELEASE {sig} sha256:abc"), TOKEN, 2, S).image_id == "sha256:abc"
+    assert (
+        parse_line(from_template("ABORT {sig} disk full on node0"), TOKEN, 2, S).reason
+        == "disk full on node0"
+    )
+    assert parse_line(from_template("ABORT {sig}"), TOKEN, 2, S).reason == "no reason given"
     with pytest.raises(ProtocolError, match="not UTF-8"):
-        parse_line(b"READY \xff\xfe 1", TOKEN, 2)
+        parse_line(b"READY \xff\xfe 1", TOKEN, 2, S)
+
+
+def test_a_signed_line_never_outgrows_max_line() -> None:
+    reason = "é" * 300  # multi-byte characters are cut whole, then signed as cut
+    for line in (
+        barrier.request_line(TOKEN, "ABORT", S, C, reason),
+        barrier.reply_line(TOKEN, "ABORT", S, C, reason),
+    ):
+        assert len(line) <= barrier.MAX_LINE
+    assert parse_line(barrier.request_line(TOKEN, "ABORT", S, C, reason), TOKEN, 2, S).reason.startswith("éé")
+    image_id = "r/" + "x" * (barrier.RELEASE_ID_MAX - 2)
+    assert (
+        parse_line(barrier.request_line(TOKEN, "RELEASE", S, C, image_id), TOKEN, 2, S).image_id == image_id
+    )
+    with pytest.raises(ValueError):
+        barrier.request_line(TOKEN, "RELEASE", S, C, image_id + "x")  # never cut: a wrong ID is worse
+    longest = "r/" + "x" * 158  # the longest image ID still fits GO
+    assert (
+        parse_reply(barrier.reply_line(TOKEN, "GO", S, C, "99999", longest), TOKEN, S, C).image_id == longest
+    )
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=400), st.integers(1, 10))
 def test_random_bytes_never_crash_the_parser(data: bytes, nnodes: int) -> None:
-    for line in (data, f"READY {TOKEN} ".encode() + data):
+    for line in (data, f"READY {'0' * 64} {C} ".encode() + data):
         try:
-            msg = parse_line(line, TOKEN, nnodes)
+            msg = parse_line(line, TOKEN, nnodes, S)
         except ProtocolError:
             continue
         if msg.kind == "READY":
@@ -338,22 +539,49 @@ def test_random_bytes_never_crash_the_parser(data: bytes, nnodes: int) -> None:
 @given(st.text(max_size=12), st.integers(2, 50))
 def test_only_plain_ascii_decimal_ranks_in_range_are_accepted(rank_text: str, nnodes: int) -> None:
     try:
-        msg = parse_line(f"READY {TOKEN} {rank_text}", TOKEN, nnodes)
+        msg = parse_line(signed("READY", rank_text, S, C), TOKEN, nnodes, S)
     except ProtocolError:
         return
     assert rank_text.isascii() and rank_text.isdigit() and str(msg.rank) == rank_text
     assert 1 <= msg.rank < nnodes
 
 
-def test_parse_reply_checks_the_token_and_never_repeats_it() -> None:
-    assert parse_reply(f"GO {TOKEN} 2 sha256:abc\n", TOKEN) == barrier.Reply("GO", 2, "sha256:abc")
-    assert parse_reply(f"ABORT {TOKEN} build failed", TOKEN).reason == "build failed"
-    assert parse_reply("OK", TOKEN).kind == "OK"
-    assert TOKEN not in parse_reply(f"ERR weird {TOKEN}", TOKEN).reason
-    with pytest.raises(ProtocolError):
-        parse_reply("GO other 2 sha256:abc", TOKEN)
-    with pytest.raises(ProtocolError):
-        parse_reply("HTTP/1.1 400 Bad Request", TOKEN)
+def test_parse_reply_checks_rank0s_mac_and_never_repeats_the_token() -> None:
+    go = barrier.reply_line(TOKEN, "GO", S, C, "2", "sha256:abc")
+    assert parse_reply(go, TOKEN, S, C) == barrier.Reply("GO", 2, "sha256:abc")
+    assert (
+        parse_reply(barrier.reply_line(TOKEN, "ABORT", S, C, "build failed"), TOKEN, S, C).reason
+        == "build failed"
+    )
+    assert parse_reply(barrier.reply_line(TOKEN, "OK", S, C), TOKEN, S, C).kind == "OK"
+    assert TOKEN not in parse_reply(f"ERR weird {TOKEN}", TOKEN, S, C).reason
+    request_mac = auth.mac(TOKEN, "to-rank0", "ABORT", S, C, "stop")
+    forged = [
+        barrier.reply_line("other-token", "GO", S, C, "2", "sha256:abc"),
+        barrier.reply_line(TOKEN, "GO", S, auth.new_nonce(), "2", "sha256:abc"),  # another client's GO
+        barrier.reply_line(TOKEN, "GO", auth.new_nonce(), C, "2", "sha256:abc"),
+        go.replace(b"sha256:abc", b"sha256:bad"),  # the image ID is inside the MAC
+        f"ABORT {request_mac} stop",  # a signed request is never a reply
+        f"GO {TOKEN} 2 sha256:abc",  # the old protocol
+        "OK",
+        "HTTP/1.1 400 Bad Request",
+    ]
+    for line in forged:
+        with pytest.raises(ProtocolError):
+            parse_reply(line, TOKEN, S, C)
+
+
+def test_a_greeting_other_than_a_challenge_is_not_our_barrier() -> None:
+    assert parse_challenge(f"CHALLENGE {S}\r\n") == S
+    for line in (
+        "SSH-2.0-OpenSSH_9.6",
+        f"CHALLENGE {S.upper()}",
+        "CHALLENGE",
+        f"CHALLENGE {S} x",
+        "ERR busy",
+    ):
+        with pytest.raises(ProtocolError, match="no challenge"):
+            parse_challenge(line)
 
 
 def test_format_ranks_compresses_runs() -> None:
@@ -419,9 +647,9 @@ def test_all_workers_get_go_with_the_released_image_id() -> None:
         workers = {rank: ready(b.port, rank) for rank in (1, 2, 3)}
         wait_for(lambda: logged(b, "rank 3 ready"))
         assert silent_for(workers[1], 0.2)  # all ranks there, but no image yet
-        assert control_line(b.port, f"RELEASE {TOKEN} sha256:abc") == "OK"
+        assert control_line(b.port, "RELEASE", "sha256:abc") == "OK"
         for rank, sock in workers.items():
-            assert read_line(sock) == f"GO {TOKEN} {rank} sha256:abc"
+            assert read_line(sock) == f"GO {rank} sha256:abc"
         assert b.outcome().exit_code == 0
 
 
@@ -430,8 +658,8 @@ def test_no_early_release_while_a_rank_is_missing() -> None:
         first = [ready(b.port, 1), ready(b.port, 2)]
         assert all(silent_for(sock, 0.3) for sock in first)
         last = ready(b.port, 3)
-        assert read_line(last) == f"GO {TOKEN} 3 sha256:abc"
-        assert [read_line(s) for s in first] == [f"GO {TOKEN} 1 sha256:abc", f"GO {TOKEN} 2 sha256:abc"]
+        assert read_line(last) == "GO 3 sha256:abc"
+        assert [read_line(s) for s in first] == ["GO 1 sha256:abc", "GO 2 sha256:abc"]
 
 
 def test_image_phase_is_answered_as_soon_as_the_image_is_released() -> None:
@@ -439,14 +667,14 @@ def test_image_phase_is_answered_as_soon_as_the_image_is_released() -> None:
         early_image = ready(b.port, 2, "image")
         start1 = ready(b.port, 1, "start")
         wait_for(lambda: logged(b, "rank 1 ready (start)"))
-        assert control_line(b.port, f"RELEASE {TOKEN} toy/model:local") == "OK"
-        assert read_line(early_image) == f"GO {TOKEN} 2 toy/model:local"
+        assert control_line(b.port, "RELEASE", "toy/model:local") == "OK"
+        assert read_line(early_image) == "GO 2 toy/model:local"
         late_image = ready(b.port, 1, "image")
-        assert read_line(late_image, 2) == f"GO {TOKEN} 1 toy/model:local"
+        assert read_line(late_image, 2) == "GO 1 toy/model:local"
         assert silent_for(start1, 0.2)  # rank 2 has not said `start` yet
         start2 = ready(b.port, 2)
-        assert read_line(start1) == f"GO {TOKEN} 1 toy/model:local"
-        assert read_line(start2) == f"GO {TOKEN} 2 toy/model:local"
+        assert read_line(start1) == "GO 1 toy/model:local"
+        assert read_line(start2) == "GO 2 toy/model:local"
         assert b.outcome().exit_code == 0
 
 
@@ -457,7 +685,7 @@ def test_wrong_token_gets_err_and_never_counts() -> None:
         assert read_line(intruder) == ""  # closed
         assert b.thread.is_alive()
         assert any("rejected 127.0.0.1:" in line and "bad token" in line for line in b.logs)
-        assert read_line(ready(b.port, 1)) == f"GO {TOKEN} 1 sha256:abc"
+        assert read_line(ready(b.port, 1)) == "GO 1 sha256:abc"
 
 
 def test_rank_out_of_range_and_garbage_are_rejected_without_stalling() -> None:
@@ -466,11 +694,11 @@ def test_rank_out_of_range_and_garbage_are_rejected_without_stalling() -> None:
         assert read_line(ready(b.port, 0)) == "ERR rank out of range 1..2"
         assert read_line(ready(b.port, "01")) == "ERR bad rank"
         for junk in (b"\xff\xfe\x00garbage\n", b"GET / HTTP/1.1\r\n", os.urandom(200) + b"\n"):
-            with connect(b.port) as sock:
+            with greeted(b.port) as sock:
                 sock.sendall(junk)
                 assert read_line(sock).startswith("ERR ")
         workers = [ready(b.port, 1), ready(b.port, 2)]
-        assert [read_line(s) for s in workers] == [f"GO {TOKEN} 1 sha256:abc", f"GO {TOKEN} 2 sha256:abc"]
+        assert [read_line(s) for s in workers] == ["GO 1 sha256:abc", "GO 2 sha256:abc"]
 
 
 def test_duplicate_rank_replaces_the_older_connection() -> None:
@@ -481,37 +709,37 @@ def test_duplicate_rank_replaces_the_older_connection() -> None:
         assert read_line(older) == ""  # closed by rank 0
         assert any("reconnected" in line for line in b.logs)
         rank2 = ready(b.port, 2)
-        assert read_line(newer) == f"GO {TOKEN} 1 sha256:abc"
-        assert read_line(rank2) == f"GO {TOKEN} 2 sha256:abc"
+        assert read_line(newer) == "GO 1 sha256:abc"
+        assert read_line(rank2) == "GO 2 sha256:abc"
 
 
 def test_client_that_disconnects_stops_counting() -> None:
     with running_barrier(3, image_id="sha256:abc") as b:
-        with connect(b.port) as half:  # dies mid-line
-            half.sendall(f"READY {TOKEN} 1".encode())
+        with greeted(b.port) as half:  # dies mid-line
+            half.sendall(signed("READY", "1", half.challenge, auth.new_nonce()).encode()[:80])
         ready(b.port, 1).close()  # said READY, then went away before GO
         wait_for(lambda: logged(b, "disconnected before GO"))
         rank2 = ready(b.port, 2)
         assert silent_for(rank2, 0.4)  # rank 1 is missing again
         rank1 = ready(b.port, 1)
-        assert read_line(rank2) == f"GO {TOKEN} 2 sha256:abc"
-        assert read_line(rank1) == f"GO {TOKEN} 1 sha256:abc"
+        assert read_line(rank2) == "GO 2 sha256:abc"
+        assert read_line(rank1) == "GO 1 sha256:abc"
 
 
 def test_slowloris_is_cut_off_and_does_not_stall_real_workers() -> None:
     with running_barrier(3, image_id="sha256:abc", line_timeout=1.0) as b:
-        slow = connect(b.port)
+        slow = greeted(b.port)
         slow.sendall(b"READY ")  # and never finishes the line
         t0 = time.monotonic()
         workers = [ready(b.port, 1), ready(b.port, 2)]
-        assert [read_line(s) for s in workers] == [f"GO {TOKEN} 1 sha256:abc", f"GO {TOKEN} 2 sha256:abc"]
+        assert [read_line(s) for s in workers] == ["GO 1 sha256:abc", "GO 2 sha256:abc"]
         assert time.monotonic() - t0 < 0.9
 
 
 def test_slowloris_gets_line_timeout() -> None:
     with running_barrier(3, line_timeout=0.5) as b:
-        slow = connect(b.port)
-        slow.sendall(f"READY {TOKEN}".encode())
+        slow = greeted(b.port)
+        slow.sendall(b"READY ")
         t0 = time.monotonic()
         assert read_line(slow, 3) == "ERR line timeout"
         assert 0.4 < time.monotonic() - t0 < 2.5
@@ -519,14 +747,14 @@ def test_slowloris_gets_line_timeout() -> None:
 
 def test_one_megabyte_line_is_cut_off_at_the_limit() -> None:
     with running_barrier(2, image_id="sha256:abc") as b:
-        with connect(b.port) as big:
+        with greeted(b.port) as big:
             try:
                 big.sendall(b"A" * (1 << 20))
             except OSError:
                 pass  # rank 0 may stop reading before all of it arrived
             assert read_line(big) == "ERR line too long"  # rank 0 keeps draining, so no RST eats it
         assert any("line too long" in line for line in b.logs)
-        assert read_line(ready(b.port, 1)) == f"GO {TOKEN} 1 sha256:abc"
+        assert read_line(ready(b.port, 1)) == "GO 1 sha256:abc"
 
 
 def test_hundreds_of_idle_connections_do_not_delay_the_release() -> None:
@@ -536,7 +764,7 @@ def test_hundreds_of_idle_connections_do_not_delay_the_release() -> None:
         workers = [ready(b.port, rank) for rank in (1, 2, 3)]
         replies = [read_line(s) for s in workers]
         elapsed = time.monotonic() - t0
-        assert replies == [f"GO {TOKEN} {rank} sha256:abc" for rank in (1, 2, 3)]
+        assert replies == [f"GO {rank} sha256:abc" for rank in (1, 2, 3)]
         assert elapsed < 1.0
         assert b.outcome().exit_code == 0
         for sock in idle:
@@ -556,7 +784,7 @@ def test_running_out_of_file_descriptors_drops_idle_clients_not_the_barrier(tmp_
     port = wait_ready_file(ready_file, serve)
     idle = [connect(port) for _ in range(120)]
     workers = [ready(port, 1), ready(port, 2)]
-    assert [read_line(s) for s in workers] == [f"GO {TOKEN} 1 sha256:abc", f"GO {TOKEN} 2 sha256:abc"]
+    assert [read_line(s) for s in workers] == ["GO 1 sha256:abc", "GO 2 sha256:abc"]
     _, err = serve.communicate(timeout=10)
     assert serve.returncode == 0
     assert "out of file descriptors" in err and "Traceback" not in err
@@ -577,13 +805,13 @@ def test_controller_abort_reaches_waiting_and_late_workers() -> None:
         waiting = [ready(b.port, 1), ready(b.port, 2, "image")]
         wait_for(lambda: logged(b, "rank 2 ready (image)"))
         t0 = time.monotonic()
-        assert control_line(b.port, f"ABORT {TOKEN} image build failed on node0") == "OK"
+        assert control_line(b.port, "ABORT", "image build failed on node0") == "OK"
         for sock in waiting:
-            assert read_line(sock) == f"ABORT {TOKEN} image build failed on node0"
+            assert read_line(sock) == "ABORT image build failed on node0"
         assert time.monotonic() - t0 < 0.5
-        assert read_line(ready(b.port, 3)) == f"ABORT {TOKEN} image build failed on node0"
+        assert read_line(ready(b.port, 3)) == "ABORT image build failed on node0"
         assert read_line(ready(b.port, 3, token="bad")) == "ERR bad token"  # ABORT carries the token
-        assert control_line(b.port, f"RELEASE {TOKEN} sha256:abc").startswith("ABORT ")
+        assert control_line(b.port, "RELEASE", "sha256:abc").startswith("ABORT ")
         outcome = b.outcome()
         assert outcome.exit_code == 1 and "image build failed" in outcome.message
         assert time.monotonic() - t0 >= 1.4  # lingered for late joiners
@@ -594,9 +822,9 @@ def test_after_an_abort_the_linger_ends_once_every_worker_has_heard_it() -> None
         waiting = ready(b.port, 1, "image")
         wait_for(lambda: logged(b, "rank 1 ready (image)"))
         t0 = time.monotonic()
-        assert control_line(b.port, f"ABORT {TOKEN} build failed") == "OK"
-        assert read_line(waiting) == f"ABORT {TOKEN} build failed"
-        assert read_line(ready(b.port, 2)) == f"ABORT {TOKEN} build failed"  # the late one
+        assert control_line(b.port, "ABORT", "build failed") == "OK"
+        assert read_line(waiting) == "ABORT build failed"
+        assert read_line(ready(b.port, 2)) == "ABORT build failed"  # the late one
         outcome = b.outcome()
         assert outcome.exit_code == 1
         assert time.monotonic() - t0 < 10  # not the 30 s linger: nobody is left to tell
@@ -610,34 +838,175 @@ def test_timeout_names_missing_ranks_and_aborts_connected_workers() -> None:
         assert "missing ranks 2,5 of 6; connected: 1,3,4" in outcome.message
         for sock in workers:
             line = read_line(sock)
-            assert line.startswith(f"ABORT {TOKEN} timeout after") and "missing ranks 2,5 of 6" in line
+            assert line.startswith("ABORT timeout after") and "missing ranks 2,5 of 6" in line
 
 
 # --------------------------------------------------------------------------------------------------
 # clients
 
 
-def test_join_returns_the_image_id_and_reconnects_after_a_drop() -> None:
-    listener = socket.create_server((LOOPBACK, 0))
-    port = listener.getsockname()[1]
-    seen: list[str] = []
+def test_join_returns_the_image_id_and_reconnects_after_a_drop_with_a_fresh_nonce() -> None:
+    def go(challenge: str, msg: barrier.Message) -> bytes:
+        return barrier.reply_line(TOKEN, "GO", challenge, msg.nonce, "2", "sha256:abc")
 
-    def flaky_rank0() -> None:
-        first, _ = listener.accept()
-        seen.append(read_line(first))
-        first.close()  # rank 0 dropped us while we waited
-        second, _ = listener.accept()
-        seen.append(read_line(second))
-        second.sendall(f"GO {TOKEN} 2 sha256:abc\n".encode())
-        second.close()
-
-    thread = threading.Thread(target=flaky_rank0, daemon=True)
-    thread.start()
-    image = join(LOOPBACK, [port], TOKEN, 2, connect_timeout=5, wait_timeout=5, log=lambda m: None)
-    thread.join(5)
-    listener.close()
+    with impostor(lambda challenge, msg: None, go) as rank0:  # rank 0 drops us once while we wait
+        image = join(LOOPBACK, [rank0.port], TOKEN, 2, connect_timeout=5, wait_timeout=5, log=lambda m: None)
     assert image == "sha256:abc"
-    assert seen == [f"READY {TOKEN} 2 start"] * 2
+    assert [(m.kind, m.rank, m.phase) for _, m in rank0.seen] == [("READY", 2, "start")] * 2
+    first, second = (line for line, _ in rank0.seen)
+    assert first != second  # each connection is signed anew: nothing to replay
+
+
+@pytest.mark.parametrize(
+    ("answer", "verb"),
+    [
+        (lambda s, m: f"GO {'0' * 64} 1 sha256:evil\n".encode(), "GO"),
+        (lambda s, m: barrier.reply_line("other-token", "GO", s, m.nonce, "1", "sha256:evil"), "GO"),
+        # A GO that the real rank 0 signed for another connection, replayed to us.
+        (lambda s, m: barrier.reply_line(TOKEN, "GO", s, auth.new_nonce(), "1", "sha256:evil"), "GO"),
+        (lambda s, m: f"GO {TOKEN} 1 sha256:evil\n".encode(), "GO"),  # the old protocol
+        (lambda s, m: barrier.reply_line("other-token", "ABORT", s, m.nonce, "fake"), "ABORT"),
+    ],
+)  # fmt: skip
+def test_join_refuses_a_reply_that_rank_0_did_not_sign(answer: Callable[..., bytes], verb: str) -> None:
+    with impostor(answer) as rank0:
+        with pytest.raises(HelperError) as err:
+            join(LOOPBACK, [rank0.port], TOKEN, 1, connect_timeout=5, wait_timeout=5, log=lambda m: None)
+    assert not isinstance(err.value, BarrierAborted)  # a forged ABORT stops nobody... but this join
+    assert err.value.exit_code == 1
+    assert str(err.value) == (
+        f"barrier: {LOOPBACK}:{rank0.port} is not our barrier (its {verb} is not signed with our token)"
+    )
+    assert TOKEN not in str(err.value)
+
+
+def test_join_cli_against_a_fake_rank_0_exits_1_in_one_line() -> None:
+    def fake_go(challenge: str, msg: barrier.Message) -> bytes:
+        return barrier.reply_line("guessed-token", "GO", challenge, msg.nonce, "1", "sha256:evil")
+
+    with impostor(fake_go) as rank0:
+        result = slurm_multi(
+            f"barrier join --rank 1 --nnodes 2 --master-addr {LOOPBACK} --port {rank0.port}",
+            "--connect-timeout=5",
+            "--wait-timeout=5",
+        )
+    assert result.returncode == 1 and result.stdout == ""
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.endswith(f"{LOOPBACK}:{rank0.port} is not our barrier (its GO is not signed with our token)")
+    assert "Traceback" not in result.stderr and TOKEN not in result.stderr
+
+
+def test_a_controller_refuses_an_ok_that_rank_0_did_not_sign() -> None:
+    with impostor(lambda challenge, msg: f"OK {'f' * 64}\n".encode()) as rank0:
+        with pytest.raises(HelperError, match=r"is not our barrier \(its OK is not signed with our token\)"):
+            barrier.control(LOOPBACK, [rank0.port], TOKEN, "RELEASE", "sha256:abc", log=lambda m: None)
+    assert [(m.kind, m.image_id) for _, m in rank0.seen] == [("RELEASE", "sha256:abc")]
+
+
+def test_join_gives_up_on_a_peer_that_never_sends_a_challenge() -> None:
+    with socket.create_server((LOOPBACK, 0)) as silent:  # accepts (the backlog does), says nothing
+        port = silent.getsockname()[1]
+        with pytest.raises(HelperError) as err:
+            join(LOOPBACK, [port], TOKEN, 1, connect_timeout=5, wait_timeout=0.5, log=lambda m: None)
+    assert err.value.exit_code == 3
+    assert str(err.value) == (
+        f"barrier: {LOOPBACK}:{port} accepted rank 1 but sent no CHALLENGE within the 0.5 s wait budget; "
+        "is it our barrier (the same slurm-multi)?"
+    )
+
+
+def test_release_cli_refuses_an_image_id_too_long_for_a_signed_line() -> None:
+    image_id = "registry.example.com/" + "x" * 140  # 161 > 149, still a valid reference
+    assert barrier.IMAGE_ID_RE.fullmatch(image_id[:160])
+    result = CliRunner().invoke(
+        barrier.cli,
+        ["release", "--image-id", image_id[:160], "--master-addr", LOOPBACK, "--port", str(free_ports(1)[0])],
+        env={"SM_BARRIER_TOKEN": TOKEN},
+    )
+    assert result.exit_code == 2
+    assert "--image-id is 160 characters; a signed RELEASE line holds at most 149" in result.output
+    assert "--control-stdin" in result.output
+
+
+def test_a_replayed_line_from_another_connection_is_refused_and_displaces_nobody() -> None:
+    with running_barrier(3, image_id="sha256:abc") as b:
+        original = greeted(b.port)
+        original.nonce = auth.new_nonce()
+        line = signed("READY", "1", original.challenge, original.nonce).encode() + b"\n"
+        original.sendall(line)
+        wait_for(lambda: logged(b, "rank 1 ready (start)"))
+        with greeted(b.port) as replay:  # an eavesdropper sends the recorded line on its own connection
+            assert replay.challenge != original.challenge
+            replay.sendall(line)
+            assert read_line(replay) == "ERR bad token"
+        assert any("rejected 127.0.0.1:" in log and "bad token" in log for log in b.logs)
+        assert not logged(b, "reconnected")  # the genuine rank 1 still holds its place
+        assert silent_for(original, 0.2)
+        rank2 = ready(b.port, 2)
+        assert [read_line(original), read_line(rank2)] == ["GO 1 sha256:abc", "GO 2 sha256:abc"]
+
+
+def test_a_recorded_release_cannot_release_the_image_again() -> None:
+    with running_barrier(2) as b:
+        worker = ready(b.port, 1, "image")
+        wait_for(lambda: logged(b, "rank 1 ready (image)"))
+        with greeted(b.port) as recorded:  # a RELEASE signed on one connection, never sent there
+            line = signed("RELEASE", "sha256:evil", recorded.challenge, auth.new_nonce()).encode() + b"\n"
+        with greeted(b.port) as replay:
+            replay.sendall(line)
+            assert read_line(replay) == "ERR bad token"
+        assert silent_for(worker, 0.3)
+        assert control_line(b.port, "RELEASE", "sha256:good") == "OK"
+        assert read_line(worker) == "GO 1 sha256:good"
+
+
+def test_the_token_never_crosses_the_wire() -> None:
+    wrong = "wrong-" + secrets.token_hex(8)
+    proxies: list[RecordingProxy] = []
+    try:
+        with running_barrier(3) as b:
+            proxies.append(proxy := RecordingProxy(b.port))
+            via = [proxy.port]
+            with pytest.raises(HelperError) as err:
+                join(LOOPBACK, via, wrong, 1, connect_timeout=5, log=lambda m: None)
+            assert err.value.exit_code == 2
+            image_join = spawn(
+                f"barrier join --rank 2 --nnodes 3 --master-addr {LOOPBACK} --port {proxy.port} --phase image"
+            )
+            wait_for(lambda: logged(b, "rank 2 ready (image)"))
+            release = slurm_multi(
+                f"barrier release --image-id sha256:feed --master-addr {LOOPBACK} --port {proxy.port}"
+            )
+            assert release.returncode == 0, release.stderr
+            assert image_join.communicate(timeout=20)[0] == "sha256:feed\n"
+            box: dict[str, str] = {}
+            start2 = threading.Thread(
+                target=lambda: box.update(two=join(LOOPBACK, via, TOKEN, 2, log=lambda m: None))
+            )
+            start2.start()
+            assert join(LOOPBACK, via, TOKEN, 1, log=lambda m: None) == "sha256:feed"
+            start2.join(10)
+            assert box == {"two": "sha256:feed"} and b.outcome().exit_code == 0
+        with running_barrier(3, linger=5) as b:
+            proxies.append(proxy := RecordingProxy(b.port))
+            waiting = ready(proxy.port, 1)
+            wait_for(lambda: logged(b, "rank 1 ready (start)"))
+            abort = slurm_multi(
+                f"barrier abort --master-addr {LOOPBACK} --port {proxy.port}", "--reason", "disk full"
+            )
+            assert abort.returncode == 0, abort.stderr
+            assert read_line(waiting) == "ABORT disk full"
+            with pytest.raises(BarrierAborted):
+                join(LOOPBACK, [proxy.port], TOKEN, 2, log=lambda m: None)  # the late one hears it too
+    finally:
+        for proxy in proxies:
+            proxy.close()
+    wire = b"".join(bytes(proxy.wire) for proxy in proxies)
+    for verb in (b"CHALLENGE ", b"READY ", b"GO ", b"RELEASE ", b"OK ", b"ABORT ", b"ERR bad token"):
+        assert verb in wire  # the whole conversation went through the proxies...
+    for secret in (TOKEN, wrong):  # ...and neither token, nor its random part, in any spelling
+        for form in (secret, secret.split("-", 1)[1], secret.encode().hex(), secret.upper()):
+            assert form.encode() not in wire
 
 
 def test_join_skips_another_jobs_barrier_on_a_shared_candidate_port() -> None:
@@ -653,7 +1022,7 @@ def test_join_skips_another_jobs_barrier_on_a_shared_candidate_port() -> None:
 
 def test_join_raises_on_abort() -> None:
     with running_barrier(3, linger=0.5) as b:
-        assert control_line(b.port, f"ABORT {TOKEN} out of disk") == "OK"
+        assert control_line(b.port, "ABORT", "out of disk") == "OK"
         with pytest.raises(BarrierAborted) as err:
             join(LOOPBACK, [b.port], TOKEN, 1, connect_timeout=5, log=lambda m: None)
         assert err.value.exit_code == 1 and err.value.reason == "out of disk"
@@ -691,7 +1060,7 @@ def test_join_cli_exit_codes_for_abort_bad_token_and_bad_usage() -> None:
         assert out_of_range.returncode == 2 and "not a worker rank" in out_of_range.stderr
         no_token = slurm_multi(f"{join_cmd} --rank 1", env=cli_env(SM_BARRIER_TOKEN=""))
         assert no_token.returncode == 2 and "SM_BARRIER_TOKEN is not set or empty" in no_token.stderr
-        assert control_line(b.port, f"ABORT {TOKEN} image pull failed") == "OK"
+        assert control_line(b.port, "ABORT", "image pull failed") == "OK"
         aborted = slurm_multi(f"{join_cmd} --rank 1")
         assert aborted.returncode == 1
         assert "barrier: rank 0 aborted: image pull failed" in aborted.stderr
@@ -713,8 +1082,7 @@ def test_serve_cli_end_to_end_never_prints_the_token(tmp_path: Path) -> None:
     # phase (the server exits once the start phase is released, so a slow-starting image join
     # spawned alongside could otherwise find nobody listening on a loaded machine).
     image_join = spawn(f"{join_cmd} --rank 2 --phase image")
-    with connect(port) as intruder:
-        intruder.sendall(f"READY {TOKEN[:-1]} 1\n".encode())
+    with ready(port, 1, token=TOKEN[:-1]) as intruder:  # one character short of the token
         assert read_line(intruder) == "ERR bad token"
     release = slurm_multi("barrier release --image-id sha256:feed", f"--ready-file={ready_file}")
     image_output = image_join.communicate(timeout=20)
@@ -739,7 +1107,7 @@ def test_serve_cli_sigterm_aborts_connected_workers(tmp_path: Path) -> None:
     worker = ready(port, 1)
     time.sleep(0.2)
     serve.send_signal(signal.SIGTERM)
-    assert read_line(worker) == f"ABORT {TOKEN} rank 0 terminated"
+    assert read_line(worker) == "ABORT rank 0 terminated"
     out, err = serve.communicate(timeout=10)
     assert serve.returncode == 1
     assert "rank 0 terminated" in err and TOKEN not in out + err and "Traceback" not in err
@@ -756,7 +1124,7 @@ def test_serve_cli_timeout_exits_3_listing_missing_ranks(tmp_path: Path) -> None
     port = wait_ready_file(ready_file, serve)
     worker = ready(port, 2)
     assert read_line(worker).startswith(
-        f"ABORT {TOKEN} --barrier-timeout ran out: not every worker arrived within 1 s of the release; "
+        "ABORT --barrier-timeout ran out: not every worker arrived within 1 s of the release; "
         "missing ranks 1,3 of 4"
     )
     out, err = serve.communicate(timeout=10)
@@ -800,10 +1168,10 @@ def test_control_pipe_release_reaches_image_waiters_and_start_workers() -> None:
             wait_for(lambda: logged(b, "rank 2 ready (start)"))
             assert silent_for(image_waiter, 0.2)
             os.write(write_end, b"RELEASE sha256:feed\n")
-            assert read_line(image_waiter) == f"GO {TOKEN} 1 sha256:feed"
+            assert read_line(image_waiter) == "GO 1 sha256:feed"
             late = ready(b.port, 1)
-            assert read_line(late) == f"GO {TOKEN} 1 sha256:feed"
-            assert read_line(start_worker) == f"GO {TOKEN} 2 sha256:feed"
+            assert read_line(late) == "GO 1 sha256:feed"
+            assert read_line(start_worker) == "GO 2 sha256:feed"
             assert b.outcome().exit_code == 0
     finally:
         os.close(write_end)
@@ -815,7 +1183,7 @@ def test_control_pipe_abort_and_eof_before_release_abort_every_worker() -> None:
         worker = ready(b.port, 1, "image")
         wait_for(lambda: logged(b, "rank 1 ready (image)"))
         os.write(write_end, b"ABORT rank 0 (node1): cannot obtain toy/model:local\n")
-        assert read_line(worker) == f"ABORT {TOKEN} rank 0 (node1): cannot obtain toy/model:local"
+        assert read_line(worker) == "ABORT rank 0 (node1): cannot obtain toy/model:local"
         assert b.outcome().exit_code == 1
     os.close(write_end)
     # The task dying (its end of the pipe closing) before a release is an abort too, not a hang.
@@ -825,7 +1193,7 @@ def test_control_pipe_abort_and_eof_before_release_abort_every_worker() -> None:
         wait_for(lambda: logged(b, "rank 1 ready (image)"))
         os.close(write_end)
         line = read_line(worker)
-        assert line.startswith(f"ABORT {TOKEN}") and "ended before it released the image" in line
+        assert line.startswith("ABORT ") and "ended before it released the image" in line
         assert b.outcome().exit_code == 1
 
 
@@ -838,7 +1206,7 @@ def test_a_slow_image_is_charged_to_the_image_budget_not_the_barrier_budget() ->
             worker = ready(b.port, 1)
             time.sleep(1.0)
             os.write(write_end, b"RELEASE sha256:slow\n")
-            assert read_line(worker) == f"GO {TOKEN} 1 sha256:slow"
+            assert read_line(worker) == "GO 1 sha256:slow"
             assert b.outcome().exit_code == 0
     finally:
         os.close(write_end)
@@ -893,6 +1261,29 @@ def test_serve_cli_takes_release_on_stdin_without_a_ready_file() -> None:
     finally:
         serve.kill()
         serve.wait()
+
+
+def test_join_phase_both_prints_the_image_id_then_joins_the_start_phase_on_sigusr1() -> None:
+    # A worker's whole barrier, as lib/node.sh drives it: one join process, two signed exchanges.
+    read_end, write_end = os.pipe()
+    try:
+        with running_barrier(2, control_fd=read_end) as b:
+            worker = spawn(
+                f"barrier join --rank 1 --nnodes 2 --master-addr {LOOPBACK} --port {b.port} --phase both"
+            )
+            assert worker.stdout is not None
+            wait_for(lambda: logged(b, "rank 1 ready (image)"), timeout=10)
+            os.write(write_end, b"RELEASE sha256:both\n")
+            assert worker.stdout.readline() == "sha256:both\n"
+            time.sleep(0.3)
+            assert worker.poll() is None  # holding on until this node has the image
+            worker.send_signal(signal.SIGUSR1)
+            _, err = worker.communicate(timeout=10)
+            assert worker.returncode == 0, err
+            assert "rank 1: GO (start)" in err and TOKEN not in err
+            assert b.outcome().exit_code == 0
+    finally:
+        os.close(write_end)
 
 
 @pytest.mark.parametrize(
