@@ -3,7 +3,8 @@
 `results pick` chooses the per-node multiple-results CSV with the most performance values;
 `results collect` judges the whole job (node exits, error patterns in the logs, the chosen CSV or
 the `performance: <value> <metric>` log lines) and writes JOBDIR/perf.csv (madengine's header
-order) and JOBDIR/summary.json, and with --perf-csv appends the rows to a shared madengine perf.csv.
+order), JOBDIR/summary.json and the timeline (timeline.json, .txt, .png), and with --perf-csv
+appends the rows to a shared madengine perf.csv.
 
 One module per concern (docs/results.md has the rules):
 
@@ -14,6 +15,8 @@ One module per concern (docs/results.md has the rules):
 - jobdir      job.json, the node directories and each node's judgement (the manifest fallback)
 - hangs       the hang watch's progress.json and hang.json: which rank stopped first, who waited
 - stragglers  per stage, the rank much slower than the others (information, never a failure)
+- timeline    every node's events.jsonl as lanes, the critical path and where the time went
+- timelinedraw  timeline.json, timeline.txt and (with matplotlib) timeline.png
 - rows        perf.csv rows in madengine's columns
 - collect     the whole job: candidates, aggregate, verdict -> Summary
 - summary     Summary, JOBDIR/perf.csv, summary.json and the stderr table

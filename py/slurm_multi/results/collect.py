@@ -1,6 +1,6 @@
 """Judge a whole job directory into one Summary: node exits and statuses, error patterns in the
 logs, a hang (which rank stopped first), the chosen per-node CSV (else the `performance: <value>
-<metric>` log lines), the verdict, and the stragglers (information only).
+<metric>` log lines), the verdict, the stragglers and the timeline (both information only).
 
 The facts about the job come from JOBDIR/job.json, which the batch step writes; a madengine
 build_manifest.json (`--manifest`) only fills what an old job.json lacks.
@@ -36,6 +36,8 @@ from slurm_multi.results.rows import PERF_COLUMNS, cell, common_row, csv_perf_ro
 from slurm_multi.results.shared import AREA, PathLike, is_path, os_error
 from slurm_multi.results.stragglers import find_stragglers
 from slurm_multi.results.summary import Summary, write_outputs
+from slurm_multi.results.timeline import build_timeline
+from slurm_multi.results.timelinedraw import write_timeline
 from slurm_multi.results.values import format_number
 
 MAX_NODES = 100_000  # a larger nnodes is a typo, not a job: derive it from the node dirs
@@ -48,7 +50,8 @@ def collect(
     error_patterns: Sequence[ErrorPattern] | None = None,
     write: bool = True,
 ) -> Summary:
-    """Judge a job directory and (by default) write JOBDIR/perf.csv and JOBDIR/summary.json.
+    """Judge a job directory and (by default) write JOBDIR/perf.csv, JOBDIR/summary.json and the
+    timeline (timeline.json, timeline.txt, and timeline.png with matplotlib).
 
     manifest: a build_manifest.json for job directories whose job.json lacks the model's metadata
     (written before job.json had it); job.json wins wherever it has a value.
@@ -58,7 +61,8 @@ def collect(
         raise usage_error(f"{AREA}: job directory {jobdir} does not exist; pass the directory the job wrote")
     patterns = list(error_patterns) if error_patterns is not None else list(DEFAULT_ERROR_PATTERNS)
     warnings: list[str] = []
-    job = known_job_facts(load_job_json(root, warnings))
+    job_json = load_job_json(root, warnings)
+    job = known_job_facts(job_json)
     manifest_meta = load_manifest_meta(manifest, job.get("model_key"), model, warnings) if manifest else {}
     meta = merge_meta(job, model, manifest_meta)
     job_id = cell(meta.get("job_id")) or job_id_from_dir(root)
@@ -85,8 +89,11 @@ def collect(
         meta["image_id"] = rank0_image_id(root, found.get(0))
     results_csv = Path(cell(meta.get("results_csv"))).name or None
     summary = judge(root, meta, job_id, model_name, nnodes, results_csv, nodes, warnings, hang)
+    summary.timeline = build_timeline(root, nodes, summary.stragglers, warnings, job_json.get("started"))
     if write:
         write_outputs(root, summary)
+        title = f"job {job_id} ({model_name}, {nnodes} node{'s' if nnodes != 1 else ''})"
+        summary.timeline.picture = write_timeline(root, summary.timeline, title)
     return summary
 
 

@@ -101,7 +101,8 @@ def collect_command(
     """Judge JOBDIR and write JOBDIR/perf.csv and JOBDIR/summary.json; exit 0 SUCCESS, 1 FAILURE.
 
     The job's facts come from JOBDIR/job.json; --manifest is only for job dirs whose job.json
-    predates them.
+    predates them. Also writes where the time went: JOBDIR/timeline.json, timeline.txt, and
+    timeline.png when matplotlib is installed (pip install 'slurm-multi[timeline]').
 
     \b
     Example: slurm-multi results collect /shared/jobs/4711

@@ -45,6 +45,7 @@ class NodeReport:
     exit_code: int | None = None
     status: str = "missing"
     stages: dict[str, float] = field(default_factory=dict)
+    stage_status: dict[str, str] = field(default_factory=dict)  # status.json's per stage (the timeline)
     reasons: list[str] = field(default_factory=list)
     log_errors: list[ErrorHit] = field(default_factory=list)
     dirname: str | None = None
@@ -302,6 +303,8 @@ def _judge_status(data: dict[str, Any], report: NodeReport) -> None:
         seconds = _as_seconds(info.get("seconds")) if isinstance(info, dict) else None
         if seconds is not None:
             report.stages[str(name)] = seconds
+            if isinstance(info.get("status"), str):
+                report.stage_status[str(name)] = short(info["status"], 40)
     report.exit_code = as_int(data.get("exit_code"))
     report.status = str(data.get("status") or "unknown")
     if report.status != "ok" or report.exit_code not in (None, 0):

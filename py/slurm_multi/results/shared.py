@@ -87,20 +87,22 @@ def os_error(exc: OSError) -> str:
 
 
 def write_atomic(
-    path: Path, text: str, hint: str = "is the job directory writable?", mode: int | None = None
+    path: Path, text: str | bytes, hint: str = "is the job directory writable?", mode: int | None = None
 ) -> None:
     """Write via a sibling temp file + fsync + os.replace, so a reader never sees half a file.
 
+    text: written as UTF-8 (line ends as they are); bytes (a picture) as they are.
     mode: the permission bits to give the new file (e.g. those of the file it replaces); default
     0666 less the umask.
     """
     temp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    data = text.encode("utf-8") if isinstance(text, str) else text
     try:
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
+        with os.fdopen(fd, "wb") as handle:
             if mode is not None:
                 os.fchmod(handle.fileno(), mode)
-            handle.write(text)
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temp, path)

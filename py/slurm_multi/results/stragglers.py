@@ -24,6 +24,9 @@ RATIO = 1.5
 # alone (0.02 s against 0.01 s is not news), and a difference under half a second never matters in a
 # job that takes minutes.
 FLOOR_SECONDS = 0.5
+# ... and took at least MIN_SECONDS itself: a stage that takes under a second is never what a job
+# waits for, and such times are mostly scheduling noise.
+MIN_SECONDS = 1.0
 # Stages whose time is spent waiting for the other ranks: in `barrier` the FIRST rank to arrive waits
 # longest, so its long time points at someone else's slow `image` and would name the wrong rank.
 WAITING_STAGES = frozenset({"barrier"})
@@ -84,7 +87,7 @@ def stage_straggler(stage: str, times: Sequence[tuple[int, str, float]]) -> Stra
     slowest = max(valid, key=lambda t: (t[2], -t[0]))
     median = statistics.median(t[2] for t in valid if t is not slowest)
     seconds = slowest[2]
-    if seconds <= RATIO * median or seconds - median <= FLOOR_SECONDS:
+    if seconds < MIN_SECONDS or seconds <= RATIO * median or seconds - median <= FLOOR_SECONDS:
         return None
     ratio = round(seconds / median, 2) if median > 0 else None
     return Straggler(stage, slowest[0], slowest[1], seconds, round(median, 3), ratio)

@@ -10,7 +10,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slurm_multi.results.hangs import Hang
 from slurm_multi.results.jobdir import NodeReport, stage_order
@@ -18,6 +18,9 @@ from slurm_multi.results.pick import Candidate
 from slurm_multi.results.shared import AREA, write_atomic
 from slurm_multi.results.stragglers import Straggler
 from slurm_multi.results.values import format_number
+
+if TYPE_CHECKING:  # timeline imports this module (dumps_indent2)
+    from slurm_multi.results.timeline import Timeline
 
 MAX_TABLE_REASONS = 20  # reasons printed on stderr; summary.json keeps them all
 
@@ -40,6 +43,7 @@ class Summary:
     perf_rows: list[list[str]]
     hang: Hang | None = None  # what the hang watch left; its lines lead `reasons`
     stragglers: list[Straggler] = field(default_factory=list)  # information, never a reason
+    timeline: Timeline | None = None  # where the time went (information, never a reason)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -56,6 +60,7 @@ class Summary:
             "reasons": list(self.reasons),
             "hang": self.hang.to_dict() if self.hang else None,
             "stragglers": [s.to_dict() for s in self.stragglers],
+            "time": self.timeline.text if self.timeline else None,
             "warnings": list(self.warnings),
             "perf_rows": len(self.perf_rows),
         }
@@ -182,4 +187,9 @@ def summary_table(summary: Summary, root: Path) -> list[str]:
     if len(summary.reasons) > MAX_TABLE_REASONS:
         lines.append(f"  reason: +{len(summary.reasons) - MAX_TABLE_REASONS} more (see summary.json)")
     lines += [f"  straggler: {straggler.describe()}" for straggler in summary.stragglers]
+    if summary.timeline is not None:
+        if summary.timeline.text:
+            lines.append(f"  time: {summary.timeline.text}")
+        if summary.timeline.picture:
+            lines.append(f"  timeline: {summary.timeline.picture}")
     return lines
