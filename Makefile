@@ -14,6 +14,7 @@ NODES      ?= 2
 CLUSTER_NODES ?= 3
 NODE       ?= node1
 PROFILE    ?= none
+RUNTIME    ?= docker
 EXAMPLE    ?= toy
 JOBDIR     ?=
 BATS       ?= bats
@@ -33,7 +34,7 @@ PY_FILES := py tests/py bench examples $(shell git ls-files --cached --others --
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  make %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
-	@echo "Variables: NODES=$(NODES) (demo), EXAMPLE=$(EXAMPLE) (demo: toy|torchrun), PROFILE=$(PROFILE) (demo), NODE=$(NODE) (toy-image, torch-image), JOBDIR= (collect)"
+	@echo "Variables: NODES=$(NODES) (demo), EXAMPLE=$(EXAMPLE) (demo: toy|torchrun), RUNTIME=$(RUNTIME) (demo: docker|pyxis), PROFILE=$(PROFILE) (demo), NODE=$(NODE) (toy-image, torch-image), JOBDIR= (collect)"
 
 setup: $(STAMP) ## install Debian packages (as root) and create .venv (idempotent)
 
@@ -83,8 +84,8 @@ toy-image: setup ## build toy/model:local on one node's engine only (NODE=node1)
 torch-image: setup ## build the PyTorch DDP image sm/torchrun:local on one node's engine (NODE=node1; base rootfs cached)
 	@examples/torchrun/build-image --node $(NODE)
 
-demo: setup ## run a real 2-node job on the test cluster (NODES=2, EXAMPLE=toy|torchrun, PROFILE=none|nsys)
-	@bin/sm-demo --nodes $(NODES) --example $(EXAMPLE) --profile $(PROFILE)
+demo: setup ## run a real 2-node job on the test cluster (NODES=2, EXAMPLE=toy|torchrun, RUNTIME=docker|pyxis, PROFILE=none|nsys)
+	@bin/sm-demo --nodes $(NODES) --example $(EXAMPLE) --runtime $(RUNTIME) --profile $(PROFILE)
 
 collect: setup ## re-run results collection for a finished job dir (JOBDIR=...)
 	@bin/sm-collect $(JOBDIR)

@@ -9,6 +9,10 @@
 #                   and costs a tenth: 0.15 s on a 200 MB save here, sha256 0.46 s)
 #   <cache>/.K.lock flock: writers exclusive, readers shared, so concurrent jobs cannot corrupt it
 
+# Events on the node's timeline (lib/timeline.sh), also where this file is sourced alone.
+# shellcheck source=lib/timeline.sh
+declare -F timeline::event >/dev/null || source "$(dirname "${BASH_SOURCE[0]}")/timeline.sh"
+
 FINGERPRINT_LABEL=org.slurm-multi.fingerprint
 
 image::local_id() { docker image inspect -f '{{.Id}}' "$1" 2>/dev/null; }
@@ -89,11 +93,14 @@ image::cache_load() {
   fi
   t0=$(util::now)
   log::cmd image docker load -q -i "${tar}"
+  timeline::event image_load_start
   if ! docker load -q -i "${tar}" >/dev/null; then
+    timeline::event image_load_end status=failed
     exec {lockfd}>&-
     log::error image "docker load of ${tar} failed"
     return 1
   fi
+  timeline::event image_load_end
   exec {lockfd}>&-
   loaded=$(image::local_id "${SM_IMAGE}")
   log::info image "loaded ${SM_IMAGE} from the cache ($(du -h "${tar}" | cut -f1), $(util::elapsed "${t0}") s)"
@@ -134,7 +141,9 @@ image::cache_save() {
   # shellcheck disable=SC2016 # $1 and $2 are the inner bash's arguments
   local digest save=(bash -o pipefail -c 'docker save "$1" | tee "$2" | cksum' save "${SM_IMAGE}" "${tmp}")
   log::cmd image "${save[@]}"
+  timeline::event image_save_start
   if ! digest=$("${save[@]}" 2>"${tmp}.err"); then
+    timeline::event image_save_end status=failed
     local err
     err=$(tail -n 1 "${tmp}.err" 2>/dev/null)
     rm -f "${tmp}" "${tmp}.err"
@@ -144,6 +153,7 @@ image::cache_save() {
   fi
   rm -f "${tmp}.err"
   bytes=$(stat -c %s "${tmp}")
+  timeline::event image_save_end bytes="${bytes}"
   # Rename first, sidecar second: a sidecar never describes a tar that is not complete.
   mv -f "${tmp}" "${tar}"
   printf 'id=%s\nimage=%s\nfingerprint=%s\nbytes=%s\ncksum=%s\nsaved_by=%s job %s\n' "${id}" "${SM_IMAGE}" "${fp}" \
@@ -233,4 +243,180 @@ image::ensure_on_worker() {
   fi
   log::error image "rank 0 has ${SM_IMAGE} (${want:7:12}) but $(hostname) has no copy, no tar in the cache (${cache:-none configured}) and no dockerfile to rebuild from; set --image-cache to a shared directory"
   return 1
+}
+
+# ---- pyxis: a squashfs per image, the counterpart of the tar cache --------------------------------
+# <cache>/K.sqsh     `enroot import -o` into a sibling temp file, then renamed
+# <cache>/K.sqsh.id  sidecar written after the rename: id= (the docker image ID), image=, fingerprint=,
+#                    bytes=, cksum= (of the whole file: a squashfs cut or overwritten in place is
+#                    never a hit), made_by=
+# <cache>/.K.lock    the same flock as the tar's: one writer, readers shared
+# Without --image-cache the squashfs goes to <jobdir>/.sqsh/ (this job only). The barrier releases
+# `sqsh:<bytes>:<cksum>`: a worker needs no docker, only the file at that size.
+
+# image::sqsh_path: where this job's squashfs is (SM_IMAGE itself when it names a .sqsh file).
+image::sqsh_path() {
+  if [[ -n ${SM_CONTAINER_IMAGE:-} ]]; then
+    launch::pyxis_image "${SM_CONTAINER_IMAGE}"
+  elif image::is_sqsh "${SM_IMAGE}"; then
+    printf '%s' "${SM_IMAGE}"
+  else
+    printf '%s/%s.sqsh' "${SM_IMAGE_CACHE:-${SM_JOBDIR}/.sqsh}" "$(image::cache_key "${SM_IMAGE}")"
+  fi
+}
+
+image::is_sqsh() { [[ $1 == *.sqsh || $1 == *.squashfs ]]; }
+
+# image::pyxis_given: the image names what pyxis starts as it is (a squashfs file, or with
+# --container-image a reference pyxis imports itself); no squashfs is made.
+image::pyxis_given() { [[ -n ${SM_CONTAINER_IMAGE:-} ]] || image::is_sqsh "${SM_IMAGE}"; }
+
+# image::sqsh_id FILE: `sqsh:<bytes>:<cksum>` of a squashfs (one read of the file).
+image::sqsh_id() {
+  local sum
+  sum=$(cksum <"$1") || return 1
+  printf 'sqsh:%s:%s' "${sum#* }" "${sum%% *}"
+}
+
+# image::sqsh_sidecar_ok SQSH ID: the file is the one its sidecar describes (size, then cksum) and,
+# when ID is given, of that docker image. Prints the sqsh id.
+image::sqsh_sidecar_ok() {
+  local sqsh=$1 want=$2 side=$1.id bytes sid
+  [[ -s ${sqsh} && -f ${side} ]] || return 1
+  [[ -z ${want} || $(image::sidecar_get "${side}" id) == "${want}" ]] || return 1
+  bytes=$(image::sidecar_get "${side}" bytes)
+  [[ -n ${bytes} && $(stat -c %s "${sqsh}") == "${bytes}" ]] || return 2
+  sid=$(image::sqsh_id "${sqsh}") || return 2
+  [[ ${sid} == "sqsh:${bytes}:$(image::sidecar_get "${side}" cksum)" ]] || return 2
+  printf '%s' "${sid}"
+}
+
+# image::sqsh_make SQSH ID FINGERPRINT: `enroot import dockerd://IMAGE` into SQSH unless it already
+# holds ID; a stale or corrupt one is replaced. Prints the sqsh id.
+image::sqsh_make() {
+  local sqsh=$1 id=$2 fp=$3 dir key tmp t0 sid lockfd rc=0
+  dir=${sqsh%/*} key=${sqsh##*/}
+  key=${key%.sqsh}
+  command -v enroot >/dev/null || { log::error image "enroot is not on $(hostname)'s PATH: --runtime pyxis needs enroot (and pyxis) installed on the nodes"; return 1; }
+  mkdir -p "${dir}" || { log::error image "cannot create the squashfs directory ${dir}"; return 1; }
+  exec {lockfd}>>"${dir}/.${key}.lock"
+  flock -x -w "${SM_CACHE_LOCK_TIMEOUT:-900}" "${lockfd}" ||
+    { exec {lockfd}>&-; log::error image "timed out waiting for the cache lock ${dir}/.${key}.lock"; return 1; }
+  rm -f "${dir}/.${key}.sqsh.tmp."*
+  sid=$(image::sqsh_sidecar_ok "${sqsh}" "${id}") || rc=$?
+  if ((rc == 0)); then
+    exec {lockfd}>&-
+    log::info image "squashfs cache hit: ${sqsh} holds ${id:7:12}; no import"
+    printf '%s' "${sid}"
+    return 0
+  fi
+  if ((rc == 2)); then
+    log::warn image "${sqsh} does not match its sidecar (corrupt or cut: $(stat -c %s "${sqsh}" 2>/dev/null || echo 0) bytes, sidecar says $(image::sidecar_get "${sqsh}.id" bytes)); importing it again"
+  elif [[ -s ${sqsh} ]]; then
+    log::info image "stale squashfs ${sqsh} (holds $(image::sidecar_get "${sqsh}.id" id | cut -c8-19), want ${id:7:12}); replacing it"
+  fi
+  tmp=${dir}/.${key}.sqsh.tmp.$$.${RANDOM}
+  t0=$(util::now)
+  # enroot takes the docker image from this node's engine (DOCKER_HOST, or the default socket).
+  log::cmd image enroot import -o "${tmp}" "dockerd://${SM_IMAGE}"
+  timeline::event image_import_start
+  if ! enroot import -o "${tmp}" "dockerd://${SM_IMAGE}" >"${tmp}.log" 2>&1 || [[ ! -s ${tmp} ]]; then
+    local err
+    err=$(grep -v '^\s*$' "${tmp}.log" | tail -n 1)
+    rm -f "${tmp}" "${tmp}.log"
+    exec {lockfd}>&-
+    log::error image "enroot import of ${SM_IMAGE} failed: ${err:-no output} (is the disk full?)"
+    return 1
+  fi
+  rm -f "${tmp}.log"
+  timeline::event image_import_end bytes="$(stat -c %s "${tmp}")"
+  chmod a+r "${tmp}"
+  sid=$(image::sqsh_id "${tmp}")
+  mv -f "${tmp}" "${sqsh}"
+  local sum=${sid#sqsh:}
+  printf 'id=%s\nimage=%s\nfingerprint=%s\nbytes=%s\ncksum=%s\nmade_by=%s job %s\nworkdir=%s\n' "${id}" "${SM_IMAGE}" "${fp}" \
+    "${sum%%:*}" "${sum#*:}" "$(hostname)" "${SLURM_JOB_ID:-}" \
+    "$(docker image inspect -f '{{.Config.WorkingDir}}' "${SM_IMAGE}" 2>/dev/null)" >"${sqsh}.id.tmp.$$" &&
+    mv -f "${sqsh}.id.tmp.$$" "${sqsh}.id"
+  # The image's own command (ENTRYPOINT + CMD, one word a line): what docker would run with no
+  # command given, and pyxis never runs by itself.
+  docker image inspect -f '{{range .Config.Entrypoint}}{{println .}}{{end}}{{range .Config.Cmd}}{{println .}}{{end}}' \
+    "${SM_IMAGE}" >"${sqsh}.cmd.tmp.$$" 2>/dev/null && mv -f "${sqsh}.cmd.tmp.$$" "${sqsh}.cmd"
+  exec {lockfd}>&-
+  log::info image "made ${sqsh} from ${SM_IMAGE} ($((${sum%%:*} / 1024 / 1024)) MB, $(util::elapsed "${t0}") s)"
+  printf '%s' "${sid}"
+}
+
+# image::sqsh_state SQSH: what the dry run says of the squashfs (size only: no read of the file).
+image::sqsh_state() {
+  local sqsh=$1 bytes
+  if image::pyxis_given; then
+    image::is_sqsh "${sqsh}" || { printf 'a reference: pyxis imports it on every node'; return 0; }
+    [[ -r ${sqsh} ]] && printf 'exists, %s bytes, used as given' "$(stat -c %s "${sqsh}")" || printf 'MISSING: --image names a squashfs this host cannot read'
+    return 0
+  fi
+  bytes=$(image::sidecar_get "${sqsh}.id" bytes)
+  if [[ -s ${sqsh} && -n ${bytes} && $(stat -c %s "${sqsh}") == "${bytes}" ]]; then
+    printf 'exists: %s %s, made by %s; rank 0 checks it against its image' "$(image::sidecar_get "${sqsh}.id" image)" \
+      "$(image::sidecar_get "${sqsh}.id" id | cut -c8-19)" "$(image::sidecar_get "${sqsh}.id" made_by)"
+  elif [[ -e ${sqsh} ]]; then
+    printf 'exists but does not match its sidecar: rank 0 imports it again'
+  else
+    printf 'missing: rank 0 makes it with enroot import dockerd://%s' "${SM_IMAGE}"
+  fi
+}
+
+# image::pyxis_rank0: the squashfs every rank starts: the given .sqsh, or rank 0's docker image
+# (fresh local, rebuilt, pulled) imported into the cache. Sets IMAGE_SQSH, IMAGE_SQSH_ID, and
+# SM_IMAGE_ID (the docker image ID, when there is one).
+image::pyxis_rank0() {
+  local id="" fp side
+  IMAGE_SQSH=$(image::sqsh_path)
+  if image::pyxis_given && ! image::is_sqsh "${IMAGE_SQSH}"; then
+    IMAGE_SQSH_ID=pyxis-reference
+    log::info image "--container-image ${IMAGE_SQSH}: pyxis imports it on every node itself (no squashfs cache)"
+    return 0
+  fi
+  if image::pyxis_given; then
+    [[ -f ${IMAGE_SQSH} && -r ${IMAGE_SQSH} ]] || { log::error image "${IMAGE_SQSH}: no such squashfs file on $(hostname) (it must be on storage every node sees)"; return 1; }
+    IMAGE_SQSH_ID=$(image::sqsh_id "${IMAGE_SQSH}") || return 1
+    log::info image "using the squashfs ${IMAGE_SQSH} as given (${IMAGE_SQSH_ID})"
+    return 0
+  fi
+  if ! docker version -f '{{.Server.Version}}' >/dev/null 2>&1; then
+    # No docker on rank 0: a verified squashfs of this image is still good; nothing can make one.
+    side=${IMAGE_SQSH}.id
+    if IMAGE_SQSH_ID=$(image::sqsh_sidecar_ok "${IMAGE_SQSH}" ""); then
+      SM_IMAGE_ID=$(image::sidecar_get "${side}" id)
+      log::warn image "no docker engine on $(hostname): using ${IMAGE_SQSH} (${SM_IMAGE} ${SM_IMAGE_ID:7:12}, made by $(image::sidecar_get "${side}" made_by)) without checking it against a local image"
+      return 0
+    fi
+    log::error image "no docker engine on $(hostname) to make a squashfs of ${SM_IMAGE}, and ${IMAGE_SQSH} is missing or does not match its sidecar; give --image /path/to/IMAGE.sqsh, or run rank 0 where docker is"
+    return 1
+  fi
+  fp=$(image::fingerprint)
+  # The tar cache is not needed: every node starts from the squashfs.
+  id=$(NNODES=1 image::ensure_on_rank0) || return 1
+  export SM_IMAGE_ID=${id}
+  IMAGE_SQSH_ID=$(image::sqsh_make "${IMAGE_SQSH}" "${id}" "${fp}") || return 1
+}
+
+# image::pyxis_worker SQSH_ID: rank 0's squashfs is visible here, at the size it released.
+image::pyxis_worker() {
+  local want=$1 bytes sqsh
+  sqsh=$(image::sqsh_path)
+  IMAGE_SQSH=${sqsh}
+  IMAGE_SQSH_ID=${want}
+  image::pyxis_given && ! image::is_sqsh "${sqsh}" && return 0
+  bytes=${want#sqsh:}
+  bytes=${bytes%%:*}
+  if [[ ! -r ${sqsh} ]]; then
+    log::error image "rank 0 made ${sqsh}, but $(hostname) cannot read it: is $(dirname "${sqsh}") on storage every node sees?"
+    return 1
+  fi
+  if [[ -n ${want} && $(stat -c %s "${sqsh}") != "${bytes}" ]]; then
+    log::error image "${sqsh} here is $(stat -c %s "${sqsh}") bytes, rank 0 released ${bytes}: the shared storage does not show rank 0's file"
+    return 1
+  fi
+  log::info image "rank 0's squashfs ${sqsh} is here ($(stat -c %s "${sqsh}") bytes)"
 }

@@ -66,9 +66,18 @@ job::run() {
 
 # job::step_id: the id of our sm-node step (for scancel --signal=TERM <job>.<step>).
 job::step_id() {
+  local launcher=nsight-slurm-connector
+  # Under pyxis the connector steps are the ranks' own (lib/run.sh); ours is always sm-node.
+  [[ ${SM_RUNTIME:-docker} != pyxis ]] || launcher=sm-node
   [[ -n ${JOB_STEP_ID} ]] || JOB_STEP_ID=$(squeue -s -j "${SLURM_JOB_ID}" -h -o '%i|%j' 2>/dev/null |
-    awk -F'|' '$2 == "sm-node" || $2 == "nsight-slurm-connector" { split($1, a, "."); print a[2]; exit }')
+    awk -F'|' -v l="${launcher}" '$2 == "sm-node" || $2 == l { split($1, a, "."); print a[2]; exit }')
   printf '%s' "${JOB_STEP_ID}"
+}
+
+# job::rank_steps: under pyxis, the ids of the ranks' own steps (sm-rank<R>, or the connector's).
+job::rank_steps() {
+  squeue -s -j "${SLURM_JOB_ID}" -h -o '%i|%j' 2>/dev/null |
+    awk -F'|' '$2 ~ /^sm-rank[0-9]+$/ || $2 == "nsight-slurm-connector" { n = split($1, a, "."); print a[n] }' || true
 }
 
 # job::watch: wait for the tasks while a helper watches them (progress, a rank's status.json saying
@@ -96,6 +105,15 @@ job::watch() {
 job::stop_step() {
   local step
   teardown::pre_cleanup "$1"
+  if [[ ${SM_RUNTIME:-docker} == pyxis ]]; then
+    # Not the sm-node step: each sm-node's srun of its rank would SIGKILL the rank (see above).
+    # SIGTERM to the ranks' steps; each sm-node then stages its rank as it ends.
+    for step in $(job::rank_steps); do
+      log::cmd multi scancel --signal=TERM "${SLURM_JOB_ID}.${step}"
+      scancel --signal=TERM "${SLURM_JOB_ID}.${step}" 2>/dev/null || true
+    done
+    return 0
+  fi
   step=$(job::step_id)
   [[ -n ${step} ]] || return 0
   log::cmd multi scancel --signal=TERM "${SLURM_JOB_ID}.${step}"
@@ -107,8 +125,6 @@ job::stop_step() {
 # staged already.
 job::reap() {
   job::all_staged && return 0
-  # pyxis runs no sm-node on the nodes (see lib/launch.sh): nothing there to reap with.
-  [[ ${SM_RUNTIME:-docker} != pyxis ]] || return 0
   local argv=(srun --overlap --nodes="${SLURM_JOB_NUM_NODES:-1}" --ntasks-per-node="$(launch::tasks_per_node)" --kill-on-bad-exit=0
     --job-name=sm-reap --label "${SM_HOME}/bin/sm-node" --stage reap --jobdir "${SM_JOBDIR}")
   local limit
@@ -310,10 +326,20 @@ job::dry_run_node() {
         printf '  mounts and options (after de-duplication): %s\n' "$(printf '%q ' "${RUN_DOCKER_OPTS[@]+"${RUN_DOCKER_OPTS[@]}"}")"
         ;;
       none) printf '  bare metal: %s\n' "$(printf '%q ' "${SM_PROFILE_PREFIX[@]+"${SM_PROFILE_PREFIX[@]}"}" "${RUN_WORKLOAD[@]+"${RUN_WORKLOAD[@]}"}")" ;;
-      *) printf '  %s: every task is the worker step above (no sm-node inside the container)\n' "${SM_RUNTIME}" ;;
+      pyxis)
+        IMAGE_SQSH=$(image::sqsh_path)
+        printf '  squashfs: %s (%s)\n' "${IMAGE_SQSH}" "$(image::sqsh_state "${IMAGE_SQSH}")"
+        run::pyxis_argv
+        printf '  pyxis: sm-node on the node starts the rank as a step of its own:\n'
+        printf '  %s\n' "$(printf '%q ' "${RUN_ARGV[@]}")"
+        ;;
     esac
     if [[ -f $1/r${r}/container.env ]]; then
-      printf '  container env (--env-file, from the manifest):\n'
+      if [[ ${SM_RUNTIME} == docker ]]; then
+        printf '  container env (--env-file, from the manifest):\n'
+      else
+        printf '  workload env (in its environment, from the manifest):\n'
+      fi
       sed 's/^/    /' "$1/r${r}/container.env"
     fi
     printf '\n'

@@ -4,6 +4,10 @@
 # on a compute node after the job (`bin/sm-node --from-job JOBDIR --rank R --stage NAME`): prepare is
 # cheap and runs first every time, so no stage depends on node-local state that is gone.
 
+# Events on the node's timeline (lib/timeline.sh), also where this file is sourced alone.
+# shellcheck source=lib/timeline.sh
+declare -F timeline::event >/dev/null || source "$(dirname "${BASH_SOURCE[0]}")/timeline.sh"
+
 declare -gA NODE_STAGE_SECONDS=() NODE_STAGE_STATUS=()
 NODE_STAGE_ORDER=()
 NODE_STAGES=(prepare image barrier run save-outputs)
@@ -63,7 +67,11 @@ node::init() {
 }
 
 node::is_rank0() { [[ ${SM_RANK} == 0 ]]; }
-node::multi() { ((NNODES > 1)); }
+# node::multi: more than one rank (several tasks per node count: each is a rank of its own).
+node::multi() { ((${SM_NTASKS:-${NNODES}} > 1)); }
+# node::has_image: the runtime starts an image every rank must have (docker: loaded per node; pyxis:
+# one squashfs on shared storage); bare metal has none, and no image barrier.
+node::has_image() { [[ ${SM_RUNTIME:-docker} == docker || ${SM_RUNTIME} == pyxis ]]; }
 
 # node::remove_stale: scratch dirs and containers of this user's jobs that have ended (a task
 # SIGKILLed after KillWait cannot clean up after itself; the next job on the node does). A job counts
@@ -103,6 +111,7 @@ node::stage() {
     how=${how% }
   fi
   log::info "${name}" "stage ${name} (${how})"
+  timeline::event stage_start stage="${name}"
   "node::stage_${name//-/_}" || rc=$?
   NODE_STAGE_SECONDS[${name}]=$(util::elapsed "${t0}")
   NODE_STAGE_ORDER+=("${name}")
@@ -114,6 +123,7 @@ node::stage() {
     [[ -n ${NODE_REASON} ]] || NODE_REASON="stage ${name} failed (exit ${rc})"
     log::error "${name}" "stage ${name}: failed (exit ${rc}): ${NODE_REASON}"
   fi
+  timeline::event stage_end stage="${name}" status="${NODE_STAGE_STATUS[${name}]}"
   return "${rc}"
 }
 
@@ -134,7 +144,7 @@ node::stage_prepare() {
   local rc=0
   # In a whole multi-node job the barrier starts now, beside prepare: rank 0 listens, a worker
   # dials and waits for rank 0's image ID. Neither needs what prepare resolves.
-  if ((!NODE_FROM_JOB)) && node::multi && [[ ${SM_RUNTIME:-docker} == docker && ${NODE_WHOLE_TASK:-0} == 1 ]]; then
+  if ((!NODE_FROM_JOB)) && node::multi && node::has_image && [[ ${NODE_WHOLE_TASK:-0} == 1 ]]; then
     node::barrier_args
     if node::is_rank0; then node::serve_barrier; else node::join_image_phase; fi
   fi
@@ -149,7 +159,7 @@ node::stage_prepare() {
 # ---- image ---------------------------------------------------------------------------------------
 
 node::barrier_args() {
-  BARRIER_ARGS=(--nnodes "${NNODES}" --master-addr "${MASTER_ADDR}" --master-port "${MASTER_PORT}"
+  BARRIER_ARGS=(--nnodes "${SM_NTASKS:-${NNODES}}" --master-addr "${MASTER_ADDR}" --master-port "${MASTER_PORT}"
     --job-id "${SLURM_JOB_ID:-0}")
 }
 
@@ -159,7 +169,8 @@ node::barrier_args() {
 # worker loads the ID recorded in node_0/status.json.
 node::stage_image() {
   local id reason
-  [[ ${SM_RUNTIME:-docker} == docker ]] || { log::info image "runtime ${SM_RUNTIME}: no image to distribute"; return 0; }
+  node::has_image || { log::info image "runtime ${SM_RUNTIME}: no image to distribute"; return 0; }
+  [[ ${SM_RUNTIME:-docker} != pyxis ]] || { node::image_pyxis; return; }
   if ! node::multi || ((NODE_FROM_JOB)); then
     if node::is_rank0; then
       id=$(image::ensure_on_rank0) || node::fail "image: cannot obtain ${SM_IMAGE} (see node.log)" || return
@@ -176,6 +187,7 @@ node::stage_image() {
     if id=$(image::ensure_on_rank0); then
       export SM_IMAGE_ID=${id}
       node::barrier_say "RELEASE ${id}"
+      timeline::event release
     else
       reason="rank 0 ($(hostname)): image stage failed: cannot obtain ${SM_IMAGE} (see node_0/node.log)"
       node::barrier_say "ABORT ${reason}"
@@ -198,6 +210,50 @@ node::stage_image() {
     # What this node really runs (a rebuilt image has its own ID).
     export SM_IMAGE_ID=${IMAGE_WORKER_ID:-${id}}
   fi
+}
+
+# node::image_pyxis: rank 0 makes (or finds) the squashfs and releases `sqsh:<bytes>:<cksum>`; a
+# worker only checks that it sees that file: it needs no docker.
+node::image_pyxis() {
+  local id reason
+  if ! node::multi || ((NODE_FROM_JOB)); then
+    if node::is_rank0; then
+      image::pyxis_rank0 || node::fail "image: cannot make a squashfs of ${SM_IMAGE} (see node.log)" || return
+    else
+      image::pyxis_worker "" || node::fail "$(hostname) (rank ${SM_RANK}): cannot see rank 0's squashfs $(image::sqsh_path)" || return
+    fi
+    export SM_IMAGE_SQSH=${IMAGE_SQSH}
+    return 0
+  fi
+  node::barrier_args
+  if node::is_rank0; then
+    [[ -n ${SM_BARRIER_PID} ]] || node::serve_barrier
+    if image::pyxis_rank0; then
+      node::barrier_say "RELEASE ${IMAGE_SQSH_ID}"
+      timeline::event release
+    else
+      reason="rank 0 ($(hostname)): image stage failed: cannot make a squashfs of ${SM_IMAGE} (see node_0/node.log)"
+      node::barrier_say "ABORT ${reason}"
+      node::fail "${reason}" || return
+    fi
+  else
+    local rc=0
+    [[ -n ${NODE_JOIN_PID} ]] || node::join_image_phase
+    if ! read -r -u "${NODE_JOIN_FD}" id; then
+      wait "${NODE_JOIN_PID}" || rc=$?
+      node::join_failed "${rc}" || return
+    fi
+    if ! image::pyxis_worker "${id}"; then
+      reason="$(hostname) (rank ${SM_RANK}): cannot see rank 0's squashfs $(image::sqsh_path)"
+      node::stop_join
+      node::barrier_abort "${reason}"
+      node::fail "${reason}" || return
+    fi
+    # What the rank runs, for status.json: the docker image the squashfs was made from.
+    SM_IMAGE_ID=$(image::sidecar_get "${IMAGE_SQSH}.id" id)
+    export SM_IMAGE_ID=${SM_IMAGE_ID:-${id}}
+  fi
+  export SM_IMAGE_SQSH=${IMAGE_SQSH}
 }
 
 # node::serve_barrier: rank 0's barrier server, fed on a pipe: `RELEASE <id>` or `ABORT <reason>`.
@@ -260,7 +316,7 @@ node::barrier_abort() {
 
 node::stage_barrier() {
   node::multi || { log::info barrier "single node: no barrier"; return 0; }
-  [[ ${SM_RUNTIME:-docker} == docker ]] || { log::info barrier "runtime ${SM_RUNTIME}: no image to wait for, no barrier"; return 0; }
+  node::has_image || { log::info barrier "runtime ${SM_RUNTIME}: no image to wait for, no barrier"; return 0; }
   local rc=0
   node::barrier_args
   if node::is_rank0; then
@@ -281,6 +337,7 @@ node::stage_barrier() {
       node::fail "${why}" "${rc}" || return
     fi
     log::info barrier "every worker is ready; GO sent"
+    timeline::event go
   elif [[ -n ${NODE_JOIN_PID} ]]; then
     # The join of the image stage goes on to the start phase: this node has the image.
     kill -USR1 "${NODE_JOIN_PID}"
@@ -289,11 +346,13 @@ node::stage_barrier() {
     ((rc == 0)) || node::join_failed "${rc}" || return
     NODE_JOIN_PID=
     log::info barrier "GO received"
+    timeline::event go
   else
     util::sm_logged barrier barrier join --rank "${SM_RANK}" "${BARRIER_ARGS[@]}" --phase start \
       --connect-timeout "${SM_BARRIER_TIMEOUT}" --wait-timeout "${SM_BARRIER_TIMEOUT}" >/dev/null ||
       node::fail "${UTIL_ERROR}" "$?" || return
     log::info barrier "GO received"
+    timeline::event go
   fi
 }
 
@@ -306,16 +365,18 @@ node::stage_run() {
   case ${SM_RUNTIME:-docker} in
     docker) run::docker || node::fail "run: could not start the container" || return ;;
     none) run::bare ;;
-    *) node::fail "runtime ${SM_RUNTIME} is launched by the batch step, not by sm-node" 2 || return ;;
+    pyxis) run::pyxis || node::fail "run: could not start the rank's pyxis step" || return ;;
+    *) node::fail "unknown runtime ${SM_RUNTIME}" 2 || return ;;
   esac
   if declare -F profile::after_run >/dev/null; then profile::after_run; fi # nsys: this rank's report settles
   NODE_EXIT=${RUN_EXIT}
+  timeline::event exit code="${RUN_EXIT}"
   # The hang watch stopped it: its reason, not the exit code the stop caused.
   [[ -z ${RUN_HUNG:-} ]] || { node::fail "${RUN_HUNG}" "$((RUN_EXIT == 0 ? 1 : RUN_EXIT))"; return; }
   case ${RUN_EXIT} in
     0) return 0 ;;
     124) node::fail "workload timed out after ${SM_TIMEOUT} s" 124 ;;
-    *) node::fail "container exited ${RUN_EXIT}" "${RUN_EXIT}" ;;
+    *) node::fail "$([[ ${SM_RUNTIME:-docker} == docker ]] && echo container || echo workload) exited ${RUN_EXIT}" "${RUN_EXIT}" ;;
   esac
 }
 

@@ -33,6 +33,47 @@ PROFILE_HEAD_IPV4=
 
 # ---- settings ------------------------------------------------------------------------------------
 
+# profile::killwait: Slurm's KillWait in seconds (SIGTERM to SIGKILL of a cancelled job's steps),
+# from `scontrol show config`; empty when it cannot be read.
+profile::killwait() {
+  local kw
+  kw=${SM_KILLWAIT:-$(scontrol show config 2>/dev/null | awk -F= '/^KillWait/ { gsub(/[^0-9]/, "", $2); print $2; exit }')}
+  [[ ${kw} =~ ^[0-9]+$ ]] && printf '%s' "${kw}"
+  return 0
+}
+
+# profile::fit_killwait [warn|show]: under pyxis a rank's container lives in a Slurm step, so a
+# cancelled job's nsys is SIGKILLed KillWait seconds after its SIGTERM, whatever our stop grace
+# says: the report must be written and settled inside KillWait, and collect must still run. The
+# settle window is therefore sized to KillWait - PROFILE_KILLWAIT_RESERVE (at least 5 s); `warn`
+# exports the sized window and says so in the log, `show` prints the dry run's line.
+PROFILE_KILLWAIT_RESERVE=20
+profile::fit_killwait() {
+  [[ ${SM_RUNTIME:-docker} == pyxis && ${SM_PROFILE:-none} != none ]] || return 0
+  local kw fit
+  kw=$(profile::killwait)
+  if [[ -z ${kw} ]]; then
+    [[ $1 == show ]] && printf '  %-16s %s\n' killwait "unknown (scontrol show config unreadable here): the settle window ${SM_FLUSH_SETTLE_SECONDS} s must fit inside Slurm's KillWait"
+    [[ $1 == warn ]] && log::warn profile "cannot read Slurm's KillWait (scontrol show config): a scancelled job's nsys is SIGKILLed after it; the settle window stays ${SM_FLUSH_SETTLE_SECONDS} s"
+    return 0
+  fi
+  fit=$((kw - PROFILE_KILLWAIT_RESERVE))
+  ((fit >= 5)) || fit=5
+  if ((SM_FLUSH_SETTLE_SECONDS <= fit)); then
+    [[ $1 == show ]] && printf '  %-16s %s\n' killwait "${kw} s: the settle window ${SM_FLUSH_SETTLE_SECONDS} s fits (pyxis: Slurm SIGKILLs a cancelled rank's nsys after KillWait)"
+    return 0
+  fi
+  local why="Slurm's KillWait is ${kw} s: under pyxis a cancelled rank's nsys is SIGKILLed then, so the settle window ${SM_FLUSH_SETTLE_SECONDS} s is cut to ${fit} s (KillWait - ${PROFILE_KILLWAIT_RESERVE} s for staging and collect); ask the admins for a longer KillWait if reports need more"
+  case $1 in
+    show) printf '  %-16s WARNING: %s\n' killwait "${why}" ;;
+    warn)
+      log::warn profile "${why}"
+      export SM_FLUSH_SETTLE_SECONDS=${fit}
+      ;;
+  esac
+  return 0
+}
+
 # profile::window: "<start>-<stop>" (TLLM_PROFILE_START_STOP), empty for the whole run.
 profile::window() {
   [[ -n ${SM_PROFILE_START_ITER:-} ]] && printf '%s-%s' "${SM_PROFILE_START_ITER}" "${SM_PROFILE_STOP_ITER}"
@@ -242,7 +283,13 @@ profile::nsight_tool_options() {
     [[ ${word} == --wait || ${word} == --wait=* ]] && wait=1
   done
   ((wait)) || words+=(--wait=primary)
-  words+=(-o "$(profile::nsight_direct)/${PROFILE_REPORT_NAME}")
+  # Under pyxis the connector runs in the rank's own one-task step, where SLURM_PROCID is 0 on every
+  # node: the rank is sm-node's SM_RANK, which that step inherits.
+  if [[ ${SM_RUNTIME:-docker} == pyxis ]]; then
+    words+=(-o "$(profile::nsight_direct)/${PROFILE_REPORT_NAME/SLURM_PROCID/SM_RANK}")
+  else
+    words+=(-o "$(profile::nsight_direct)/${PROFILE_REPORT_NAME}")
+  fi
   printf '%s\0' "${words[@]}"
 }
 
@@ -302,16 +349,13 @@ profile::container_mounts() {
 # profile::before_steps: once per job, in the batch step, before the first worker step.
 profile::before_steps() {
   local pair
-  # pyxis runs the workload without sm-node: its outputs go to <jobdir>/output (mounted).
-  if [[ ${SM_RUNTIME:-docker} == pyxis ]]; then
-    mkdir -p "${SM_JOBDIR}/output" || return 1
-  fi
   case ${SM_PROFILE:-none} in
     none) return 0 ;;
     nsys) profile::nsys_setup || return ;;
     nsight-slurm) profile::nsight_setup || return ;;
   esac
   profile::take_baseline || return
+  profile::fit_killwait warn
   # Exported here too: the reaper step and the batch step's teardown bounds use the same grace.
   profile::apply_stop_grace
   # The worker env rides in the process environment (srun, the wrapper and pyxis pass it on).
@@ -499,14 +543,13 @@ profile::flush_nsys() {
   local dir expect step
   dir=$(profile::dir)
   profile::_worker_step_started || { log::info profile "flush: the worker step never started; no reports to wait for"; return 0; }
-  if [[ ${SM_RUNTIME:-docker} == pyxis ]]; then
-    expect=$(($(launch::tasks_per_node) * ${SLURM_JOB_NUM_NODES:-1}))
-  else
-    expect=$(find "${SM_JOBDIR}" -mindepth 2 -maxdepth 2 -path '*/node_*/.profile-nsys' 2>/dev/null | wc -l)
-  fi
+  expect=$(find "${SM_JOBDIR}" -mindepth 2 -maxdepth 2 -path '*/node_*/.profile-nsys' 2>/dev/null | wc -l)
   ((expect > 0)) || { log::info profile "flush: no rank started under nsys; no reports to wait for"; return 0; }
   log::info profile "flush (${1:-teardown}): waiting for ${expect} nsys report(s) in ${dir}"
-  if profile::_worker_step_running; then
+  if profile::_worker_step_running && [[ ${SM_RUNTIME:-docker} == pyxis ]]; then
+    # The ranks' own steps: SIGTERM to sm-node's step would make its srun SIGKILL the rank.
+    for step in $(job::rank_steps); do profile::_signal_step "${step}"; done
+  elif profile::_worker_step_running; then
     step=$(job::step_id)
     [[ -z ${step} ]] || profile::_signal_step "${step}"
   fi
@@ -687,7 +730,7 @@ profile::dry_run_panel() {
       printf '  %-16s %s\n' flush "SIGTERM to the step (each node: docker stop -t $(profile::stop_grace)), then wait for every rank's report: settle ${SM_FLUSH_SETTLE_SECONDS} s on bytes, timeout ${SM_FLUSH_TIMEOUT_SECONDS} s"
       printf '  %-16s %s\n' "stop grace" "$(profile::stop_grace) s (the larger of --stop-grace ${SM_STOP_GRACE} and ${SM_PROFILE_STOP_GRACE:+--profile-stop-grace }${SM_PROFILE_STOP_GRACE:-settle ${SM_FLUSH_SETTLE_SECONDS} + ${PROFILE_STOP_GRACE_MARGIN}})"
       # The per-node docker argv below shows the prefix too (this is the dry run's subshell).
-      if [[ ${SM_RUNTIME} == docker ]]; then util::split0 SM_PROFILE_PREFIX profile::nsys_prefix || return 2; fi
+      util::split0 SM_PROFILE_PREFIX profile::nsys_prefix || return 2
       ;;
     nsight-slurm)
       util::split0 opts profile::nsight_tool_options || return 2
@@ -703,6 +746,7 @@ profile::dry_run_panel() {
       printf '  %-16s %s\n' flush "nsight-slurm stop --job ${SLURM_JOB_ID}, rescue from the runtime dir, SIGTERM to the nsight-slurm-connector steps if nothing new, wait: settle ${SM_FLUSH_SETTLE_SECONDS} s on bytes, timeout ${SM_FLUSH_TIMEOUT_SECONDS} s; then coordinator stop --force"
       ;;
   esac
+  profile::fit_killwait show
   [[ ${SM_PROFILE} == none ]] ||
     printf '  %-16s %s\n' "old reports" "never count: reports already there before the job are recorded in $(profile::baseline_file) and left out of every wait"
   ((${#env[@]})) && printf '  %-16s %s\n' "worker env" "${env[*]}"

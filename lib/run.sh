@@ -3,6 +3,10 @@
 # The run stage: docker run the workload with host networking, the node's GPUs, de-duplicated
 # mounts, the restored env and the rank env; a bounded diagnostic snapshot on failure.
 
+# Events on the node's timeline (lib/timeline.sh), also where this file is sourced alone.
+# shellcheck source=lib/timeline.sh
+declare -F timeline::event >/dev/null || source "$(dirname "${BASH_SOURCE[0]}")/timeline.sh"
+
 # run::container_name: one name per job and rank, so cleanup can always find the container.
 run::container_name() { printf 'sm-%s-r%s' "${SLURM_JOB_ID:-local}" "${SM_RANK:-0}"; }
 
@@ -140,6 +144,7 @@ run::docker() {
   "${RUN_ARGV[@]}" </dev/null &
   pid=$!
   RUN_DOCKER_PID=${pid}
+  timeline::event container_start
   if ((SM_TIMEOUT > 0)); then
     local task=${BASHPID}
     (
@@ -200,6 +205,7 @@ run::bare() {
   ) </dev/null &
   pid=$!
   RUN_DOCKER_PID=${pid}
+  timeline::event container_start
   rm -f "${SM_SCRATCH}/run-done"
   run::hang_watch --pid "${pid}"
   if ((SM_TIMEOUT > 0)); then
@@ -225,4 +231,143 @@ run::bare() {
     run::end_watchers "${RUN_HANG_PID}"
   fi
   RUN_EXIT=${rc}
+}
+
+# ---- pyxis ---------------------------------------------------------------------------------------
+# The rank's container is a step of its own: this task (on the node, outside any container) starts
+# `srun --overlap -N1 -n1 -w <this node> --container-image=<squashfs> …` and waits for it, so the
+# rank is staged and judged exactly like a docker rank. Slurm gives that inner step its own task
+# ids (SLURM_PROCID 0 on every node); the first words of its command put the job's back.
+# shellcheck disable=SC2016 # expanded by sh inside the container
+RUN_PYXIS_RANK_SH='export SLURM_PROCID="${SM_PYXIS_PROCID:-$SLURM_PROCID}" SLURM_LOCALID="${SM_PYXIS_LOCALID:-$SLURM_LOCALID}" SLURM_NODEID="${SM_PYXIS_NODEID:-$SLURM_NODEID}" SLURM_NTASKS="${SM_PYXIS_NTASKS:-$SLURM_NTASKS}" SLURM_NNODES="${SM_PYXIS_NNODES:-$SLURM_NNODES}"; exec "$@"'
+
+# run::pyxis_step_name: the inner step's name (the nsight-slurm wrapper names its own).
+run::pyxis_step_name() {
+  if [[ ${SM_PROFILE:-none} == nsight-slurm ]]; then printf nsight-slurm-connector; else printf 'sm-rank%s' "${SM_RANK:-0}"; fi
+}
+
+# run::pyxis_argv: the inner step's whole argv into RUN_ARGV: ONE --container-mounts (pyxis keeps
+# only the last) with the job's mounts, the node's output dir and the profiler's, each destination
+# once; the profiler's prefix in front of the workload.
+run::pyxis_argv() {
+  local mounts=() extra name native=()
+  mounts=("${RUN_PYXIS_MOUNTS[@]+"${RUN_PYXIS_MOUNTS[@]}"}" "${SM_SCRATCH}/output:${SM_OUTPUT_DIR}")
+  if declare -F profile::container_mounts >/dev/null; then
+    extra=$(profile::container_mounts | tr '\0' '\n') || return 2
+    while IFS= read -r name; do [[ -n ${name} ]] && mounts+=("${name}"); done <<<"${extra}"
+  fi
+  native=(--overlap --nodes=1 --ntasks=1 --nodelist="${SLURMD_NODENAME:-$(hostname)}" --kill-on-bad-exit=0)
+  # A job with GPUs: the rank's step asks for its share (a step gets no GPU it does not ask for).
+  if [[ ${SLURM_GPUS_ON_NODE:-0} =~ ^[1-9][0-9]*$ ]]; then
+    native+=(--gpus-per-task="$((SLURM_GPUS_ON_NODE / $(launch::tasks_per_node) > 0 ? SLURM_GPUS_ON_NODE / $(launch::tasks_per_node) : 1))")
+  fi
+  local sqsh=${IMAGE_SQSH:-$(image::sqsh_path)} workdir
+  native+=(--container-image="${sqsh}" --container-mounts="$(launch::container_mounts "${mounts[@]}")")
+  # docker runs a command in the image's WORKDIR: so does the rank (recorded when it was imported).
+  workdir=$(image::sidecar_get "${sqsh}.id" workdir)
+  [[ -z ${workdir} ]] || native+=(--container-workdir="${workdir}")
+  RUN_ARGV=()
+  if [[ ${SM_PROFILE:-none} == nsight-slurm ]]; then
+    RUN_ARGV=(env SLURM_SUBMIT_DIR="${SM_JOBDIR}" "$(profile::nsight_bin)" srun "${native[@]}" --)
+  else
+    RUN_ARGV=(srun --job-name="$(run::pyxis_step_name)" "${native[@]}")
+  fi
+  RUN_ARGV+=(sh -c "${RUN_PYXIS_RANK_SH}" sm-rank "${SM_PROFILE_PREFIX[@]+"${SM_PROFILE_PREFIX[@]}"}" "${RUN_WORKLOAD[@]}")
+}
+
+# run::pyxis_step_id: the id of this rank's inner step, from Slurm (empty while it is not there).
+run::pyxis_step_id() {
+  local name
+  name=$(run::pyxis_step_name)
+  squeue -s -j "${SLURM_JOB_ID}" -h -o '%i|%j|%N' 2>/dev/null |
+    awk -F'|' -v name="${name}" -v node="${SLURMD_NODENAME:-$(hostname)}" \
+      '$2 == name && $3 == node { n = split($1, a, "."); print a[n]; exit }'
+}
+
+# run::pyxis_stop REASON: SIGTERM to this rank's step (never to srun: srun turns that into SIGKILL
+# for the tasks, and nsys would write nothing), SIGKILL after the stop grace.
+run::pyxis_stop() {
+  local step waited=0
+  step=$(run::pyxis_step_id)
+  [[ -n ${step} ]] || { log::warn run "no step of this rank to stop ($1)"; return 0; }
+  log::cmd run scancel --signal=TERM "${SLURM_JOB_ID}.${step}"
+  scancel --signal=TERM "${SLURM_JOB_ID}.${step}" 2>/dev/null || true
+  while [[ -n ${RUN_DOCKER_PID:-} ]] && kill -0 "${RUN_DOCKER_PID}" 2>/dev/null && ((waited < ${SM_STOP_GRACE:-30} * 5)); do
+    sleep 0.2
+    waited=$((waited + 1))
+  done
+  if [[ -n ${RUN_DOCKER_PID:-} ]] && kill -0 "${RUN_DOCKER_PID}" 2>/dev/null; then
+    log::cmd run scancel --signal=KILL "${SLURM_JOB_ID}.${step}"
+    scancel --signal=KILL "${SLURM_JOB_ID}.${step}" 2>/dev/null || true
+  fi
+}
+
+# run::pyxis_diagnose REASON: what Slurm and the node show of the rank's step.
+run::pyxis_diagnose() {
+  local dir=${SM_SCRATCH}/diagnostics step
+  mkdir -p "${dir}" || return 0
+  log::info run "capturing diagnostics ($1) into node_${SM_RANK}/diagnostics/"
+  step=$(run::pyxis_step_id)
+  {
+    printf 'reason: %s\nnode: %s\ntime: %s\nstep: %s\n' "$1" "$(hostname)" "$(date -u +%FT%TZ)" "${SLURM_JOB_ID}.${step:-?}"
+    timeout 10 squeue -s -j "${SLURM_JOB_ID}" 2>&1
+    [[ -z ${step} ]] || timeout 10 scontrol listpids "${SLURM_JOB_ID}.${step}" 2>&1
+  } >"${dir}/step-state.txt" 2>&1 || true
+  timeout 10 ps -eo pid,ppid,stat,etime,rss,args --sort=-rss 2>&1 | head -n 60 >"${dir}/host-processes.txt" || true
+  [[ -f ${SM_NODE_LOG:-} ]] && tail -n 100 "${SM_NODE_LOG}" >"${dir}/node-log-tail.txt" 2>/dev/null
+  local f
+  for f in "${dir}"/*.txt; do
+    util::redact --secrets-file "${SM_SCRATCH}/secrets" <"${f}" >"${f}.r" 2>/dev/null && mv -f "${f}.r" "${f}"
+  done
+  return 0
+}
+
+# run::pyxis: start the rank's step and wait for it; --timeout stops it (SIGTERM, then SIGKILL after
+# the stop grace). Sets RUN_EXIT (124 = timed out).
+run::pyxis() {
+  local pid rc=0 deadline
+  if ((${#RUN_WORKLOAD[@]} == 0)) && [[ -s ${IMAGE_SQSH:-$(image::sqsh_path)}.cmd ]]; then
+    # No command: the image's ENTRYPOINT + CMD, as docker would run it.
+    mapfile -t RUN_WORKLOAD <"${IMAGE_SQSH:-$(image::sqsh_path)}.cmd"
+    log::info run "no command given: running the image's own ENTRYPOINT + CMD (${RUN_WORKLOAD[*]})"
+  fi
+  ((${#RUN_WORKLOAD[@]})) || { log::error run "no workload command: pyxis runs no image entrypoint by itself; give -- CMD or a manifest with scripts"; RUN_EXIT=2; return 0; }
+  run::pyxis_argv || return 1
+  export SM_PYXIS_PROCID=${SLURM_PROCID:-${SM_RANK}} SM_PYXIS_LOCALID=${SLURM_LOCALID:-${LOCAL_RANK:-0}}
+  export SM_PYXIS_NODEID=${SLURM_NODEID:-${NODE_RANK:-0}} SM_PYXIS_NTASKS=${SLURM_STEP_NUM_TASKS:-${WORLD_SIZE:-1}}
+  export SM_PYXIS_NNODES=${SLURM_STEP_NUM_NODES:-${NNODES:-1}}
+  rm -f "${SM_SCRATCH}/run-done"
+  log::cmd run "${RUN_ARGV[@]}"
+  # The manifest's env reaches the container through the step's environment (never argv).
+  (
+    # shellcheck source=/dev/null
+    source "${SM_SCRATCH}/workload.env" || exit 2
+    exec "${RUN_ARGV[@]}"
+  ) </dev/null &
+  pid=$!
+  RUN_DOCKER_PID=${pid}
+  timeline::event container_start
+  if ((SM_TIMEOUT > 0)); then
+    deadline=$((SECONDS + SM_TIMEOUT))
+    while kill -0 "${pid}" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.2; done
+    if kill -0 "${pid}" 2>/dev/null; then
+      log::error run "workload exceeded --timeout ${SM_TIMEOUT} s; stopping its step"
+      run::pyxis_diagnose "timeout after ${SM_TIMEOUT} s"
+      run::pyxis_stop "timeout"
+      wait "${pid}" 2>/dev/null || true
+      RUN_DOCKER_PID=
+      : >"${SM_SCRATCH}/run-done"
+      RUN_EXIT=124
+      return 0
+    fi
+  fi
+  wait "${pid}" || rc=$?
+  RUN_DOCKER_PID=
+  : >"${SM_SCRATCH}/run-done"
+  RUN_EXIT=${rc}
+  if ((rc != 0)); then
+    log::error run "the rank's step exited ${rc}"
+    run::pyxis_diagnose "step exited ${rc}"
+  fi
+  return 0
 }

@@ -99,21 +99,6 @@ def _redact_tree(value: Any, secrets: Sequence[str]) -> Any:
     return value
 
 
-def pyxis_arrays(ctx: RunContext) -> dict[str, list[str]]:
-    """What the pyxis launcher needs: mounts, NAME=VALUE env (no secrets: those travel by name in the
-    task's environment, never in argv), secret names, the workload."""
-    env = [f"{n}={val}" for n, val in ctx.docker_env.items() if n not in ctx.secret_names]
-    secrets = [n for n in ctx.docker_env if n in ctx.secret_names] + [
-        n for n in ctx.kept_env if n in ctx.secret_names or is_secret_name(n)
-    ]
-    return {
-        "JOB_PYXIS_MOUNTS": list(ctx.mounts),
-        "JOB_PYXIS_ENV": env,
-        "JOB_PYXIS_SECRET_NAMES": secrets,
-        "JOB_WORKLOAD": list(ctx.workload),
-    }
-
-
 @click.group("job", context_settings={"help_option_names": ["-h", "--help"]})
 def cli() -> None:
     """The batch step's helpers: resolve and validate the job, write job.json."""
@@ -165,7 +150,6 @@ def plan_command(
             "JOB_IMAGE": ctx.get("SM_IMAGE"),
             "JOB_RESULTS_CSV": ctx.get("SM_RESULTS_CSV"),
         },
-        arrays=pyxis_arrays(ctx),
     )
     sys.stdout.buffer.write(text.encode("utf-8", "surrogateescape"))
 

@@ -172,6 +172,37 @@ def dedup_mounts(docker_opts: list[str], mounts: list[str]) -> tuple[list[str], 
     return args, dropped
 
 
+def pyxis_mounts(docker_opts: list[str], mounts: list[str], ours: list[str]) -> tuple[list[str], list[str]]:
+    """The mounts of a pyxis step as `SRC:DST[:FLAGS]` items for ONE --container-mounts, first per
+    container path wins: ours, then the -v/--volume mounts in the manifest's docker options, then
+    the manifest's and the user's mounts. pyxis keeps only the last --container-mounts given, so
+    every mount must be in this one list. A docker option pyxis cannot honour (a named volume,
+    --mount, --tmpfs) is a usage error: a run without its mount would be a degraded run.
+
+    Returns (items, dropped messages)."""
+    args, dropped = dedup_mounts([w for m in ours for w in ("-v", m)] + docker_opts, mounts)
+    items: list[str] = []
+    found = find_targets(args)
+    skip = {i + k for i, width, _, _ in found for k in range(width)}
+    ignored = [word for i, word in enumerate(args) if i not in skip]
+    if ignored:
+        dropped.append(f"ignored under pyxis (docker run options): {' '.join(ignored)}")
+    for _, _, _, shown in found:
+        kind, _, spec = shown.partition(" ")
+        if kind not in ("-v", "--volume"):
+            raise usage_error(f"{AREA}: {shown}: pyxis mounts host paths; give --mount HOST:CONTAINER[:ro]")
+        if ":" not in spec or not spec.startswith("/"):
+            raise usage_error(
+                f"{AREA}: {shown}: pyxis mounts host paths only, not named or anonymous volumes"
+            )
+        if "," in spec:
+            raise usage_error(
+                f"{AREA}: {shown}: pyxis cannot mount a path with a comma (it separates the mounts)"
+            )
+        items.append(spec)
+    return items, dropped
+
+
 @click.group("mounts", context_settings={"help_option_names": ["-h", "--help"]})
 def cli() -> None:
     """De-duplicate docker mount arguments."""

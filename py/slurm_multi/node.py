@@ -86,6 +86,16 @@ def docker_options(ctx: RunContext, scratch: str) -> list[str]:
     return args
 
 
+def pyxis_mount_list(ctx: RunContext, scratch: str) -> list[str]:
+    """One --container-mounts worth of mounts for a pyxis rank; our /sm-out mount always wins."""
+    from slurm_multi.mounts import pyxis_mounts
+
+    items, dropped = pyxis_mounts(ctx.docker_opts, ctx.mounts, [f"{scratch}/output:{SM_OUT_MOUNT}"])
+    for message in dropped:
+        talk("mounts", message)
+    return items
+
+
 def env_arguments(ctx: RunContext, env_file: str | None) -> list[str]:
     args = ["--env-file", env_file] if env_file else []
     for name in ctx.kept_env:  # the value comes from the environment the docker client runs in
@@ -142,7 +152,11 @@ def prepare(
     for warning in ctx.warnings:
         talk("manifest", warning)
     runtime = ctx.get("SM_RUNTIME", "docker")
-    if not ctx.get("SM_IMAGE") and runtime == "docker":
+    if (
+        not ctx.get("SM_IMAGE")
+        and runtime == "docker"
+        or (runtime == "pyxis" and not ctx.get("SM_IMAGE") and not ctx.get("SM_CONTAINER_IMAGE"))
+    ):
         raise usage_error(f"{AREA}: no image: give --image or a manifest with docker_image")
     if runtime == "docker" and detect:
         check_docker_engine(env, node)
@@ -167,6 +181,7 @@ def prepare(
         "SM_BUILD_SECRET_NAMES": [n for n, _ in ctx.build_args if n in ctx.secret_names or is_secret_name(n)],
         "RUN_GPU_ARGS": gpu_args,
         "RUN_DOCKER_OPTS": docker_options(ctx, shown) if runtime == "docker" else [],
+        "RUN_PYXIS_MOUNTS": pyxis_mount_list(ctx, shown) if runtime == "pyxis" else [],
         "RUN_ENV_ARGS": env_arguments(ctx, env_file),
         "RUN_WORKLOAD": ctx.workload,
     }

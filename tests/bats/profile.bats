@@ -82,6 +82,33 @@ step_argv() {
   )
 }
 
+# rank_argv PROFILE: a pyxis rank's own step (what sm-node on node2, rank 1, starts), one word per
+# line, from the same prepare a node runs (manifest mounts, de-duplicated).
+rank_argv() {
+  (
+    export SM_RUNTIME=pyxis SM_PROFILE=$1 SM_HOME=${REPO_ROOT} SLURM_JOB_ID=4242 SLURM_JOB_NUM_NODES=2
+    export SM_OUT=/shared/out MASTER_ADDR=node1 HF_TOKEN=hf_secret_value SM_RANK=1 SLURMD_NODENAME=node2
+    export SM_MANIFEST=${REPO_ROOT}/tests/bats/data/manifest-mounts.json SM_NTASKS_PER_NODE=2
+    export SM_SCRATCH=/scratch/r1 SM_OUTPUT_DIR=/sm-out SM_IMAGE_CACHE=/shared/cache
+    [[ $1 == nsys ]] && export SM_NSYS_HOST_PATH=${REPO_ROOT}/tests/fakes/nsys
+    [[ $1 == nsight-slurm ]] && export SM_NSIGHT_SLURM_HOME=${NSIGHT_HOME}
+    export SM_PROFILE_START_ITER=100 SM_PROFILE_STOP_ITER=120
+    SM_CMD=()
+    libs
+    # shellcheck source=/dev/null
+    for lib in image run node; do source "${REPO_ROOT}/lib/${lib}.sh"; done
+    JOB_NODES=(node1 node2)
+    job::plan >/dev/null 2>&1 || exit 1
+    export SM_JOBDIR SM_NODE_DIR=${BATS_TEST_TMPDIR}/node_1
+    mkdir -p "${SM_NODE_DIR}" prep
+    util::helper node prepare --scratch prep --no-detect --node-scratch /scratch/r1 >/dev/null 2>&1 || exit 1
+    source prep/context.sh
+    profile::before_run >/dev/null 2>&1 || exit 1
+    run::pyxis_argv || exit 1
+    printf '%s\n' "${RUN_ARGV[@]}" | sed "s|${REPO_ROOT}|<repo>|g"
+  )
+}
+
 # assert_golden NAME ACTUAL: ACTUAL equals tests/bats/golden/NAME (UPDATE_GOLDEN=1 rewrites it).
 assert_golden() {
   if [[ ${UPDATE_GOLDEN:-0} == 1 ]]; then
@@ -240,10 +267,36 @@ assert_golden() {
   done
 }
 
+@test "pyxis: every node runs sm-node (one task per rank); each rank's container is a step sm-node starts" {
+  local profile
+  for profile in none nsys nsight-slurm; do
+    run step_argv pyxis "${profile}"
+    assert_line "<repo>/bin/sm-node"
+    assert_line --partial "--ntasks-per-node=2"
+    refute_line --partial "--container-image"
+    assert_golden "rank-pyxis-${profile}.txt" "$(rank_argv "${profile}")"
+  done
+  # One task, this node, sharing the allocation with sm-node's step; the job's ids put back.
+  run rank_argv none
+  assert_line --index 0 srun
+  assert_line --index 1 --job-name=sm-rank1
+  assert_line --overlap
+  assert_line --nodes=1
+  assert_line --ntasks=1
+  assert_line --nodelist=node2
+  assert_line "--container-image=/shared/cache/registry.example_llm_1.0-$(printf %s registry.example/llm:1.0 | sha256sum | cut -c1-8).sqsh"
+  assert_line --partial 'export SLURM_PROCID="${SM_PYXIS_PROCID:-$SLURM_PROCID}"'
+}
+
 @test "through the nsight-slurm launcher: native options, then --, then the command; no --export, no job name" {
   local runtime argv=() i dashdash
   for runtime in none pyxis; do
-    mapfile -t argv < <(step_argv "${runtime}" nsight-slurm)
+    # bare metal: the wrapper starts sm-node's step; pyxis: each rank's own step.
+    if [[ ${runtime} == none ]]; then
+      mapfile -t argv < <(step_argv none nsight-slurm)
+    else
+      mapfile -t argv < <(rank_argv nsight-slurm)
+    fi
     assert_equal "${argv[0]}" env
     assert_equal "${argv[1]}" "SLURM_SUBMIT_DIR=/shared/out/llm_bench/4242"
     dashdash=""
@@ -264,21 +317,20 @@ assert_golden() {
 
 @test "pyxis: ONE --container-mounts holding the job's mounts and the connector's, each destination once" {
   local argv=() mounts=() count=0 a
-  mapfile -t argv < <(step_argv pyxis nsight-slurm)
+  mapfile -t argv < <(rank_argv nsight-slurm)
   for a in "${argv[@]}"; do
     [[ ${a} == --container-mounts* ]] || continue
     count=$((count + 1))
     IFS=, read -r -a mounts <<<"${a#--container-mounts=}"
   done
   assert_equal "${count}" 1
-  assert_equal "$(printf '%s\n' "${mounts[@]}")" "$(printf '%s\n' /shared/data:/data /shared/models:/models \
-    /shared/out/llm_bench/4242:/shared/out/llm_bench/4242 \
+  assert_equal "$(printf '%s\n' "${mounts[@]}")" "$(printf '%s\n' /scratch/r1/output:/sm-out /shared/data:/data /shared/models:/models \
     '<repo>/tests/fakes/nsight-slurm-home:<repo>/tests/fakes/nsight-slurm-home:ro' \
     '<repo>/tests/fakes/nsight-slurm-home/bin/nsight-slurm-connector:/usr/local/bin/nsight-slurm-connector:ro' \
-    /shared/out/llm_bench/4242/nsight-slurm-runtime:/nsrt)"
-  # The manifest's env rides in the launcher's environment; its secret never appears in argv.
+    /shared/out/llm_bench/4242:/shared/out/llm_bench/4242 /shared/out/llm_bench/4242/nsight-slurm-runtime:/nsrt)"
+  # The manifest's env rides in the step's environment (workload.env); its secret never in argv.
   run printf '%s\n' "${argv[@]}"
-  assert_line NCCL_DEBUG=INFO
+  refute_output --partial NCCL_DEBUG
   refute_output --partial hf_secret_value
   refute_output --partial HF_TOKEN
 }
@@ -702,7 +754,9 @@ for line in open(sys.argv[1]):
   assert_output --regexp "type +nsight-slurm"
   assert_output --regexp "runtime +pyxis"
   assert_output --regexp "window +iterations 100-120 \(TLLM_PROFILE_START_STOP=100-120\)"
-  assert_output --regexp "worker step +env SLURM_SUBMIT_DIR=[^ ]*/toy_model/DRYRUN .*/nsight-slurm-home/bin/nsight-slurm srun --nodes=2 .* --container-mounts=[^ ]* -- sh run.sh --steps 20"
+  assert_output --regexp "worker step +srun --nodes=2 .*--job-name=sm-node .*/bin/sm-node --jobdir [^ ]*/toy_model/DRYRUN"
+  # Each node's rank step goes through the wrapper, the connector in the ONE --container-mounts.
+  assert_output --regexp "  env SLURM_SUBMIT_DIR=[^ ]*/toy_model/DRYRUN .*/nsight-slurm-home/bin/nsight-slurm srun --overlap --nodes=1 .* --container-mounts=[^ ]*nsight-slurm-connector[^ ]* -- sh -c .* sm-rank sh run.sh --steps 20"
   assert_output --regexp "tool options +-t cuda-sw\\\\,nvtx\\\\,python-gil --cuda-graph-trace=graph --sample=none --cpuctxsw=none --wait=primary -o [^ ]*/DRYRUN/nsight-slurm-direct/"
   assert_output --regexp "report output +[^ ]*/DRYRUN/nsight-slurm-reports \(workspace\)"
   assert_output --regexp "profiling mode +cuda-api"
@@ -718,4 +772,23 @@ for line in open(sys.argv[1]):
   assert_success
   assert_output --regexp "type +none"
   assert_output --regexp "window +\(profiling off\)"
+}
+
+@test "pyxis: the settle window is sized to fit Slurm's KillWait, with a warning, and the dry run says so" {
+  run bash -c 'for lib in log util settings profile; do source "${REPO_ROOT}/lib/${lib}.sh"; done
+    export SM_RUNTIME=pyxis SM_PROFILE=nsys
+    fit() { SM_RUNTIME=$1 SM_FLUSH_SETTLE_SECONDS=60 SM_KILLWAIT=$2; profile::fit_killwait warn; echo "$1 $2 -> ${SM_FLUSH_SETTLE_SECONDS}"; }
+    fit pyxis 60; fit pyxis 30; fit pyxis 10; fit pyxis 300; fit docker 30'
+  assert_success
+  assert_line "pyxis 60 -> 40"
+  assert_line "pyxis 30 -> 10"
+  assert_line "pyxis 10 -> 5"
+  assert_line "pyxis 300 -> 60"
+  assert_line "docker 30 -> 60"
+  assert_output --partial "Slurm's KillWait is 30 s: under pyxis a cancelled rank's nsys is SIGKILLed then, so the settle window 60 s is cut to 10 s"
+  SM_KILLWAIT=30 run dry --runtime pyxis --profile nsys
+  assert_success
+  assert_output --regexp "killwait +WARNING: Slurm's KillWait is 30 s"
+  SM_KILLWAIT=300 run dry --runtime pyxis --profile nsys
+  assert_output --regexp "killwait +300 s: the settle window 60 s fits"
 }

@@ -13,7 +13,8 @@ CLUSTER_SLURM_CONF=/etc/slurm/slurm.conf
 CLUSTER_MUNGE_PID=/run/munge/munged.sm-cluster.pid
 CLUSTER_MARK="# managed by slurm-multi tests/cluster"
 CLUSTER_PACKAGES=(slurmctld slurmd slurm-client munge docker.io iptables iproute2 util-linux
-  bats bats-assert bats-support bats-file busybox-static procps psmisc acl python3-venv debootstrap)
+  bats bats-assert bats-support bats-file busybox-static procps psmisc acl python3-venv debootstrap
+  gcc make libc6-dev makeself squashfs-tools squashfuse fuse-overlayfs parallel pigz jq libbsd-dev libslurm-dev)
 # The ordinary user the end-to-end jobs run as (real users are not root): in the docker group,
 # nothing else. It stays after `down` (a user account holds no process and no port).
 CLUSTER_USER=${SM_CLUSTER_USER:-smuser}
@@ -106,6 +107,7 @@ cluster::teardown() {
   grep -E " (${CLUSTER_DATA}|${CLUSTER_STATE})/" /proc/mounts | awk '{ print $2 }' | sort -r |
     xargs -r -n1 umount -l 2>/dev/null || true
   rm -rf "${CLUSTER_STATE}"
+  cluster::pyxis_clean
 }
 
 cluster::setup_network() {
@@ -241,7 +243,8 @@ cluster::start_slurmctld() {
 }
 
 # dockerd and slurmd share the node's net namespace; slurmd gets its own UTS and mount namespaces
-# so that job steps see the node's hostname, hosts file and docker socket.
+# so that job steps see the node's hostname, hosts file and docker socket (and its own /run/pyxis,
+# where pyxis keeps its per-step state).
 cluster::start_dockerd() {
   local node=$1 dir ns data
   dir=$(cluster::node_dir "${node}") ns=$(cluster::netns "${node}") data=${CLUSTER_DATA}/${node}
@@ -262,13 +265,14 @@ cluster::start_slurmd() {
   # symlink into /run/sm-node, and each node binds its own state dir there, so a restarted dockerd
   # (new socket inode) is still found. A host with its own engine keeps its socket; then we bind the
   # node's socket file over it instead.
-  mkdir -p /run/sm-node
+  mkdir -p /run/sm-node /run/pyxis "${dir}/pyxis"
   [[ -e /var/run/docker.sock || -L /var/run/docker.sock ]] || ln -s /run/sm-node/docker.sock /var/run/docker.sock
   # shellcheck disable=SC2016 # expanded by the inner shell
   setsid nsenter --net="/run/netns/${ns}" -- unshare --mount --uts -- bash -c '
       hostname "$1"
       mount --bind "$2/hosts" /etc/hosts
       mount --bind "$2" /run/sm-node
+      mount --bind "$2/pyxis" /run/pyxis
       [ -L /var/run/docker.sock ] || mount --bind "$2/docker.sock" /var/run/docker.sock
       exec slurmd -D -N "$1"' _ "${node}" "${dir}" >"${dir}/slurmd.out" 2>&1 </dev/null 3>&- 4>&- 5>&- 6>&- 7>&- 8>&- 9>&- &
 }
@@ -301,3 +305,6 @@ cluster::exec() {
   fi
   nsenter -t "${pid}" --net --uts --mount --wd="${PWD}" -- "$@"
 }
+
+# shellcheck source=tests/cluster/pyxis.sh
+source "$(dirname "${BASH_SOURCE[0]}")/pyxis.sh"

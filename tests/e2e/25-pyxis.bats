@@ -1,0 +1,206 @@
+#!/usr/bin/env bats
+# --runtime pyxis on the real cluster, with enroot and pyxis built from ../shared/vendor: rank 0 makes
+# one squashfs of its docker image in the shared cache, every rank starts it with
+# srun --container-image, and every rank is staged and judged like a docker rank.
+
+# shellcheck disable=SC2016 # the workloads' single-quoted scripts expand in the container
+load helpers
+bats_require_minimum_version 1.5.0
+
+setup_file() {
+  e2e::ensure_cluster
+  export E2E_CACHE=${BATS_FILE_TMPDIR}/image-cache
+  mkdir -p "${E2E_CACHE}"
+}
+
+setup() {
+  e2e::wait_for_nodes node1 node2 node3
+  # Not a skip: a cluster without pyxis fails every test here (tests/cluster/up builds it).
+  cluster::pyxis_on || fail "pyxis is not on in the test cluster (tests/cluster/status): these tests need it"
+  e2e::toy_image_only_on node1
+}
+
+# sqsh: the squashfs rank 0 makes of the toy image in the cache.
+sqsh() { printf '%s/toy_model_local-%s.sqsh' "${E2E_CACHE}" "$(printf %s toy/model:local | sha256sum | cut -c1-8)"; }
+
+# staged JOBDIR RANK...: each rank has status.json with every stage, its log and its CSV.
+staged() {
+  local dir=$1 r
+  shift
+  for r in "$@"; do
+    assert_file_exists "${dir}/node_${r}/status.json"
+    assert_file_exists "${dir}/node_${r}/node.log"
+    assert_equal "$(e2e::json "${dir}/node_${r}/status.json" '",".join(d["stages"])')" "prepare,image,barrier,run,save-outputs"
+  done
+}
+
+@test "pyxis, 2 nodes, toy image on node1 only: one squashfs made by rank 0, both ranks staged, SUCCESS" {
+  rm -f "$(sqsh)" "$(sqsh).id"
+  e2e::run_job -N2 -- --manifest "${TOY_MANIFEST}" --runtime pyxis --image-cache "${E2E_CACHE}"
+  assert_equal "${JOB_RC}" 0
+  assert_equal "$(e2e::json "${JOB_DIR}/summary.json" 'd["verdict"]')" SUCCESS
+  assert_equal "$(e2e::json "${JOB_DIR}/summary.json" 'd["chosen_csv"]')" node_1/perf_toy.csv
+  staged "${JOB_DIR}" 0 1
+  assert_file_exists "${JOB_DIR}/node_0/perf_toy.csv"
+  run cat "${JOB_DIR}/node_0/node.log"
+  assert_output --partial "+ enroot import -o ${E2E_CACHE}/.toy_model_local-"
+  assert_output --partial "made $(sqsh) from toy/model:local"
+  assert_output --regexp "srun --job-name=sm-rank0 --overlap --nodes=1 --ntasks=1 --nodelist=node1 .*--container-image=$(sqsh) "
+  run cat "${JOB_DIR}/node_1/node.log"
+  assert_output --partial "rank 0's squashfs $(sqsh) is here"
+  assert_output --partial "toy: rank 1/2 node_rank 1 on node2, master node1:29500"
+  assert_output --partial "toy: rank 1 reached rank 0 at node1:29500"
+  # The worker never needed docker: node2 has no toy image at all.
+  assert_equal "$(e2e::image_id node2)" ""
+  # The sidecar names the docker image the squashfs was made from, and its size.
+  assert_equal "$(sed -n 's/^id=//p' "$(sqsh).id")" "$(e2e::image_id node1)"
+  assert_equal "$(sed -n 's/^bytes=//p' "$(sqsh).id")" "$(stat -c %s "$(sqsh)")"
+  assert_equal "$(e2e::json "${JOB_DIR}/node_1/status.json" 'd["image_id"]')" "$(e2e::image_id node1)"
+}
+
+@test "pyxis, 3 nodes, warm: the squashfs is reused as it is, the last rank's CSV is chosen" {
+  e2e::run_job -N2 -- --manifest "${TOY_MANIFEST}" --runtime pyxis --image-cache "${E2E_CACHE}"
+  assert_equal "${JOB_RC}" 0
+  local before
+  before=$(stat -c '%i %Y %s' "$(sqsh)")
+  e2e::run_job -N3 -- --manifest "${TOY_MANIFEST}" --runtime pyxis --image-cache "${E2E_CACHE}"
+  assert_equal "${JOB_RC}" 0
+  assert_equal "$(stat -c '%i %Y %s' "$(sqsh)")" "${before}"
+  run cat "${JOB_DIR}/node_0/node.log"
+  assert_output --partial "squashfs cache hit: $(sqsh)"
+  refute_output --partial "enroot import"
+  staged "${JOB_DIR}" 0 1 2
+  assert_equal "$(e2e::json "${JOB_DIR}/summary.json" 'd["chosen_csv"]')" node_2/perf_toy.csv
+  run cat "${JOB_DIR}/node_2/node.log"
+  assert_output --partial "toy: rank 2/3 node_rank 2 on node3"
+}
+
+@test "pyxis: a squashfs corrupted in place (same size) is detected and replaced" {
+  e2e::run_job -N2 -- --manifest "${TOY_MANIFEST}" --runtime pyxis --image-cache "${E2E_CACHE}"
+  assert_equal "${JOB_RC}" 0
+  local size
+  size=$(stat -c %s "$(sqsh)")
+  printf 'CORRUPT!' | dd of="$(sqsh)" bs=1 seek=$((size / 2)) conv=notrunc status=none
+  assert_equal "$(stat -c %s "$(sqsh)")" "${size}"
+  e2e::run_job -N2 -- --manifest "${TOY_MANIFEST}" --runtime pyxis --image-cache "${E2E_CACHE}"
+  assert_equal "${JOB_RC}" 0
+  run cat "${JOB_DIR}/node_0/node.log"
+  assert_output --partial "$(sqsh) does not match its sidecar (corrupt or cut"
+  assert_output --partial "made $(sqsh) from toy/model:local"
+  local sum
+  sum=$(cksum <"$(sqsh)")
+  assert_equal "$(sed -n 's/^cksum=//p' "$(sqsh).id")" "${sum%% *}"
+}
+
+@test "pyxis: one rank exiting non-zero gives FAILURE naming it; the other rank is staged" {
+  e2e::run_job -N2 -- --manifest "${TOY_MANIFEST}" --runtime pyxis --image-cache "${E2E_CACHE}" \
+    -- sh run.sh --steps 20 --fail-rank 1 --fail-code 7
+  assert_equal "${JOB_RC}" 1
+  assert_equal "$(e2e::json "${JOB_DIR}/summary.json" 'd["verdict"]')" FAILURE
+  run e2e::json "${JOB_DIR}/summary.json" '" | ".join(d["reasons"])'
+  assert_output --partial "node2 (rank 1)"
+  assert_output --partial "exited 7"
+  assert_equal "$(e2e::json "${JOB_DIR}/node_1/status.json" 'd["exit_code"]')" 7
+  assert_file_exists "${JOB_DIR}/node_1/diagnostics/step-state.txt"
+  assert_file_exists "${JOB_DIR}/node_0/status.json"
+}
+
+@test "pyxis: scancel mid-run stages every rank, and no container is left on any node" {
+  mkdir -p "${BATS_FILE_TMPDIR}/out"
+  cd "${BATS_FILE_TMPDIR}"
+  local out dir deadline r
+  out=$(sbatch --parsable -N3 -o "${BATS_FILE_TMPDIR}/job-%j.out" "${REPO_ROOT}/sbatch/multi.sbatch" \
+    --out "${BATS_FILE_TMPDIR}/out" --manifest "${TOY_MANIFEST}" --runtime pyxis --image-cache "${E2E_CACHE}" \
+    -- sh run.sh --steps 400)
+  JOB_ID=${out%%;*}
+  dir=${BATS_FILE_TMPDIR}/out/toy_model/${JOB_ID}
+  deadline=$((SECONDS + 120))
+  until grep -qs 'step 10/400' "${dir}/node_0/node.log" && grep -qs 'step 10/400' "${dir}/node_2/node.log"; do
+    ((SECONDS < deadline)) || { cat "${BATS_FILE_TMPDIR}/job-${JOB_ID}.out" >&2; scancel "${JOB_ID}"; false; }
+    sleep 0.3
+  done
+  scancel "${JOB_ID}"
+  e2e::wait_teardown "${JOB_ID}" "${dir}" 120
+  assert_file_exists "${dir}/summary.json"
+  assert_equal "$(e2e::json "${dir}/summary.json" 'd["verdict"]')" FAILURE
+  for r in 0 1 2; do
+    assert_file_exists "${dir}/node_${r}/status.json"
+    assert_equal "$(e2e::json "${dir}/node_${r}/status.json" 'd["exit_code"]')" 143
+    run grep -c 'step 400/400' "${dir}/node_${r}/node.log"
+    assert_output 0
+  done
+  # pyxis removed each rank's container (its unpacked filesystem under the enroot data path).
+  run find /var/lib/enroot-data -maxdepth 3 -name "pyxis_${JOB_ID}.*"
+  assert_output ""
+  run squeue -h -j "${JOB_ID}"
+  assert_output ""
+}
+
+@test "pyxis: a manifest mount and a mount given twice each reach the container once" {
+  local data=${BATS_FILE_TMPDIR}/data other=${BATS_FILE_TMPDIR}/other models=${BATS_FILE_TMPDIR}/models
+  mkdir -p "${data}" "${other}" "${models}"
+  echo from-data >"${data}/a.txt"
+  echo from-other >"${other}/a.txt"
+  echo from-models >"${models}/b.txt"
+  local manifest=${BATS_FILE_TMPDIR}/mounts.json
+  # The manifest mounts /models, and its docker options give /data twice (the first one wins).
+  "${SM_PYTHON}" - "${TOY_MANIFEST}" "${manifest}" "${models}" "${REPO_ROOT}" "${data}" "${other}" <<'PY'
+import json, sys
+src, dst, models, repo, data, other = sys.argv[1:]
+m = json.load(open(src))
+for section in ("built_images", "built_models"):
+    for entry in m[section].values():
+        entry["dockerfile"] = f"{repo}/examples/toy/Dockerfile"
+        if "dockercontext" in entry:
+            entry["dockercontext"] = f"{repo}/examples/toy"
+        if section == "built_models":
+            entry["additional_docker_run_options"] = f"--shm-size 64M -v {data}:/data:ro -v {other}:/data"
+m["context"]["docker_mounts"] = {"/models": models}
+json.dump(m, open(dst, "w"), indent=2)
+PY
+  e2e::run_job -N2 -- --manifest "${manifest}" --runtime pyxis --image-cache "${E2E_CACHE}" \
+    -- sh -c 'echo "seen: $(cat /data/a.txt) $(cat /models/b.txt) mode=${TOY_MODE}"; sh run.sh --steps 5'
+  assert_equal "${JOB_RC}" 0
+  run cat "${JOB_DIR}/node_1/node.log"
+  assert_output --partial "seen: from-data from-models mode=demo"
+  assert_output --regexp "mounts: dropped -v ${other}:/data \(container path /data already mounted\)"
+  # ONE --container-mounts, each destination once.
+  run grep -o -- '--container-mounts=[^ ]*' "${JOB_DIR}/node_1/node.log"
+  assert_equal "${#lines[@]}" 1
+  assert_output --partial "${data}:/data:ro"
+  assert_output --partial "${models}:/models"
+  refute_output --partial "${other}"
+}
+
+@test "pyxis: no docker on any node, a verified squashfs in the cache is enough; --image X.sqsh runs as given" {
+  e2e::run_job -N2 -- --manifest "${TOY_MANIFEST}" --runtime pyxis --image-cache "${E2E_CACHE}"
+  assert_equal "${JOB_RC}" 0
+  # No engine for anyone in the job: rank 0 cannot make a squashfs, only check the cached one.
+  e2e::run_job -N2 --export=ALL,DOCKER_HOST=unix:///nonexistent/docker.sock -- --manifest "${TOY_MANIFEST}" \
+    --runtime pyxis --image-cache "${E2E_CACHE}"
+  assert_equal "${JOB_RC}" 0
+  run cat "${JOB_DIR}/node_0/node.log"
+  assert_output --partial "no docker engine on node1: using $(sqsh)"
+  local copy=${BATS_FILE_TMPDIR}/given.sqsh
+  cp "$(sqsh)" "${copy}"
+  chmod a+r "${copy}"
+  e2e::run_job -N2 -- --manifest "${TOY_MANIFEST}" --runtime pyxis --image "${copy}" -- sh run.sh --steps 5
+  assert_equal "${JOB_RC}" 0
+  run cat "${JOB_DIR}/node_0/node.log"
+  assert_output --partial "using the squashfs ${copy} as given"
+  assert_output --partial "--container-image=${copy}"
+}
+
+@test "pyxis, 2 tasks per node: 4 ranks, each with its own RANK, LOCAL_RANK and SLURM_PROCID, all staged" {
+  e2e::run_job -N2 --ntasks-per-node=2 -- --manifest "${TOY_MANIFEST}" --runtime pyxis \
+    --image-cache "${E2E_CACHE}" --ntasks-per-node 2 \
+    -- sh -c 'echo "ids rank=${RANK} local=${LOCAL_RANK} world=${WORLD_SIZE} procid=${SLURM_PROCID} localid=${SLURM_LOCALID} node=${SLURM_NODEID} ntasks=${SLURM_NTASKS}"; sh run.sh --steps 5'
+  assert_equal "${JOB_RC}" 0
+  local r
+  for r in 0 1 2 3; do
+    assert_file_exists "${JOB_DIR}/node_${r}/status.json"
+    run grep -h 'ids rank=' "${JOB_DIR}/node_${r}/node.log"
+    assert_output --partial "ids rank=${r} local=$((r % 2)) world=4 procid=${r} localid=$((r % 2)) node=$((r / 2)) ntasks=4"
+  done
+  assert_equal "$(e2e::json "${JOB_DIR}/summary.json" 'd["chosen_csv"]')" node_3/perf_toy.csv
+}
