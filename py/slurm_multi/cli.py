@@ -20,6 +20,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "gpus": ("slurm_multi.gpus:cli", "Detect GPUs and parse amd-smi / nvidia-smi output."),
     "mounts": ("slurm_multi.mounts:cli", "De-duplicate docker mount arguments."),
     "barrier": ("slurm_multi.barrier:cli", "TCP barrier: rank 0 serves, workers join, anyone can abort."),
+    "relay": ("slurm_multi.relay:cli", "Relay a docker save stream node to node, verified."),
     "results": ("slurm_multi.results:cli", "Pick the best per-node CSV and aggregate perf.csv/summary.json."),
     "reports": (
         "slurm_multi.reports:cli",

@@ -20,6 +20,7 @@ sys.path.insert(0, str(BENCH))
 import barrier_bench  # noqa: E402
 import benchlib  # noqa: E402
 import collect_bench  # noqa: E402
+import relay_bench  # noqa: E402
 import report  # noqa: E402
 import startup_bench  # noqa: E402
 
@@ -241,6 +242,24 @@ def test_collect_bench_runs_in_process_and_through_the_cli() -> None:
     assert row["median_s"] > 0 and row["baseline_median_s"] > 0
     assert row["cli_median_s"] > 0 and "via the CLI" in row["notes"]
     assert row["target"] is None  # the target applies at 1,000 node dirs
+
+
+def test_relay_bench_measures_each_chain_against_one_hop_and_one_hop_against_tcp() -> None:
+    rows = relay_bench.run(hops=[1, 3], nbytes=3_000_000, repeats=1, warmup=False)
+    assert [row["row"] for row in rows] == ["relay chain, 1 hop, 3 MB", "relay chain, 3 hops, 3 MB"]
+    assert all(row["median_s"] > 0 and row["baseline_median_s"] > 0 for row in rows)
+    one, three = rows
+    assert "plain TCP copy" in one["baseline"] and one["hops"] == 1 and one["bytes"] == 3_000_000
+    assert three["baseline_median_s"] == one["median_s"]  # 3 hops are judged against 1 hop
+    assert three["throughput_ratio"] == pytest.approx(one["median_s"] / three["median_s"])
+    assert "throughput ratio 3/1" in three["notes"] and "CPU s per GB" in three["notes"]
+
+
+def test_relay_bench_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["--hops", "0"], ["--hops", "x"], ["--bytes", "0"]):
+        with pytest.raises(SystemExit) as info:
+            relay_bench.main(argv)
+        assert info.value.code == 2
 
 
 def test_startup_bench_runs_every_helper_successfully(tmp_path: Path) -> None:

@@ -1,0 +1,182 @@
+"""Relay throughput through a chain of 1, 32 and 128 hops on loopback, against a plain TCP copy.
+
+One run: `slurm_multi.relay.loopback_chain` forks one process per rank on 127.0.0.1 (the real node
+code: handshake, 1 MiB frames, sha256 on every node, forwarding, trailer check, DONE rippling back
+to rank 0); rank 0 reads a synthetic stream from a pipe fed by a feeder process (as `docker save`
+would), every receiver writes to /dev/null. The figure is rank 0's first byte -> every hop verified.
+
+- 1 hop: measured against the floor, one plain TCP copy of the same bytes between two processes
+  (1 MiB sendall / recv_into, no framing, no hashing).
+- 32 and 128 hops: measured against the 1-hop run of the same round, so the ratio is the time
+  ratio (the throughput ratio 32/1 is its inverse, given in the notes).
+
+All processes share this machine's CPUs, so with more hops than cores the chain is CPU-bound and
+the time grows with the hops: the 32/1 and 128/1 ratios measure the relay's per-hop cost (the notes
+give it in CPU seconds per GB per hop), not what a chain of real nodes (one hop per node, each with
+its own cores and NIC) would see; there, throughput is that of the slowest single hop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "py"))
+
+from benchlib import format_seconds, make_row, median, talk, write_rows  # noqa: E402
+
+HOPS = (1, 32, 128)
+DEFAULT_BYTES = 10**9
+CHUNK = 1 << 20
+LOOPBACK = "127.0.0.1"
+
+
+def _floor_receiver(listener: socket.socket, conn: Any) -> None:
+    sock, _ = listener.accept()
+    buf = memoryview(bytearray(CHUNK))
+    total = 0
+    while n := sock.recv_into(buf):
+        total += n
+    conn.send(total)
+
+
+def tcp_floor(nbytes: int) -> float:
+    """Seconds to copy `nbytes` from one process to another over loopback TCP, nothing else."""
+    ctx = multiprocessing.get_context("fork")
+    listener = socket.socket()
+    listener.bind((LOOPBACK, 0))
+    listener.listen(1)
+    address = listener.getsockname()
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_floor_receiver, args=(listener, child), daemon=True)
+    proc.start()
+    listener.close()
+    block = memoryview(os.urandom(CHUNK))
+    try:
+        with socket.create_connection(address) as sock:
+            start = time.perf_counter()
+            left = nbytes
+            while left:
+                step = min(left, CHUNK)
+                sock.sendall(block[:step])
+                left -= step
+            sock.shutdown(socket.SHUT_WR)
+            if not parent.poll(60) or parent.recv() != nbytes:
+                raise RuntimeError("the floor's receiver did not get every byte")
+            return time.perf_counter() - start
+    finally:
+        proc.join(5)
+        if proc.is_alive():
+            proc.kill()
+
+
+def measure_chain(hops: int, nbytes: int) -> tuple[float, float]:
+    """(seconds, CPU seconds of all processes) of one loopback chain run."""
+    from slurm_multi.relay import loopback_chain
+
+    result = loopback_chain(hops, nbytes, timeout=max(120.0, hops * nbytes / 2e7))
+    return result.seconds, result.cpu_seconds
+
+
+def _mb_s(nbytes: int, seconds: float) -> str:
+    return f"{nbytes / 1e6 / seconds:.0f} MB/s" if seconds > 0 else "-"
+
+
+def run(
+    hops: Sequence[int] = HOPS, nbytes: int = DEFAULT_BYTES, repeats: int = 3, warmup: bool = True
+) -> list[dict[str, Any]]:
+    hops = sorted(set(hops) | {1})
+    cpus = os.cpu_count() or 1
+    if warmup:
+        measure_chain(1, min(nbytes, 10**8))
+    samples: dict[int, list[float]] = {h: [] for h in hops}
+    cpu: dict[int, list[float]] = {h: [] for h in hops}
+    floor: list[float] = []
+    for round_number in range(repeats):
+        talk("relay", f"round {round_number + 1}/{repeats}: TCP floor and {', '.join(map(str, hops))} hop(s)")
+        floor.append(tcp_floor(nbytes))
+        for count in hops:
+            seconds, used = measure_chain(count, nbytes)
+            samples[count].append(seconds)
+            cpu[count].append(used)
+            talk("relay", f"{count} hop(s): {format_seconds(seconds)} ({_mb_s(nbytes, seconds)})")
+    size = f"{nbytes / 1e9:.3g} GB" if nbytes >= 10**8 else f"{nbytes / 1e6:.3g} MB"
+    one = median(samples[1])
+    rows = [
+        make_row(
+            f"relay chain, 1 hop, {size}",
+            f"rank 0 -> rank 1 on 127.0.0.1: frames, sha256 on both ends, trailer check ({size} from a pipe)",
+            "plain TCP copy of the same bytes between two processes (no framing, no hashing)",
+            samples[1],
+            floor,
+            notes=(
+                f"relay {_mb_s(nbytes, one)}, floor {_mb_s(nbytes, median(floor))}; "
+                f"{_per_hop(cpu[1], 1, nbytes)}; {cpus} CPU(s)"
+            ),
+            extra={"hops": 1, "bytes": nbytes, "mb_per_s": nbytes / 1e6 / one, "cpus": cpus},
+        )
+    ]
+    for count in hops:
+        if count == 1:
+            continue
+        measured = median(samples[count])
+        rows.append(
+            make_row(
+                f"relay chain, {count} hops, {size}",
+                f"{count + 1} relay processes in a chain on 127.0.0.1, {size}, every hop verifies",
+                f"the 1-hop chain in the same rounds ({_mb_s(nbytes, one)})",
+                samples[count],
+                samples[1],
+                notes=(
+                    f"{_mb_s(nbytes, measured)}; throughput ratio {count}/1 = {one / measured:.3f}; "
+                    f"{_per_hop(cpu[count], count, nbytes)}; all {count + 1} processes share {cpus} CPU(s), "
+                    "so this measures the per-hop cost, not a chain of real nodes"
+                ),
+                extra={
+                    "hops": count,
+                    "bytes": nbytes,
+                    "mb_per_s": nbytes / 1e6 / measured,
+                    "throughput_ratio": one / measured,
+                    "cpus": cpus,
+                },
+            )
+        )
+    return rows
+
+
+def _per_hop(cpu_seconds: list[float], hops: int, nbytes: int) -> str:
+    """CPU seconds per GB per hop (rank 0 and the feeder counted as one more hop)."""
+    if not nbytes:
+        return "per-hop CPU -"
+    per = median(cpu_seconds) / (hops + 1) / (nbytes / 1e9)
+    return f"{per:.2f} CPU s per GB per relay process (~{1000 / per:.0f} MB/s per core)" if per > 0 else "-"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--hops", default=",".join(map(str, HOPS)), help="chain lengths, comma-separated")
+    parser.add_argument("--bytes", type=int, default=DEFAULT_BYTES, help="stream size per run")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds (the floor and every chain once each)")
+    parser.add_argument("--no-warmup", action="store_true", help="skip the uncounted first run")
+    parser.add_argument("--out", default="-", help="write the rows (JSON list) here; '-' = stdout")
+    args = parser.parse_args(argv)
+    try:
+        hops = [int(part) for part in args.hops.split(",") if part.strip()]
+    except ValueError:
+        parser.error(f"--hops {args.hops!r}: expected comma-separated integers")
+    if not hops or min(hops) < 1 or args.repeats < 1 or args.bytes < 1:
+        parser.error("--hops, --bytes and --repeats must be positive")
+    write_rows(run(hops, args.bytes, args.repeats, not args.no_warmup), args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1422 @@
+"""Node-to-node relay for one byte stream (a `docker save`): no shared storage, forward as received.
+
+Rank 0 reads the stream on stdin and sends it to its children; every other rank connects to its
+parent, writes the stream to stdout (the caller pipes it into `docker load`) and forwards the same
+bytes to its own children while it receives them. Nothing holds more than one frame (1 MiB).
+
+Topology: ranks 0..N-1 in a tree of fanout K: the parent of r is (r-1)//K, its children are
+r*K+1 .. r*K+K below N. K=1 (the default) is a chain: r-1 -> r -> r+1.
+
+Ports: rank r listens on `derive_ports(MASTER_PORT, SLURM_JOB_ID + 64 + r*count, ...)` (barrier.py's
+derivation: the same on every node, outside the ephemeral range, never MASTER_PORT, clear of the
+barrier's own candidates), on the address `choose_bind_address` picks (never loopback). A child
+computes its parent's candidates the same way and dials them at `connect_addresses(parent host)`.
+
+Wire format (one TCP connection per parent -> child link; lines are ASCII and end in `\\n`):
+
+    parent -> child   SM-RELAY/1 HELLO <nonce_p>
+    child  -> parent  AUTH <rank_c> <purpose> <nonce_c> <mac(token, nonce_p, rank_c, purpose, "child")>
+    parent -> child   OK <rank_p> <mac(token, nonce_c, nonce_p, rank_p, rank_c, purpose, "parent")>
+                      | DENY <reason>
+    parent -> child   SM-RELAY/1 STREAM <purpose>                   (the header)
+    child  -> parent  READY | FAIL <reason>                       (its whole subtree is connected)
+    parent -> child   frames: 1 type byte + 4-byte big-endian length + payload
+                        D  1..4 MiB of the stream (forwarded downstream byte for byte)
+                        P  empty: rank 0's source is quiet but rank 0 is alive (keeps stall timers quiet)
+                        E  the trailer: total length (8 bytes BE) + sha256 of all payload (32 bytes) +
+                           mac(token, nonce_c, "end", total, sha256 hex) (64 hex characters)
+                        A  abort: the first failure's one-line reason (UTF-8), forwarded unchanged
+    child  -> parent  WAIT (every few seconds while it streams or waits for its own subtree), then
+                      DONE <nodes verified in its subtree> | FAIL <reason>
+
+The token (from $SM_BARRIER_TOKEN) never crosses the wire: both sides prove they hold it with
+slurm_multi.auth's challenge-response before any payload is trusted, and the trailer is MACed per
+link. A receiver checks the trailer's length and digest against what it received; a stream that
+ends without a trailer, an abort, or a mismatch fails the node with a one-line reason naming the
+upstream. A node whose upstream fails aborts its children at once, so the whole subtree fails
+within seconds; a parent that sends nothing for --stall-timeout seconds (or a child that takes
+nothing for that long) is given up on.
+
+Exit codes: 0 stream delivered and verified (rank 0: by every node), 1 runtime failure, 2 usage
+or rejected (wrong token, wrong purpose), 3 timeout (a peer never came, or stalled).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import re
+import select
+import selectors
+import socket
+import struct
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Callable
+
+import click
+
+from slurm_multi import EXIT_FAILURE, auth
+from slurm_multi.barrier import (
+    MAX_CANDIDATES,
+    candidate_ports,
+    choose_bind_address,
+    connect_addresses,
+    read_token,
+)
+from slurm_multi.common import HelperError, talk, timeout_error, usage_error
+
+MAGIC = "SM-RELAY/1"
+DEFAULT_PURPOSE = "image"
+DEFAULT_TOKEN_ENV = "SM_BARRIER_TOKEN"
+PURPOSE_RE = re.compile(r"[a-z0-9][a-z0-9._:-]{0,63}")
+RANK_RE = re.compile(r"0|[1-9][0-9]{0,8}")
+
+FRAME = struct.Struct("!cI")  # type, payload length
+DATA, PING, END, ABORT = b"D", b"P", b"E", b"A"
+TRAILER = struct.Struct("!Q32s64s")  # total length, sha256, MAC (hex)
+CHUNK = 1 << 20  # what rank 0 puts in one frame
+MAX_FRAME = 4 << 20  # the most a receiver accepts in one frame
+MAX_LINE = 512  # bytes per protocol line, newline included
+MAX_REASON = 400
+
+# Relay ports sit past anything the barrier may use (at most MAX_CANDIDATES, plus MASTER_PORT).
+RELAY_PORT_OFFSET = 2 * MAX_CANDIDATES
+DEFAULT_PORT_COUNT = 4
+HANDSHAKE_TIMEOUT = 10.0  # one peer's lines during the handshake
+ATTEMPT_TIMEOUT = 5.0  # one TCP connect
+BACKOFF_START, BACKOFF_MAX = 0.05, 1.0
+READY_GRACE = 10.0  # a parent waits this much longer than a child, so the child's reason arrives
+ABORT_SEND_TIMEOUT = 1.0
+F_SETPIPE_SZ = 1031  # fcntl: a 1 MiB pipe moves the stream in fewer, larger reads and writes
+LOOPBACK = "127.0.0.1"
+
+Log = Callable[[str], None]
+
+
+def _talk(message: str) -> None:
+    talk("relay", message)
+
+
+class ProtocolError(ValueError):
+    """Bytes that break the relay protocol; str() is the short reason."""
+
+
+# --------------------------------------------------------------------------------------------------
+# Topology and names
+
+
+def parent_of(rank: int, fanout: int) -> int | None:
+    """The rank this rank receives from (None for rank 0)."""
+    return None if rank == 0 else (rank - 1) // fanout
+
+
+def children_of(rank: int, fanout: int, nnodes: int) -> list[int]:
+    """The ranks this rank forwards to, in order."""
+    first = rank * fanout + 1
+    return list(range(first, min(first + fanout, nnodes)))
+
+
+def size_text(nbytes: int) -> str:
+    """812 MB, 1.07 GB, 2.5 MB, 4096 bytes: decimal units, three digits, as a person reads a transfer."""
+    for unit, scale in (("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if nbytes >= scale * (10 if unit == "kB" else 1):
+            return f"{nbytes / scale:.3g} {unit}"
+    return f"{nbytes} bytes"
+
+
+def secs(value: float) -> str:
+    return f"{value:.0f}" if value >= 10 or abs(value - round(value)) < 0.05 else f"{value:.1f}"
+
+
+def rate_text(nbytes: int, seconds: float) -> str:
+    return f"{nbytes / 1e6 / seconds:.0f} MB/s" if seconds > 0 else "- MB/s"
+
+
+# --------------------------------------------------------------------------------------------------
+# Ports
+
+
+def relay_ports(
+    rank: int,
+    master_port: int | None,
+    job_id: int | None,
+    override: int | None = None,
+    count: int = DEFAULT_PORT_COUNT,
+    local_range: tuple[int, int] | None = None,
+) -> list[int]:
+    """The candidate ports rank `rank` listens on: the same on every node of the job.
+
+    The barrier's derivation with the job id moved past the barrier's own candidates and by
+    `count` per rank, so ranks never share a candidate (two ranks may share a host).
+    --port P (override) gives rank r the ports P + r*count, and its successors.
+    """
+    if override is not None:
+        return candidate_ports((), None, None, override + rank * count, count)
+    if master_port is None or job_id is None:
+        raise usage_error(
+            "relay: no port to use; give --master-port and --job-id (MASTER_PORT and SLURM_JOB_ID), "
+            "or --port (SM_RELAY_PORT) on every node"
+        )
+    try:
+        return candidate_ports(
+            (), master_port, job_id + RELAY_PORT_OFFSET + rank * count, None, count, local_range
+        )
+    except HelperError as exc:
+        raise usage_error(f"relay: {exc.format_message().removeprefix('barrier: ')}") from None
+
+
+# --------------------------------------------------------------------------------------------------
+# Protocol lines and frames (pure functions; they raise ProtocolError and nothing else)
+
+
+def _decode(line: bytes | str) -> str:
+    raw = line.encode("utf-8", "surrogatepass") if isinstance(line, str) else bytes(line)
+    raw = raw.removesuffix(b"\n")
+    if len(raw) >= MAX_LINE:
+        raise ProtocolError("line too long")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ProtocolError("not UTF-8") from None
+    if not text or not text.isprintable():
+        raise ProtocolError("empty or unprintable line")
+    return text
+
+
+def _rank(text: str) -> int:
+    if not RANK_RE.fullmatch(text):
+        raise ProtocolError(f"bad rank {text[:20]!r}")
+    return int(text)
+
+
+def clean_reason(text: str) -> str:
+    """One printable line of at most MAX_REASON characters (peer text is never trusted as is)."""
+    flat = " ".join(text.split())
+    flat = "".join(ch if ch.isprintable() and ch.isascii() else "?" for ch in flat)
+    return (flat[: MAX_REASON - 3] + "...") if len(flat) > MAX_REASON else flat or "no reason given"
+
+
+def hello_line(nonce: str) -> bytes:
+    return f"{MAGIC} HELLO {nonce}\n".encode()
+
+
+def parse_hello(line: bytes | str) -> str:
+    parts = _decode(line).split(" ")
+    if len(parts) != 3 or parts[0] != MAGIC or parts[1] != "HELLO":
+        raise ProtocolError("not a relay greeting")
+    if not auth.is_nonce(parts[2]):
+        raise ProtocolError("bad nonce")
+    return parts[2]
+
+
+def auth_line(token: str, nonce_p: str, rank: int, purpose: str, nonce_c: str) -> bytes:
+    proof = auth.mac(token, nonce_p, str(rank), purpose, "child")
+    return f"AUTH {rank} {purpose} {nonce_c} {proof}\n".encode()
+
+
+def parse_auth(line: bytes | str) -> tuple[int, str, str, str]:
+    """(rank, purpose, child nonce, proof) from an AUTH line."""
+    parts = _decode(line).split(" ")
+    if len(parts) != 5 or parts[0] != "AUTH":
+        raise ProtocolError("malformed AUTH")
+    if not PURPOSE_RE.fullmatch(parts[2]):
+        raise ProtocolError("bad purpose")
+    if not auth.is_nonce(parts[3]):
+        raise ProtocolError("bad nonce")
+    return _rank(parts[1]), parts[2], parts[3], parts[4]
+
+
+def parent_proof(token: str, nonce_c: str, nonce_p: str, rank_p: int, rank_c: int, purpose: str) -> str:
+    return auth.mac(token, nonce_c, nonce_p, str(rank_p), str(rank_c), purpose, "parent")
+
+
+def parse_answer(line: bytes | str) -> tuple[str, int, str]:
+    """("OK", parent rank, proof) or ("DENY", 0, reason)."""
+    text = _decode(line)
+    verb, _, rest = text.partition(" ")
+    if verb == "DENY":
+        return "DENY", 0, clean_reason(rest)
+    parts = rest.split(" ")
+    if verb != "OK" or len(parts) != 2:
+        raise ProtocolError("expected OK or DENY")
+    return "OK", _rank(parts[0]), parts[1]
+
+
+def header_line(purpose: str) -> bytes:
+    return f"{MAGIC} STREAM {purpose}\n".encode()
+
+
+def parse_header(line: bytes | str) -> str:
+    """The stream's purpose from the header line (magic + version)."""
+    parts = _decode(line).split(" ")
+    if len(parts) != 3 or parts[1] != "STREAM":
+        raise ProtocolError("not a stream header")
+    if parts[0] != MAGIC:
+        if parts[0].startswith("SM-RELAY/"):
+            raise ProtocolError(f"unsupported version {parts[0]!r} (this relay speaks {MAGIC})")
+        raise ProtocolError("bad magic")
+    if not PURPOSE_RE.fullmatch(parts[2]):
+        raise ProtocolError("bad purpose")
+    return parts[2]
+
+
+def parse_status(line: bytes | str, verb: str) -> tuple[bool, int, str]:
+    """A child's READY / DONE <n> (ok, n, "") or FAIL <reason> (False, 0, reason)."""
+    text = _decode(line)
+    head, _, rest = text.partition(" ")
+    if head == "FAIL":
+        return False, 0, clean_reason(rest)
+    if head != verb:
+        raise ProtocolError(f"expected {verb} or FAIL")
+    if verb == "READY":
+        if rest:
+            raise ProtocolError("malformed READY")
+        return True, 0, ""
+    return True, _rank(rest), ""
+
+
+def parse_frame_header(raw: bytes | bytearray | memoryview) -> tuple[bytes, int]:
+    """(type, length) of a frame header; lengths are checked against the type."""
+    if len(raw) != FRAME.size:
+        raise ProtocolError("short frame header")
+    kind, length = FRAME.unpack(raw)
+    if kind == DATA:
+        if not 1 <= length <= MAX_FRAME:
+            raise ProtocolError(f"data frame of {length} bytes (1..{MAX_FRAME})")
+    elif kind == PING:
+        if length:
+            raise ProtocolError("ping frame with a payload")
+    elif kind == END:
+        if length != TRAILER.size:
+            raise ProtocolError(f"trailer of {length} bytes, expected {TRAILER.size}")
+    elif kind == ABORT:
+        if length > 4 * MAX_REASON:
+            raise ProtocolError("abort reason too long")
+    else:
+        raise ProtocolError(f"unknown frame type 0x{kind[0]:02x}")
+    return kind, length
+
+
+def trailer(token: str, nonce_c: str, total: int, digest: bytes) -> bytes:
+    """An END frame (header included) for the child whose nonce is `nonce_c`."""
+    proof = auth.mac(token, nonce_c, "end", str(total), digest.hex())
+    return FRAME.pack(END, TRAILER.size) + TRAILER.pack(total, digest, proof.encode())
+
+
+def parse_trailer(payload: bytes | bytearray | memoryview) -> tuple[int, bytes, str]:
+    if len(payload) != TRAILER.size:
+        raise ProtocolError("bad trailer size")
+    total, digest, proof = TRAILER.unpack(payload)
+    try:
+        return total, digest, proof.decode("ascii")
+    except UnicodeDecodeError:
+        raise ProtocolError("bad trailer MAC") from None
+
+
+def abort_frame(reason: str) -> bytes:
+    data = clean_reason(reason).encode("utf-8")
+    return FRAME.pack(ABORT, len(data)) + data
+
+
+# --------------------------------------------------------------------------------------------------
+# One link (socket + a small read buffer for the lines before the frames)
+
+
+@dataclass(eq=False)
+class Link:
+    sock: socket.socket
+    rank: int  # the peer's rank
+    name: str  # "rank 2 (node3)"
+    where: str  # "10.0.0.3:21544"
+    own_nonce: str = ""
+    peer_nonce: str = ""
+    buf: bytearray = field(default_factory=bytearray)
+    failed: str = ""  # why this child was given up on
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def read_line(self, timeout: float) -> bytes:
+        """One line (newline included); ProtocolError when too long or the peer closed first."""
+        deadline = time.monotonic() + timeout
+        while True:
+            newline = self.buf.find(b"\n")
+            if newline >= 0:
+                line = bytes(self.buf[: newline + 1])
+                del self.buf[: newline + 1]
+                return line
+            if len(self.buf) >= MAX_LINE:
+                raise ProtocolError("line too long")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise socket.timeout("timed out")
+            self.sock.settimeout(left)
+            chunk = self.sock.recv(MAX_LINE)
+            if not chunk:
+                raise ConnectionError("closed the connection")
+            self.buf += chunk
+
+    def feed(self) -> bool:
+        """Read what is there (the socket is readable); False at EOF."""
+        chunk = self.sock.recv(MAX_LINE)
+        if not chunk:
+            return False
+        self.buf += chunk
+        return True
+
+    def take_line(self) -> bytes | None:
+        newline = self.buf.find(b"\n")
+        if newline < 0:
+            if len(self.buf) >= MAX_LINE:
+                raise ProtocolError("line too long")
+            return None
+        line = bytes(self.buf[: newline + 1])
+        del self.buf[: newline + 1]
+        return line
+
+    def read_into(self, view: memoryview) -> None:
+        """Fill `view` exactly (leftover line bytes first); ConnectionError at EOF."""
+        got = 0
+        if self.buf:
+            got = min(len(self.buf), len(view))
+            view[:got] = self.buf[:got]
+            del self.buf[:got]
+        recv_into = self.sock.recv_into
+        need = len(view)
+        while got < need:
+            n = recv_into(view[got:], need - got)
+            if n == 0:
+                raise ConnectionError("closed the connection")
+            got += n
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, (socket.timeout, TimeoutError)):
+        return "timed out"
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, ConnectionResetError):
+        return "connection reset"
+    if isinstance(exc, BrokenPipeError):
+        return "broken pipe"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror[:1].lower() + exc.strerror[1:]
+    return str(exc) or type(exc).__name__
+
+
+def _keepalive(sock: socket.socket) -> None:
+    # A peer that vanishes without a FIN (a node powered off) is noticed by the stall timer first;
+    # keepalive is the backstop for an idle link (rank 0 waiting on its source, the DONE wait).
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
+        if hasattr(socket, name):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def widen_pipe(fd: int) -> None:
+    """Ask for a 1 MiB pipe buffer when `fd` is a pipe (best effort; a no-op for files)."""
+    import fcntl
+
+    try:
+        fcntl.fcntl(fd, F_SETPIPE_SZ, CHUNK)
+    except OSError:
+        pass
+
+
+def write_all(fd: int, view: memoryview) -> None:
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+# --------------------------------------------------------------------------------------------------
+# A node
+
+
+@dataclass
+class Plan:
+    """Everything one node needs to know; the same inputs on every node give the same tree."""
+
+    rank: int
+    nnodes: int
+    token: str
+    fanout: int = 1
+    hosts: Sequence[str] = ()  # host names in rank order (for dialing and for messages)
+    parent_host: str | None = None  # instead of hosts[parent]
+    ports_of: Callable[[int], list[int]] = field(default=lambda rank: [])
+    purpose: str = DEFAULT_PURPOSE
+    connect_timeout: float = 120.0
+    stall_timeout: float = 30.0
+    loopback: bool = False  # bench and tests only: listen on and dial 127.0.0.1
+    log: Log = _talk
+
+    def name(self, rank: int) -> str:
+        host = self.hosts[rank] if rank < len(self.hosts) else None
+        if self.parent_host and rank == parent_of(self.rank, self.fanout):
+            host = self.parent_host
+        return f"rank {rank} ({host})" if host else f"rank {rank}"
+
+    @property
+    def me(self) -> str:
+        host = self.hosts[self.rank] if self.rank < len(self.hosts) else socket.gethostname()
+        return f"{host} (rank {self.rank})"
+
+
+@dataclass
+class Result:
+    total: int  # payload bytes
+    digest: str  # sha256 hex
+    seconds: float  # first byte -> every node below has verified
+    nodes: int  # nodes that verified the stream (rank 0: all receivers; others: self + subtree)
+
+
+class Node:
+    """One rank: dial the parent, gather the children, then move the stream frame by frame."""
+
+    def __init__(self, plan: Plan) -> None:
+        if plan.fanout < 1:
+            raise usage_error("relay: --fanout must be at least 1")
+        if not 0 <= plan.rank < plan.nnodes:
+            raise usage_error(f"relay: --rank {plan.rank} is not in 0..{plan.nnodes - 1}")
+        if not PURPOSE_RE.fullmatch(plan.purpose):
+            raise usage_error(f"relay: --purpose {plan.purpose!r} must match {PURPOSE_RE.pattern}")
+        self.plan = plan
+        self.parent = parent_of(plan.rank, plan.fanout)
+        self.child_ranks = children_of(plan.rank, plan.fanout, plan.nnodes)
+        self.up: Link | None = None
+        self.children: list[Link] = []
+        self.listener: socket.socket | None = None
+        self.refused: list[str] = []  # peers refused while gathering (shown if a child never comes)
+        self.heartbeat = max(0.05, min(5.0, plan.stall_timeout / 3))
+        self._next_beat = 0.0
+        self.buffer = bytearray(FRAME.size + MAX_FRAME)
+        self.view = memoryview(self.buffer)
+        self.fault = parse_fault(os.environ.get("SM_RELAY_FAULT", ""), plan.rank)
+
+    # -- errors ------------------------------------------------------------------------------------
+
+    def fail(self, message: str, code: int = EXIT_FAILURE) -> HelperError:
+        return HelperError(f"relay: {self.plan.me}: {message}", code)
+
+    # -- setup: listen, dial the parent, gather the children ---------------------------------------
+
+    def listen(self) -> None:
+        plan = self.plan
+        if plan.loopback:
+            address = LOOPBACK
+        else:
+            own = plan.hosts[plan.rank] if plan.hosts else socket.gethostname()
+            try:
+                choice = choose_bind_address(own)
+            except HelperError:
+                raise self.fail(
+                    f"{own} resolves only to loopback and this host has no routable IPv4 address to listen on"
+                ) from None
+            address = choice.address
+            if choice.why:
+                plan.log(choice.why)
+        ports = plan.ports_of(plan.rank)
+        if not ports:
+            raise usage_error("relay: no candidate port to listen on")
+        busy: list[str] = []
+        for port in ports:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((address, port))
+                sock.listen(64)
+            except OSError as exc:
+                sock.close()
+                if exc.errno == errno.EADDRINUSE:
+                    busy.append(str(port))
+                    continue
+                raise self.fail(f"cannot listen on {address}:{port}: {_describe(exc)}") from None
+            self.listener = sock
+            plan.log(f"listening on {address}:{port} for {', '.join(plan.name(r) for r in self.child_ranks)}")
+            return
+        raise self.fail(
+            f"every candidate port on {address} is in use ({','.join(busy)}); set --port (SM_RELAY_PORT) "
+            "to a free range on every node"
+        )
+
+    def dial_parent(self, deadline: float) -> Link:
+        plan = self.plan
+        assert self.parent is not None
+        pname = plan.name(self.parent)
+        host = plan.parent_host or (plan.hosts[self.parent] if self.parent < len(plan.hosts) else None)
+        if host is None and not plan.loopback:
+            raise usage_error(f"relay: {plan.me}: no host for {pname}; give --nodes or --parent-host")
+        ports = plan.ports_of(self.parent)
+        if plan.loopback:
+            addresses = [LOOPBACK]
+        else:
+            try:
+                addresses = connect_addresses(str(host))
+            except OSError as exc:
+                raise usage_error(
+                    f"relay: {plan.me}: cannot resolve {host} ({pname}): {_describe(exc)}"
+                ) from None
+        last_error, backoff = "nothing tried", BACKOFF_START
+        while True:
+            for address in addresses:
+                for port in ports:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    try:
+                        sock = socket.create_connection((address, port), timeout=min(ATTEMPT_TIMEOUT, left))
+                    except OSError as exc:
+                        last_error = _describe(exc)
+                        continue
+                    link = Link(sock, self.parent, pname, f"{address}:{port}")
+                    try:
+                        if self._handshake_as_child(link):
+                            return link
+                        last_error = f"{link.where} is another rank's relay"
+                    except (OSError, ProtocolError) as exc:
+                        last_error = f"{link.where}: {_describe(exc)}"
+                    except HelperError:
+                        link.close()
+                        raise
+                    link.close()
+            if time.monotonic() >= deadline:
+                span = f"{ports[0]}-{ports[-1]}" if len(ports) > 1 else str(ports[0])
+                shown = LOOPBACK if plan.loopback else host
+                raise timeout_error(
+                    f"relay: {plan.me}: {pname} did not answer on {shown}:{span} within "
+                    f"{secs(plan.connect_timeout)} s (last error: {last_error}); is its relay running?"
+                )
+            time.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
+            backoff = min(backoff * 2, BACKOFF_MAX)
+
+    def _handshake_as_child(self, link: Link) -> bool:
+        """True when `link` is our authenticated parent; False when it is another rank's relay."""
+        plan = self.plan
+        _keepalive(link.sock)
+        try:
+            nonce_p = parse_hello(link.read_line(HANDSHAKE_TIMEOUT))
+        except ProtocolError as exc:
+            raise ProtocolError(f"not a relay ({exc})") from None
+        link.own_nonce, link.peer_nonce = auth.new_nonce(), nonce_p
+        link.send(auth_line(plan.token, nonce_p, plan.rank, plan.purpose, link.own_nonce))
+        verb, rank_p, text = parse_answer(link.read_line(HANDSHAKE_TIMEOUT))
+        if verb == "DENY":
+            if text.startswith("not my child") or text.startswith("rank already connected"):
+                plan.log(f"{link.where} refused: {text}; trying the next candidate")
+                return False
+            raise usage_error(
+                f"relay: {plan.me}: {link.name} at {link.where} refused us: {text}"
+                + (
+                    "; every node must get the same job token ($SM_BARRIER_TOKEN or --token-env)"
+                    if "token" in text
+                    else ""
+                )
+            )
+        if rank_p != self.parent:
+            return False
+        if not auth.check(
+            plan.token, text, link.own_nonce, nonce_p, str(rank_p), str(plan.rank), plan.purpose, "parent"
+        ):
+            raise usage_error(
+                f"relay: {plan.me}: {link.name} at {link.where} could not prove it holds the job token "
+                "(a wrong token on that node, or not our job's relay); refusing its stream"
+            )
+        purpose = parse_header(link.read_line(HANDSHAKE_TIMEOUT))
+        if purpose != plan.purpose:
+            raise usage_error(f"relay: {plan.me}: {link.name} sends {purpose!r}, we expect {plan.purpose!r}")
+        return True
+
+    def _handshake_as_parent(self, sock: socket.socket, where: str, waiting: dict[int, None]) -> Link | None:
+        plan = self.plan
+        link = Link(sock, -1, "an unknown peer", where)
+        nonce_p = auth.new_nonce()
+        try:
+            _keepalive(sock)
+            link.send(hello_line(nonce_p))
+            rank, purpose, nonce_c, given = parse_auth(link.read_line(HANDSHAKE_TIMEOUT))
+        except (OSError, ProtocolError) as exc:
+            self._refuse(link, f"no valid AUTH ({_describe(exc)})", f"bad handshake: {_describe(exc)}")
+            return None
+        if not auth.check(plan.token, given, nonce_p, str(rank), purpose, "child"):
+            self._refuse(link, "wrong token", f"rank {rank} from {where} has a wrong token")
+            return None
+        if purpose != plan.purpose:
+            self._refuse(link, f"purpose {purpose} is not {plan.purpose}", f"rank {rank} wants {purpose!r}")
+            return None
+        if rank not in self.child_ranks:
+            self._refuse(link, f"not my child (rank {rank}'s parent is not rank {plan.rank})", "")
+            return None
+        if rank not in waiting:
+            self._refuse(link, "rank already connected", f"a second rank {rank} from {where}")
+            return None
+        link.rank, link.name = rank, plan.name(rank)
+        link.own_nonce, link.peer_nonce = nonce_p, nonce_c
+        proof = parent_proof(plan.token, nonce_c, nonce_p, plan.rank, rank, plan.purpose)
+        try:
+            link.send(f"OK {plan.rank} {proof}\n".encode() + header_line(plan.purpose))
+        except OSError as exc:
+            link.close()
+            self.refused.append(f"{link.name} dropped during the handshake ({_describe(exc)})")
+            return None
+        return link
+
+    def _refuse(self, link: Link, reason: str, note: str) -> None:
+        try:
+            link.sock.settimeout(ABORT_SEND_TIMEOUT)
+            link.send(f"DENY {reason}\n".encode())
+        except OSError:
+            pass
+        link.close()
+        if note:
+            self.refused.append(note)
+            hint = "; check $SM_BARRIER_TOKEN on that node" if "token" in note else ""
+            self.plan.log(f"refused a connection: {note}{hint}")
+
+    def gather_children(self, deadline: float) -> None:
+        """Accept and authenticate every child, then wait until each reports its subtree READY."""
+        plan = self.plan
+        assert self.listener is not None
+        waiting = dict.fromkeys(self.child_ranks)
+        self.listener.settimeout(0.2)
+        while waiting:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                missing = ", ".join(plan.name(r) for r in waiting)
+                refused = f"; refused meanwhile: {'; '.join(self.refused[-3:])}" if self.refused else ""
+                raise timeout_error(
+                    f"relay: {plan.me}: {missing} did not connect within {secs(plan.connect_timeout)} s"
+                    f"{refused}; is its relay recv running with the same --nodes/--job-id/token?"
+                )
+            try:
+                sock, addr = self.listener.accept()
+            except (socket.timeout, TimeoutError, InterruptedError):
+                continue
+            link = self._handshake_as_parent(sock, f"{addr[0]}:{addr[1]}", waiting)
+            if link is not None:
+                del waiting[link.rank]
+                self.children.append(link)
+                plan.log(f"{link.name} connected from {link.where}")
+        self.listener.close()
+        self.listener = None
+        self.children.sort(key=lambda link: link.rank)
+        statuses = self._collect(self.children, "READY", deadline + READY_GRACE)
+        for link in self.children:
+            ok, _, why = statuses[link.rank]
+            if not ok:
+                raise self.fail(f"{link.name} cannot take the stream: {why}")
+
+    def _collect(
+        self,
+        links: list[Link],
+        verb: str,
+        deadline: float,
+        *,
+        stop_on_fail: bool = True,
+        quiet_for: float | None = None,
+    ) -> dict[int, tuple[bool, int, str]]:
+        """One READY / DONE / FAIL line from each link, by rank; with stop_on_fail, until a FAIL.
+
+        With `quiet_for`, a link's deadline moves on each time it sends WAIT (its subtree is still
+        streaming: a long chain's tail lags rank 0 by what the links buffer), and we send WAIT up
+        meanwhile, so only a subtree that makes no progress for that long is given up on.
+        """
+        results: dict[int, tuple[bool, int, str]] = {}
+        pending = {link.sock.fileno(): link for link in links}
+        until = {link.rank: deadline for link in links}
+
+        def done(link: Link, outcome: tuple[bool, int, str]) -> bool:
+            results[link.rank] = outcome
+            sel.unregister(link.sock)
+            del pending[link.sock.fileno()]
+            return stop_on_fail and not outcome[0]
+
+        with selectors.DefaultSelector() as sel:
+            for link in links:
+                sel.register(link.sock, selectors.EVENT_READ, link)
+            while pending:
+                for link in list(pending.values()):  # leftover bytes may already hold the line
+                    outcome = self._take_status(link, verb, until, quiet_for)
+                    if outcome is not None and done(link, outcome):
+                        return results
+                now = time.monotonic()
+                for link in [link for link in pending.values() if until[link.rank] <= now]:
+                    why = (
+                        f"showed no progress for {secs(quiet_for)} s after the trailer (no DONE, no WAIT)"
+                        if quiet_for is not None
+                        else f"was not {verb} within {secs(self.plan.connect_timeout)} s"
+                    )
+                    if done(link, (False, 0, why)):
+                        return results
+                if not pending:
+                    break
+                if quiet_for is not None:
+                    self._beat()
+                wait = min(until[link.rank] for link in pending.values()) - now
+                for key, _ in sel.select(max(0.0, min(wait, self.heartbeat, 1.0))):
+                    link = key.data
+                    try:
+                        alive = link.feed()
+                    except OSError as exc:
+                        alive, why = False, _describe(exc)
+                    else:
+                        why = "closed the connection"
+                    if not alive and done(link, (False, 0, f"{why} before {verb}")):
+                        return results
+        return results
+
+    def _take_status(
+        self, link: Link, verb: str, until: dict[int, float], quiet_for: float | None
+    ) -> tuple[bool, int, str] | None:
+        """The next status line already read from `link` (WAITs only move its deadline)."""
+        while True:
+            try:
+                line = link.take_line()
+                if line is None:
+                    return None
+                if line == b"WAIT\n" and quiet_for is not None:
+                    until[link.rank] = time.monotonic() + quiet_for
+                    continue
+                return parse_status(line, verb)
+            except ProtocolError as exc:
+                return False, 0, f"protocol error ({exc})"
+
+    def _beat(self) -> None:
+        """Tell the parent we are alive and streaming (at most every `heartbeat` seconds)."""
+        now = time.monotonic()
+        if self.up is None or now < self._next_beat:
+            return
+        self._next_beat = now + self.heartbeat
+        try:
+            self.up.sock.send(b"WAIT\n", socket.MSG_DONTWAIT)
+        except OSError:
+            pass  # a broken upstream shows on the next read
+
+    # -- streaming ---------------------------------------------------------------------------------
+
+    def _forward(self, frame: memoryview, sent_so_far: int) -> None:
+        """Send one frame to every live child; a child that fails is dropped, the others go on."""
+        for link in self.children:
+            if link.failed:
+                continue
+            try:
+                link.sock.sendall(frame)
+            except OSError as exc:
+                if isinstance(exc, (socket.timeout, TimeoutError)):
+                    why = (
+                        f"took no bytes for {secs(self.plan.stall_timeout)} s after "
+                        f"{size_text(sent_so_far)}: it is frozen, its output is blocked, or its link is down"
+                    )
+                else:
+                    why = f"dropped the connection after {size_text(sent_so_far)} ({_describe(exc)})"
+                link.failed = why
+                link.close()
+                self.plan.log(f"{link.name} {why}; going on with the others")
+
+    def _live(self) -> list[Link]:
+        return [link for link in self.children if not link.failed]
+
+    def _abort_children(self, reason: str) -> None:
+        frame = abort_frame(reason)
+        for link in self._live():
+            try:
+                link.sock.settimeout(ABORT_SEND_TIMEOUT)
+                link.sock.sendall(frame)
+                link.sock.shutdown(socket.SHUT_WR)
+                # Closing with the child's WAITs unread would reset the link and could drop the
+                # abort still queued for it; read them away first.
+                link.sock.setblocking(False)
+                while link.sock.recv(65536):
+                    pass
+            except OSError:
+                pass
+            link.close()
+
+    def _report_up(self, line: str) -> None:
+        if self.up is None:
+            return
+        try:
+            self.up.sock.settimeout(ABORT_SEND_TIMEOUT)
+            self.up.send(f"{line}\n".encode())
+        except OSError:
+            pass
+
+    def stream_from(self, source_fd: int) -> tuple[int, bytes, float]:
+        """Rank 0: frames from `source_fd` to the children; (total, digest, start time)."""
+        hasher = hashlib.sha256()
+        view, total = self.view, 0
+        ping = FRAME.pack(PING, 0)
+        ping_every = max(0.05, min(5.0, self.plan.stall_timeout / 3))
+        widen_pipe(source_fd)
+        started = time.monotonic()
+        payload = view[FRAME.size :]
+        while True:
+            ready, _, _ = select.select([source_fd], [], [], ping_every)
+            if not ready:
+                self._forward(memoryview(ping), total)
+                self._check_children()
+                continue
+            got = os.readv(source_fd, [payload[:CHUNK]])
+            if got == 0:
+                break
+            # A pipe hands out what is buffered; top the frame up while more is already waiting.
+            while got < CHUNK and select.select([source_fd], [], [], 0)[0]:
+                more = os.readv(source_fd, [payload[got:CHUNK]])
+                if more == 0:
+                    break
+                got += more
+            FRAME.pack_into(view, 0, DATA, got)
+            hasher.update(payload[:got])
+            total += got
+            self._forward(view[: FRAME.size + got], total)
+            self._check_children()
+        return total, hasher.digest(), started
+
+    def _check_children(self) -> None:
+        if self.children and not self._live():
+            failures = "; ".join(f"{link.name} {link.failed}" for link in self.children)
+            raise self.fail(f"no child left to send to: {failures}")
+
+    def stream_through(self, out_fd: int | None) -> tuple[int, bytes, float]:
+        """A receiver: frames from the parent to `out_fd` and the children; verify the trailer."""
+        plan, up = self.plan, self.up
+        assert up is not None
+        hasher = hashlib.sha256()
+        view, total = self.view, 0
+        header = view[: FRAME.size]
+        up.sock.settimeout(plan.stall_timeout)
+        started = time.monotonic()
+        if out_fd is not None:
+            widen_pipe(out_fd)
+        while True:
+            try:
+                up.read_into(header)
+                kind, length = parse_frame_header(header)
+                body = view[FRAME.size : FRAME.size + length]
+                up.read_into(body)
+            except (socket.timeout, TimeoutError):
+                raise timeout_error(
+                    f"relay: {plan.me}: no bytes from {up.name} for {secs(plan.stall_timeout)} s after "
+                    f"{size_text(total)}: {up.name.split(' (')[0]} is frozen or its link is down"
+                ) from None
+            except ProtocolError as exc:
+                raise self.fail(f"protocol error from {up.name} after {size_text(total)}: {exc}") from None
+            except OSError as exc:
+                cut = "" if isinstance(exc, ConnectionError) and not exc.errno else f" ({_describe(exc)})"
+                raise self.fail(
+                    f"stream from {up.name} ended after {size_text(total)} of an unfinished stream{cut}: "
+                    f"{up.name.split(' (')[0]} died or its link broke"
+                ) from None
+            if kind == DATA:
+                self._beat()
+                frame = view[: FRAME.size + length]
+                if self.fault is not None:
+                    frame = self._inject(frame, total, length)
+                self._forward(frame, total + length)
+                if out_fd is not None:
+                    try:
+                        write_all(out_fd, body)
+                    except OSError as exc:
+                        raise self.fail(
+                            f"cannot write the stream to stdout after {size_text(total)} ({_describe(exc)}); "
+                            "did the reader (docker load) exit? see its error above"
+                        ) from None
+                hasher.update(body)
+                total += length
+            elif kind == PING:
+                self._forward(view[: FRAME.size], total)
+            elif kind == ABORT:
+                reason = clean_reason(bytes(body).decode("utf-8", "replace"))
+                raise self.fail(f"{up.name} aborted the stream after {size_text(total)}: {reason}")
+            else:
+                return self._verify(body, total, hasher.digest(), started)
+
+    def _inject(self, frame: memoryview, total: int, length: int) -> memoryview:
+        """The end-to-end tests' fault (SM_RELAY_FAULT=<rank>:corrupt|die:<offset>), on this rank
+        only, once the stream passes <offset>: `corrupt` flips one byte of what this node forwards
+        (its own copy stays intact, as after a bad link); `die` SIGKILLs this process."""
+        kind, offset = self.fault  # type: ignore[misc]
+        if total + length <= offset:
+            return frame
+        self.fault = None
+        if kind == "die":
+            self.plan.log(f"SM_RELAY_FAULT: dying (SIGKILL) after {size_text(total)}")
+            os.kill(os.getpid(), 9)
+        self.plan.log(f"SM_RELAY_FAULT: flipping the byte at offset {offset} of what this node forwards")
+        copy = bytearray(frame)
+        copy[FRAME.size + max(0, offset - total)] ^= 0xFF
+        return memoryview(copy)
+
+    def _verify(
+        self, body: memoryview, total: int, digest: bytes, started: float
+    ) -> tuple[int, bytes, float]:
+        plan, up = self.plan, self.up
+        assert up is not None
+        try:
+            their_total, their_digest, proof = parse_trailer(body)
+        except ProtocolError as exc:
+            raise self.fail(f"bad trailer from {up.name}: {exc}") from None
+        if not auth.check(plan.token, proof, up.own_nonce, "end", str(their_total), their_digest.hex()):
+            raise self.fail(f"the trailer from {up.name} does not carry the job token's MAC; stream refused")
+        if their_total != total:
+            raise self.fail(
+                f"received {total} bytes from {up.name} but the stream had {their_total}: bytes were lost"
+            )
+        if their_digest != digest:
+            raise self.fail(
+                f"sha256 mismatch on the stream from {up.name} ({size_text(total)}): got "
+                f"{digest.hex()[:16]}..., sent {their_digest.hex()[:16]}...; "
+                "the data was corrupted on the way"
+            )
+        return total, digest, started
+
+    def finish(self, total: int, digest: bytes) -> int:
+        """Send the trailer to each child and collect DONE; the nodes verified below us."""
+        for link in self._live():
+            try:
+                link.sock.sendall(trailer(self.plan.token, link.peer_nonce, total, digest))
+            except OSError as exc:
+                link.failed = f"dropped before the trailer ({_describe(exc)})"
+                link.close()
+        live = self._live()
+        window = self.plan.stall_timeout
+        statuses = self._collect(
+            live, "DONE", time.monotonic() + window, stop_on_fail=False, quiet_for=window
+        )
+        verified = 0
+        for link in live:
+            ok, count, why = statuses.get(link.rank, (False, 0, "did not answer"))
+            if ok:
+                verified += count
+            else:
+                link.failed = why
+        failures = [f"{link.name}: {link.failed}" for link in self.children if link.failed]
+        if failures:
+            raise self.fail(
+                f"the stream ({size_text(total)}) reached {verified} node(s) below us but failed for "
+                + "; ".join(failures)
+            )
+        return verified
+
+    def close(self) -> None:
+        for link in self.children:
+            link.close()
+        if self.up is not None:
+            self.up.close()
+        if self.listener is not None:
+            self.listener.close()
+
+    # -- the whole run -----------------------------------------------------------------------------
+
+    def run(
+        self,
+        source_fd: int | None = None,
+        out_fd: int | None = None,
+        on_verified: Callable[[], None] | None = None,
+    ) -> Result:
+        plan = self.plan
+        deadline = time.monotonic() + plan.connect_timeout
+        try:
+            if self.child_ranks:
+                self.listen()
+            if self.parent is not None:
+                self.up = self.dial_parent(deadline)
+                plan.log(f"connected to {self.up.name} at {self.up.where}")
+            if self.child_ranks:
+                self.gather_children(deadline)
+                for link in self.children:  # a child that takes nothing this long is given up on
+                    link.sock.settimeout(plan.stall_timeout)
+            if self.up is not None:
+                self.up.sock.settimeout(plan.stall_timeout)
+                self.up.send(b"READY\n")
+            if self.parent is None:
+                if source_fd is None:
+                    raise usage_error("relay: rank 0 needs a source")
+                plan.log(f"every node below is ready ({len(self.children)} direct); streaming")
+                total, digest, started = self.stream_from(source_fd)
+            else:
+                total, digest, started = self.stream_through(out_fd)
+                if on_verified is not None:
+                    on_verified()
+        except HelperError as exc:
+            self._abort_children(exc.format_message().removeprefix("relay: "))
+            self._report_up(f"FAIL {clean_reason(exc.format_message().removeprefix('relay: '))}")
+            self.close()
+            raise
+        except BaseException:
+            self._abort_children(f"{plan.me}: relay stopped")
+            self.close()
+            raise
+        try:
+            below = self.finish(total, digest)
+        except HelperError as exc:
+            self._report_up(f"FAIL {clean_reason(exc.format_message().removeprefix('relay: '))}")
+            self.close()
+            raise
+        seconds = time.monotonic() - started
+        self._report_up(f"DONE {below + 1}")
+        self.close()
+        return Result(total, digest.hex(), seconds, below if self.parent is None else below + 1)
+
+
+def run_node(
+    plan: Plan,
+    source_fd: int | None = None,
+    out_fd: int | None = None,
+    on_verified: Callable[[], None] | None = None,
+) -> Result:
+    """Run one rank to the end (the importable core of `relay send` / `relay recv`)."""
+    return Node(plan).run(source_fd, out_fd, on_verified)
+
+
+# --------------------------------------------------------------------------------------------------
+# Loopback bench (one process per hop on 127.0.0.1; never used by send/recv)
+
+
+@dataclass
+class BenchResult:
+    hops: int
+    nbytes: int
+    seconds: float  # rank 0's first byte -> every hop verified
+    cpu_seconds: float  # user + system CPU of every hop and the feeder
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.nbytes / 1e6 / self.seconds if self.seconds > 0 else 0.0
+
+
+def _bench_feeder(write_fd: int, nbytes: int, close_fds: Sequence[int]) -> None:
+    for fd in close_fds:
+        os.close(fd)
+    block = memoryview(os.urandom(CHUNK))
+    widen_pipe(write_fd)
+    left = nbytes
+    while left:
+        n = os.write(write_fd, block[: min(left, CHUNK)])
+        left -= n
+    os.close(write_fd)
+
+
+def _bench_node(plan: Plan, source_fd: int | None, conn: object, close_fds: Sequence[int]) -> None:
+    for fd in close_fds:  # only rank 0 and the feeder may hold the source pipe, or it never ends
+        os.close(fd)
+    out_fd = None if source_fd is not None else os.open(os.devnull, os.O_WRONLY)
+    try:
+        result = run_node(plan, source_fd, out_fd)
+        conn.send(("ok", result))  # type: ignore[attr-defined]
+    except HelperError as exc:
+        conn.send(("error", f"{exc.format_message()} (exit {exc.exit_code})"))  # type: ignore[attr-defined]
+
+
+def loopback_chain(
+    hops: int,
+    nbytes: int,
+    *,
+    fanout: int = 1,
+    master_port: int = 29500,
+    job_id: int | None = None,
+    timeout: float = 600.0,
+    stall_timeout: float = 120.0,
+    log: Log | None = None,
+) -> BenchResult:
+    """Move `nbytes` of synthetic data from rank 0 through `hops` more ranks, one process each.
+
+    Every process runs the real node code (frames, sha256, forwarding); receivers write to
+    /dev/null. The time runs from rank 0's first byte until every rank has verified the trailer.
+    With 128 hops on 2 CPUs each process waits long for a CPU, so the stall timeout is longer than
+    a node's default: a scheduling hiccup shows in the time instead of failing the run.
+    """
+    import multiprocessing
+    import resource
+    import secrets
+
+    if hops < 1 or nbytes < 0:
+        raise usage_error("relay: bench needs --hops >= 1 and --bytes >= 0")
+    ctx = multiprocessing.get_context("fork")
+    token = secrets.token_hex(24)
+    job = secrets.randbelow(1 << 20) if job_id is None else job_id
+    nnodes = hops + 1
+
+    def ports_of(rank: int) -> list[int]:
+        return relay_ports(rank, master_port, job)
+
+    quiet: Log = log or (lambda _message: None)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    read_fd, write_fd = os.pipe()
+    feeder = ctx.Process(target=_bench_feeder, args=(write_fd, nbytes, [read_fd]), daemon=True)
+    procs, pipes = [], []
+    for rank in range(nnodes):
+        plan = Plan(
+            rank,
+            nnodes,
+            token,
+            fanout=fanout,
+            hosts=[f"hop{r}" for r in range(nnodes)],
+            ports_of=ports_of,
+            connect_timeout=60,
+            stall_timeout=stall_timeout,
+            loopback=True,
+            log=quiet,
+        )
+        parent_conn, child_conn = ctx.Pipe(duplex=False)
+        source, close = (read_fd, [write_fd]) if rank == 0 else (None, [read_fd, write_fd])
+        proc = ctx.Process(target=_bench_node, args=(plan, source, child_conn, close), daemon=True)
+        proc.start()
+        child_conn.close()
+        procs.append(proc)
+        pipes.append(parent_conn)
+    feeder.start()  # before closing our copies: it inherits both ends and closes the read end
+    os.close(read_fd)
+    os.close(write_fd)
+    results: list[tuple[str, object]] = []
+    try:
+        deadline = time.monotonic() + timeout
+        for rank, pipe in enumerate(pipes):
+            if not pipe.poll(max(0.0, deadline - time.monotonic())):
+                raise HelperError(f"relay: bench: rank {rank} did not finish within {secs(timeout)} s")
+            results.append(pipe.recv())
+    finally:
+        for proc in [*procs, feeder]:
+            proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+    errors = [str(value) for status, value in results if status != "ok"]
+    if errors:
+        raise HelperError(f"relay: bench failed: {errors[0]}")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    head = results[0][1]
+    assert isinstance(head, Result)
+    digests = {value.digest for _, value in results if isinstance(value, Result)}
+    if len(digests) != 1 or head.total != nbytes or head.nodes != hops:
+        raise HelperError(f"relay: bench: inconsistent results {results!r}")
+    return BenchResult(hops, nbytes, head.seconds, cpu)
+
+
+# --------------------------------------------------------------------------------------------------
+# CLI
+
+CONTEXT = {"help_option_names": ["-h", "--help"]}
+
+
+def parse_fault(text: str, rank: int) -> tuple[str, int] | None:
+    """SM_RELAY_FAULT=<rank>:corrupt|die:<offset> (the end-to-end tests' fault injection): this
+    rank's fault, or None. Anything else is ignored: production never sets it."""
+    match = re.fullmatch(r"([0-9]+):(corrupt|die):([0-9]+)", text.strip())
+    if not match or int(match.group(1)) != rank:
+        return None
+    return match.group(2), int(match.group(3))
+
+
+def parse_nodes(text: str | None) -> list[str]:
+    """`node1,node2,node3` -> names in rank order (as `scontrol show hostnames | paste -sd,`)."""
+    if text is None:
+        return []
+    names = [part.strip() for part in text.split(",")]
+    if not names or any(not name or " " in name for name in names):
+        raise usage_error(f"relay: --nodes {text!r} must be host names separated by commas, in rank order")
+    return names
+
+
+def _plan_from_options(
+    rank: int,
+    nnodes: int | None,
+    nodes: str | None,
+    parent_host: str | None,
+    fanout: int,
+    master_port: int | None,
+    job_id: int | None,
+    port: int | None,
+    count: int,
+    connect_timeout: float,
+    stall_timeout: float,
+    token_env: str,
+    purpose: str,
+) -> Plan:
+    hosts = parse_nodes(nodes)
+    if hosts and nnodes is not None and nnodes != len(hosts):
+        raise usage_error(f"relay: --nnodes {nnodes} but --nodes names {len(hosts)} hosts")
+    total = nnodes if nnodes is not None else len(hosts)
+    if total < 2:
+        raise usage_error("relay: give --nodes (host names in rank order) or --nnodes >= 2")
+    if not 0 <= rank < total:
+        raise usage_error(f"relay: --rank {rank} is not in 0..{total - 1}")
+    if not PURPOSE_RE.fullmatch(purpose):
+        raise usage_error(f"relay: --purpose {purpose!r} must match {PURPOSE_RE.pattern}")
+    relay_ports(rank, master_port, job_id, port, count)  # a usage error now, not on the first dial
+
+    def ports_of(r: int) -> list[int]:
+        return relay_ports(r, master_port, job_id, port, count)
+
+    try:
+        token = read_token(token_env)  # the barrier's token rule: one rule, one place
+    except HelperError as exc:
+        raise usage_error(f"relay: {exc.format_message().removeprefix('barrier: ')}") from None
+    os.environ.setdefault("SM_RANK", str(rank))
+    return Plan(
+        rank,
+        total,
+        token,
+        fanout=fanout,
+        hosts=hosts,
+        parent_host=parent_host,
+        ports_of=ports_of,
+        purpose=purpose,
+        connect_timeout=connect_timeout,
+        stall_timeout=stall_timeout,
+    )
+
+
+def _node_options(func: Callable) -> Callable:
+    options = [
+        click.option("--nnodes", type=click.IntRange(min=2), help="Nodes in the job [default: --nodes]"),
+        click.option("--nodes", metavar="HOSTS",
+                     help="Host names in rank order, comma-separated (scontrol show hostnames)."),
+        click.option("--fanout", type=click.IntRange(min=1), default=1, show_default=True,
+                     help="Children per node: 1 is a chain, K a tree (parent of r is (r-1)//K)."),
+        click.option("--master-port", type=click.IntRange(1, 65535), envvar="MASTER_PORT", show_envvar=True,
+                     help="The job's MASTER_PORT (an input of the port derivation; never used itself)."),
+        click.option("--job-id", type=click.IntRange(min=0), envvar="SLURM_JOB_ID", show_envvar=True,
+                     help="SLURM job id (an input of the port derivation)."),
+        click.option("--port", type=click.IntRange(1024, 65535), envvar="SM_RELAY_PORT", show_envvar=True,
+                     help="Instead of the derivation: rank r listens on PORT + r*count and successors."),
+        click.option("--count", type=click.IntRange(1, MAX_CANDIDATES), default=DEFAULT_PORT_COUNT,
+                     show_default=True, help="Candidate ports per rank."),
+        click.option("--connect-timeout", type=click.FloatRange(min=0), default=120, show_default=True,
+                     help="Seconds for the parent to answer and every child to connect."),
+        click.option("--stall-timeout", type=click.FloatRange(min=0.1), default=30, show_default=True,
+                     help="Seconds without bytes from the parent (or taken by a child) before giving up."),
+        click.option("--token-env", default=DEFAULT_TOKEN_ENV, show_default=True, metavar="NAME",
+                     help="Environment variable holding the job token (never pass the token itself)."),
+        click.option("--purpose", default=DEFAULT_PURPOSE, show_default=True,
+                     help="What the stream is (both ends must agree; it is inside the MAC)."),
+    ]  # fmt: skip
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+@click.group("relay", context_settings=CONTEXT)
+def cli() -> None:
+    """Relay a byte stream (docker save) node to node: no shared storage, forwarded as received.
+
+    \b
+    Topology: chain (--fanout 1) or tree; rank 0 reads stdin, every other rank writes stdout.
+    Exit codes: 0 delivered and verified, 1 failed, 2 usage or rejected, 3 timeout.
+    """
+
+
+@cli.command("send", context_settings=CONTEXT)
+@click.option("--rank", type=click.IntRange(min=0), default=0, show_default=True, help="Always 0.")
+@_node_options
+def send_cmd(rank: int, **options: object) -> None:
+    """Rank 0: send stdin to the children; exit 0 once every node has verified it.
+
+    \b
+    Example (rank 0):
+      docker save toy/model:local | slurm-multi relay send --nodes "$NODES"
+    """
+    if rank != 0:
+        raise usage_error(f"relay: send runs on rank 0 only (got --rank {rank}); use `relay recv`")
+    if os.isatty(0):
+        raise usage_error("relay: stdin is a terminal; pipe the stream in: docker save IMAGE | relay send")
+    plan = _plan_from_options(0, parent_host=None, **options)  # type: ignore[arg-type]
+    plan.log(f"rank 0 of {plan.nnodes}, fanout {plan.fanout}; waiting for {plan.nnodes - 1} nodes")
+    result = run_node(plan, source_fd=0)
+    plan.log(
+        f"done: {size_text(result.total)} verified by all {result.nodes} receivers in {result.seconds:.1f} s "
+        f"({rate_text(result.total, result.seconds)}, sha256 {result.digest[:16]}...)"
+    )
+
+
+def _release_stdout() -> None:
+    """Our copy is verified: close the pipe to `docker load` so it finishes while we wait for DONE."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+
+
+@cli.command("recv", context_settings=CONTEXT)
+@click.option("--rank", type=click.IntRange(min=1), required=True, help="This node's rank (1..N-1).")
+@click.option("--parent-host", help="The parent's host name (wins over --nodes).")
+@_node_options
+def recv_cmd(rank: int, parent_host: str | None, **options: object) -> None:
+    """A receiver: write the stream to stdout and forward it to this node's children.
+
+    \b
+    Example (rank R):
+      slurm-multi relay recv --rank "$SLURM_NODEID" --nodes "$NODES" | docker load
+    """
+    if os.isatty(1):
+        raise usage_error("relay: stdout is a terminal; pipe it into the reader: relay recv | docker load")
+    plan = _plan_from_options(rank, parent_host=parent_host, **options)  # type: ignore[arg-type]
+    kids = children_of(rank, plan.fanout, plan.nnodes)
+    plan.log(
+        f"rank {rank} of {plan.nnodes}: from {plan.name((rank - 1) // plan.fanout)}"
+        + (f", forwarding to {', '.join(plan.name(r) for r in kids)}" if kids else "")
+    )
+    result = run_node(plan, out_fd=1, on_verified=_release_stdout)
+    plan.log(
+        f"done: {size_text(result.total)} received and verified in {result.seconds:.1f} s "
+        f"({rate_text(result.total, result.seconds)}, sha256 {result.digest[:16]}...)"
+        + (f"; {result.nodes - 1} node(s) below verified it too" if kids else "")
+    )
+
+
+@cli.command("port", context_settings=CONTEXT)
+@click.option("--rank", type=click.IntRange(min=0), required=True, help="The rank whose ports to print.")
+@click.option("--master-port", type=click.IntRange(1, 65535), envvar="MASTER_PORT", show_envvar=True)
+@click.option("--job-id", type=click.IntRange(min=0), envvar="SLURM_JOB_ID", show_envvar=True)
+@click.option("--port", type=click.IntRange(1024, 65535), envvar="SM_RELAY_PORT", show_envvar=True)
+@click.option(
+    "--count", type=click.IntRange(1, MAX_CANDIDATES), default=DEFAULT_PORT_COUNT, show_default=True
+)
+def port_cmd(rank: int, master_port: int | None, job_id: int | None, port: int | None, count: int) -> None:
+    """Print the candidate ports RANK listens on, one per line (the same on every node).
+
+    \b
+    Example: slurm-multi relay port --rank 3 --master-port 29500 --job-id 4242
+    """
+    for candidate in relay_ports(rank, master_port, job_id, port, count):
+        click.echo(candidate)
+
+
+@cli.command("bench", context_settings=CONTEXT)
+@click.option("--hops", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--bytes", "nbytes", type=click.IntRange(min=0), default=10**9, show_default=True)
+@click.option("--fanout", type=click.IntRange(min=1), default=1, show_default=True)
+def bench_cmd(hops: int, nbytes: int, fanout: int) -> None:
+    """Loopback only: move BYTES through HOPS relay processes on 127.0.0.1; print one JSON line.
+
+    \b
+    Example: slurm-multi relay bench --hops 32 --bytes 1000000000
+    """
+    import json
+
+    result = loopback_chain(hops, nbytes, fanout=fanout)
+    _talk(f"{hops} hop(s): {size_text(nbytes)} in {result.seconds:.2f} s ({result.mb_per_s:.0f} MB/s)")
+    click.echo(
+        json.dumps(
+            {
+                "hops": hops,
+                "bytes": nbytes,
+                "seconds": result.seconds,
+                "mb_per_s": result.mb_per_s,
+                "cpu_seconds": result.cpu_seconds,
+            }  # fmt: skip
+        )
+    )
+
+
+if __name__ == "__main__":
+    cli.main(prog_name="python -m slurm_multi.relay")

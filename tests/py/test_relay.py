@@ -1,0 +1,750 @@
+"""The node-to-node relay (slurm_multi.relay): real sockets on 127.0.0.1, one thread or process per rank."""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from slurm_multi import EXIT_FAILURE, EXIT_TIMEOUT, EXIT_USAGE, auth, relay
+from slurm_multi.barrier import candidate_ports, read_local_port_range
+from slurm_multi.common import HelperError
+
+REPO = Path(__file__).resolve().parents[2]
+TOKEN = "job-token-" + "a" * 20
+
+
+def hosts(n: int) -> list[str]:
+    return [f"node{r + 1}" for r in range(n)]
+
+
+def make_plan(rank: int, nnodes: int, job: int, **overrides) -> relay.Plan:
+    settings = dict(
+        fanout=1,
+        hosts=hosts(nnodes),
+        ports_of=lambda r: relay.relay_ports(r, 29500, job),
+        connect_timeout=10.0,
+        stall_timeout=5.0,
+        loopback=True,
+        log=lambda _message: None,
+    )
+    settings.update(overrides)
+    token = settings.pop("token", TOKEN)
+    return relay.Plan(rank, nnodes, token, **settings)
+
+
+def job_id() -> int:
+    return secrets.randbelow(1 << 20)
+
+
+def source_file(tmp_path: Path, nbytes: int) -> tuple[Path, str]:
+    path = tmp_path / "source.bin"
+    path.write_bytes(os.urandom(nbytes))
+    return path, hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def run_ranks(
+    tmp_path: Path,
+    source: Path,
+    nnodes: int,
+    plan_for: Callable[[int], relay.Plan],
+    ranks: Sequence[int] = (),
+) -> dict[int, relay.Result | HelperError]:
+    """Run the given ranks (default all) as threads; rank r >= 1 writes to tmp_path/out<r>."""
+    outcomes: dict[int, relay.Result | HelperError] = {}
+
+    def one(rank: int) -> None:
+        fd = os.open(source if rank == 0 else tmp_path / f"out{rank}", os.O_RDONLY if rank == 0 else
+                     os.O_WRONLY | os.O_CREAT | os.O_TRUNC)  # fmt: skip
+        try:
+            if rank == 0:
+                outcomes[rank] = relay.run_node(plan_for(rank), source_fd=fd)
+            else:
+                outcomes[rank] = relay.run_node(plan_for(rank), out_fd=fd)
+        except HelperError as exc:
+            outcomes[rank] = exc
+        finally:
+            os.close(fd)
+
+    threads = [threading.Thread(target=one, args=(r,), daemon=True) for r in (ranks or range(nnodes))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+        assert not thread.is_alive(), "a relay rank hung"
+    return outcomes
+
+
+def message(outcome: object) -> str:
+    assert isinstance(outcome, HelperError), f"expected a failure, got {outcome!r}"
+    return outcome.format_message()
+
+
+# --------------------------------------------------------------------------------------------------
+# Topology and ports
+
+
+def test_a_chain_is_a_tree_of_fanout_one():
+    assert [relay.parent_of(r, 1) for r in range(4)] == [None, 0, 1, 2]
+    assert [relay.children_of(r, 1, 4) for r in range(4)] == [[1], [2], [3], []]
+
+
+def test_a_tree_of_fanout_two_gives_each_rank_its_children():
+    assert [relay.parent_of(r, 2) for r in range(7)] == [None, 0, 0, 1, 1, 2, 2]
+    assert [relay.children_of(r, 2, 6) for r in range(4)] == [[1, 2], [3, 4], [5], []]
+
+
+def test_every_rank_has_its_own_ports_clear_of_the_barrier_and_the_ephemeral_range():
+    local = read_local_port_range()
+    for master_port, job in ((29500, 4242), (29500, 0), (12345, 987654321), (60000, 7)):
+        barrier = set(candidate_ports((), master_port, job, None, 32, local))
+        seen: set[int] = set()
+        for rank in range(256):
+            ports = relay.relay_ports(rank, master_port, job, local_range=local)
+            assert len(ports) == relay.DEFAULT_PORT_COUNT
+            assert not seen & set(ports), f"rank {rank} shares a port with a lower rank"
+            assert not barrier & set(ports)
+            assert master_port not in ports
+            assert all(not local[0] <= p <= local[1] for p in ports)
+            assert ports == relay.relay_ports(rank, master_port, job, local_range=local)  # deterministic
+            seen |= set(ports)
+
+
+def test_an_explicit_port_gives_rank_r_its_own_block():
+    assert relay.relay_ports(0, None, None, override=30000) == [30000, 30001, 30002, 30003]
+    assert relay.relay_ports(3, None, None, override=30000, count=2) == [30006, 30007]
+
+
+def test_ports_without_inputs_are_a_usage_error():
+    with pytest.raises(HelperError) as info:
+        relay.relay_ports(1, None, 42)
+    assert info.value.exit_code == EXIT_USAGE and "--master-port" in info.value.format_message()
+
+
+# --------------------------------------------------------------------------------------------------
+# Delivery
+
+
+def test_a_chain_of_four_delivers_identical_bytes_to_every_node(tmp_path):
+    source, digest = source_file(tmp_path, 5_000_123)
+    job = job_id()
+    outcomes = run_ranks(tmp_path, source, 4, lambda r: make_plan(r, 4, job))
+    assert all(isinstance(o, relay.Result) for o in outcomes.values()), outcomes
+    assert outcomes[0].nodes == 3 and outcomes[0].digest == digest and outcomes[0].total == 5_000_123
+    for rank in (1, 2, 3):
+        assert hashlib.sha256((tmp_path / f"out{rank}").read_bytes()).hexdigest() == digest
+        assert outcomes[rank].digest == digest
+    assert [outcomes[r].nodes for r in (1, 2, 3)] == [3, 2, 1]
+
+
+def test_a_tree_of_fanout_two_delivers_identical_bytes_to_every_node(tmp_path):
+    source, digest = source_file(tmp_path, 3_000_000)
+    job = job_id()
+    outcomes = run_ranks(tmp_path, source, 7, lambda r: make_plan(r, 7, job, fanout=2))
+    assert all(isinstance(o, relay.Result) for o in outcomes.values()), outcomes
+    assert outcomes[0].nodes == 6
+    for rank in range(1, 7):
+        assert hashlib.sha256((tmp_path / f"out{rank}").read_bytes()).hexdigest() == digest
+
+
+def test_an_empty_stream_is_delivered_and_verified(tmp_path):
+    source, digest = source_file(tmp_path, 0)
+    job = job_id()
+    outcomes = run_ranks(tmp_path, source, 2, lambda r: make_plan(r, 2, job))
+    assert outcomes[1].total == 0 and outcomes[1].digest == digest == hashlib.sha256(b"").hexdigest()
+
+
+# --------------------------------------------------------------------------------------------------
+# Authentication
+
+
+def test_a_child_with_a_wrong_token_is_refused_on_both_ends(tmp_path):
+    source, _ = source_file(tmp_path, 1000)
+    job, logs = job_id(), []
+
+    def plan_for(rank: int) -> relay.Plan:
+        if rank == 0:
+            return make_plan(0, 2, job, connect_timeout=1.5, log=logs.append)
+        return make_plan(1, 2, job, token="not-the-job-token")
+
+    outcomes = run_ranks(tmp_path, source, 2, plan_for)
+    child, parent = message(outcomes[1]), message(outcomes[0])
+    assert outcomes[1].exit_code == EXIT_USAGE
+    assert "rank 0 (node1)" in child and "refused us: wrong token" in child and "SM_BARRIER_TOKEN" in child
+    assert outcomes[0].exit_code == EXIT_TIMEOUT
+    assert "rank 1 (node2) did not connect" in parent and "wrong token" in parent
+    assert any("wrong token" in line and "SM_BARRIER_TOKEN" in line for line in logs)
+    assert all(TOKEN not in text and "not-the-job-token" not in text for text in (child, parent, *logs))
+
+
+def fake_parent(
+    script: Callable[[socket.socket, str], None], token: str = TOKEN, proof: str | None = None
+) -> tuple[int, threading.Thread]:
+    """A hand-written rank 0 on 127.0.0.1: handshake (with `proof` instead of the real one), then
+    `script(sock, child_nonce)`. Returns its port and thread."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+
+    def serve() -> None:
+        sock, _ = listener.accept()
+        listener.close()
+        reader = sock.makefile("rb")
+        nonce_p = auth.new_nonce()
+        sock.sendall(relay.hello_line(nonce_p))
+        rank, purpose, nonce_c, _given = relay.parse_auth(reader.readline())
+        answer = proof or relay.parent_proof(token, nonce_c, nonce_p, 0, rank, purpose)
+        sock.sendall(f"OK 0 {answer}\n".encode() + relay.header_line(purpose))
+        if proof is None:
+            assert reader.readline() == b"READY\n"
+        try:
+            script(sock, nonce_c)
+            sock.shutdown(socket.SHUT_WR)  # a clean end: what was sent arrives before the EOF
+            sock.settimeout(5)
+            while sock.recv(4096):  # the child's WAITs, unread, would turn our close into a reset
+                pass
+        except OSError:
+            pass
+        finally:
+            sock.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return listener.getsockname()[1], thread
+
+
+def data_frames(payload: bytes, size: int = 100_000) -> bytes:
+    return b"".join(
+        relay.FRAME.pack(relay.DATA, len(payload[i : i + size])) + payload[i : i + size]
+        for i in range(0, len(payload), size)
+    )
+
+
+def receive_from(port: int, tmp_path: Path, **overrides) -> relay.Result | HelperError:
+    plan = make_plan(1, 2, 0, ports_of=lambda r: [port], **overrides)
+    with open(tmp_path / "out1", "wb") as out:
+        try:
+            return relay.run_node(plan, out_fd=out.fileno())
+        except HelperError as exc:
+            return exc
+
+
+def test_a_parent_that_cannot_prove_the_token_is_refused_before_any_payload(tmp_path):
+    port, thread = fake_parent(lambda sock, nonce: sock.sendall(data_frames(b"x" * 1000)), proof="0" * 64)
+    outcome = receive_from(port, tmp_path)
+    thread.join(5)
+    assert outcome.exit_code == EXIT_USAGE
+    text = message(outcome)
+    assert "rank 0 (node1)" in text and "could not prove it holds the job token" in text
+    assert (tmp_path / "out1").read_bytes() == b""
+
+
+def test_a_trailer_without_the_job_tokens_mac_is_refused(tmp_path):
+    payload = os.urandom(5000)
+
+    def script(sock: socket.socket, nonce: str) -> None:
+        digest = hashlib.sha256(payload).digest()
+        sock.sendall(data_frames(payload) + relay.trailer("some-other-token", nonce, len(payload), digest))
+        time.sleep(0.5)
+
+    port, thread = fake_parent(script)
+    outcome = receive_from(port, tmp_path)
+    thread.join(5)
+    assert "does not carry the job token's MAC" in message(outcome)
+
+
+# --------------------------------------------------------------------------------------------------
+# Failures: every one is a one-line error naming this node and the upstream
+
+
+def test_a_truncated_stream_fails_naming_the_upstream(tmp_path):
+    port, thread = fake_parent(lambda sock, nonce: sock.sendall(data_frames(os.urandom(2_500_000))))
+    started = time.monotonic()
+    outcome = receive_from(port, tmp_path)
+    thread.join(5)
+    text = message(outcome)
+    assert outcome.exit_code == EXIT_FAILURE and time.monotonic() - started < 5
+    assert text.startswith("relay: node2 (rank 1): stream from rank 0 (node1) ended after 2.5 MB")
+    assert "of an unfinished stream" in text and "rank 0 died or its link broke" in text
+
+
+def test_a_short_count_in_the_trailer_is_caught(tmp_path):
+    payload = os.urandom(10_000)
+
+    def script(sock: socket.socket, nonce: str) -> None:
+        digest = hashlib.sha256(payload).digest()
+        sock.sendall(data_frames(payload) + relay.trailer(TOKEN, nonce, len(payload) + 1, digest))
+        time.sleep(0.5)
+
+    port, thread = fake_parent(script)
+    outcome = receive_from(port, tmp_path)
+    thread.join(5)
+    assert "received 10000 bytes from rank 0 (node1) but the stream had 10001" in message(outcome)
+
+
+def test_a_corrupted_byte_in_transit_is_caught_by_the_digest(tmp_path):
+    source, _ = source_file(tmp_path, 3_000_000)
+    job = job_id()
+    upstream = relay.relay_ports(0, 29500, job)
+    proxy = socket.socket()
+    proxy.bind(("127.0.0.1", 0))
+    proxy.listen(1)
+    flip_at = 500_000  # deep inside the first data frame (the handshake is a few hundred bytes)
+
+    def pump(src: socket.socket, dst: socket.socket, flip: int | None) -> None:
+        seen = 0
+        try:
+            while chunk := src.recv(65536):
+                if flip is not None and seen <= flip < seen + len(chunk):
+                    chunk = bytearray(chunk)
+                    chunk[flip - seen] ^= 0x01
+                seen += len(chunk)
+                dst.sendall(chunk)
+        except OSError:
+            pass
+        finally:
+            for sock in (src, dst):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def run_proxy() -> None:
+        child, _ = proxy.accept()
+        for port in upstream:
+            try:
+                parent = socket.create_connection(("127.0.0.1", port))
+                break
+            except OSError:
+                continue
+        threading.Thread(target=pump, args=(child, parent, None), daemon=True).start()
+        pump(parent, child, flip_at)
+
+    threading.Thread(target=run_proxy, daemon=True).start()
+
+    def plan_for(rank: int) -> relay.Plan:
+        ports = (lambda r: [proxy.getsockname()[1]]) if rank == 1 else (lambda r: upstream)
+        return make_plan(rank, 2, job, ports_of=ports)
+
+    outcomes = run_ranks(tmp_path, source, 2, plan_for)
+    assert "sha256 mismatch on the stream from rank 0 (node1)" in message(outcomes[1])
+    assert "corrupted on the way" in message(outcomes[1])
+    # Rank 0 hears it too: the child answers FAIL instead of DONE.
+    assert "failed for rank 1 (node2)" in message(outcomes[0]) and "sha256 mismatch" in message(outcomes[0])
+
+
+def test_a_frozen_parent_trips_the_stall_timeout(tmp_path):
+    release = threading.Event()
+
+    def script(sock: socket.socket, nonce: str) -> None:
+        sock.sendall(data_frames(os.urandom(300_000)))
+        release.wait(10)  # keeps the socket open and sends nothing
+
+    port, thread = fake_parent(script)
+    started = time.monotonic()
+    outcome = receive_from(port, tmp_path, stall_timeout=0.5)
+    elapsed = time.monotonic() - started
+    release.set()
+    thread.join(5)
+    assert outcome.exit_code == EXIT_TIMEOUT and elapsed < 3
+    assert "no bytes from rank 0 (node1) for 0.5 s after 300 kB: rank 0 is frozen" in message(outcome)
+
+
+def test_a_child_that_stops_reading_is_dropped_by_its_parent(tmp_path):
+    source, _ = source_file(tmp_path, 40_000_000)
+    job = job_id()
+    port = relay.relay_ports(0, 29500, job)
+    frozen = threading.Event()
+
+    def lazy_child() -> None:
+        for _ in range(100):
+            try:
+                sock = socket.create_connection(("127.0.0.1", port[0]))
+                break
+            except OSError:
+                time.sleep(0.05)
+        reader = sock.makefile("rb")
+        nonce_p = relay.parse_hello(reader.readline())
+        sock.sendall(relay.auth_line(TOKEN, nonce_p, 1, "image", auth.new_nonce()))
+        reader.readline(), reader.readline()
+        sock.sendall(b"READY\n")
+        frozen.wait(10)  # never reads a frame
+        sock.close()
+
+    helper = threading.Thread(target=lazy_child, daemon=True)
+    helper.start()
+    started = time.monotonic()
+    outcome = run_ranks(tmp_path, source, 2, lambda r: make_plan(r, 2, job, stall_timeout=0.5), ranks=[0])[0]
+    frozen.set()
+    helper.join(5)
+    assert time.monotonic() - started < 5
+    assert "no child left to send to: rank 1 (node2) took no bytes for 0.5 s" in message(outcome)
+
+
+def test_a_slow_reader_within_the_stall_timeout_is_waited_for(tmp_path):
+    """docker load pausing for a moment (shorter than --stall-timeout) backs up the chain, no more."""
+    source, digest = source_file(tmp_path, 24_000_000)
+    job = job_id()
+    read_fd, write_fd = os.pipe()
+    got = hashlib.sha256()
+
+    def slow_reader() -> None:
+        time.sleep(1.5)  # longer than any handshake timeout, shorter than --stall-timeout
+        with os.fdopen(read_fd, "rb") as pipe:
+            while chunk := pipe.read(1 << 20):
+                got.update(chunk)
+
+    reader = threading.Thread(target=slow_reader, daemon=True)
+    reader.start()
+    outcomes: dict[int, object] = {}
+
+    def receiver() -> None:
+        try:
+            outcomes[1] = relay.run_node(make_plan(1, 2, job, stall_timeout=4), out_fd=write_fd)
+        except HelperError as exc:
+            outcomes[1] = exc
+        finally:
+            os.close(write_fd)
+
+    thread = threading.Thread(target=receiver, daemon=True)
+    thread.start()
+    outcomes[0] = run_ranks(tmp_path, source, 2, lambda r: make_plan(r, 2, job, stall_timeout=4), [0])[0]
+    thread.join(10)
+    reader.join(10)
+    assert isinstance(outcomes[0], relay.Result) and isinstance(outcomes[1], relay.Result), outcomes
+    assert got.hexdigest() == digest
+
+
+def fake_child(port: int, after_trailer: Callable[[socket.socket], None]) -> threading.Thread:
+    """A hand-written rank 1: handshake, READY, read every frame up to the trailer, then `after_trailer`."""
+
+    def run() -> None:
+        for _ in range(200):
+            try:
+                sock = socket.create_connection(("127.0.0.1", port))
+                break
+            except OSError:
+                time.sleep(0.02)
+        reader = sock.makefile("rb")
+        nonce_p = relay.parse_hello(reader.readline())
+        sock.sendall(relay.auth_line(TOKEN, nonce_p, 1, "image", auth.new_nonce()))
+        reader.readline(), reader.readline()
+        sock.sendall(b"READY\n")
+        while True:
+            kind, length = relay.parse_frame_header(reader.read(relay.FRAME.size))
+            reader.read(length)
+            if kind == relay.END:
+                break
+        after_trailer(sock)
+        sock.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_lagging_subtree_that_sends_wait_is_waited_for_past_the_stall_timeout(tmp_path):
+    source, _ = source_file(tmp_path, 100_000)
+    job = job_id()
+
+    def lagging(sock: socket.socket) -> None:  # its own subtree is still busy for 1.5 s
+        for _ in range(8):
+            sock.sendall(b"WAIT\n")
+            time.sleep(0.2)
+        sock.sendall(b"DONE 5\n")
+
+    child = fake_child(relay.relay_ports(0, 29500, job)[0], lagging)
+    plan = make_plan(0, 2, job, stall_timeout=0.6)
+    outcome = run_ranks(tmp_path, source, 2, lambda r: plan, [0])[0]
+    child.join(5)
+    assert isinstance(outcome, relay.Result) and outcome.nodes == 5
+
+
+def test_a_subtree_silent_after_the_trailer_is_given_up_on(tmp_path):
+    source, _ = source_file(tmp_path, 100_000)
+    job = job_id()
+    child = fake_child(relay.relay_ports(0, 29500, job)[0], lambda sock: time.sleep(2))
+    started = time.monotonic()
+    plan = make_plan(0, 2, job, stall_timeout=0.6)
+    outcome = run_ranks(tmp_path, source, 2, lambda r: plan, [0])[0]
+    elapsed = time.monotonic() - started
+    child.join(5)
+    assert elapsed < 1.8
+    assert "rank 1 (node2): showed no progress for 0.6 s after the trailer" in message(outcome)
+
+
+def test_a_missing_child_times_out_naming_it(tmp_path):
+    source, _ = source_file(tmp_path, 1000)
+    outcome = run_ranks(tmp_path, source, 3, lambda r: make_plan(r, 3, job_id(), connect_timeout=0.5), [0])[0]
+    assert outcome.exit_code == EXIT_TIMEOUT
+    assert message(outcome).startswith("relay: node1 (rank 0): rank 1 (node2) did not connect within 0.5 s")
+
+
+def test_a_parent_that_never_listens_times_out_naming_it(tmp_path):
+    outcome = receive_from(1, tmp_path, connect_timeout=0.3)
+    assert outcome.exit_code == EXIT_TIMEOUT
+    assert "rank 0 (node1) did not answer on 127.0.0.1:1 within 0.3 s" in message(outcome)
+
+
+def _process_rank(plan: relay.Plan, source_fd: int | None, out: str | None, conn, close_fds) -> None:
+    for fd in close_fds:
+        os.close(fd)
+    out_fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC) if out else None
+    try:
+        relay.run_node(plan, source_fd, out_fd)
+        conn.send(("ok", ""))
+    except HelperError as exc:
+        conn.send((exc.exit_code, exc.format_message()))
+
+
+def test_a_killed_middle_node_makes_the_rest_of_the_chain_fail_within_seconds_naming_it(tmp_path):
+    ctx = multiprocessing.get_context("fork")
+    job = job_id()
+    read_fd, write_fd = os.pipe()
+    procs, pipes = {}, {}
+    for rank in range(4):
+        recv_end, send_end = ctx.Pipe(duplex=False)
+        source, close = (read_fd, [write_fd]) if rank == 0 else (None, [read_fd, write_fd])
+        out = None if rank == 0 else str(tmp_path / f"out{rank}")
+        proc = ctx.Process(target=_process_rank, args=(make_plan(rank, 4, job), source, out, send_end, close))
+        proc.start()
+        send_end.close()
+        procs[rank], pipes[rank] = proc, recv_end
+    os.close(read_fd)
+    stop = threading.Event()
+
+    def feed() -> None:  # a slow `docker save`: 64 kB every 10 ms
+        try:
+            while not stop.is_set():
+                os.write(write_fd, os.urandom(65536))
+                time.sleep(0.01)
+        except OSError:
+            pass
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    try:
+        last = tmp_path / "out3"
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and (not last.exists() or last.stat().st_size < 500_000):
+            time.sleep(0.02)
+        assert last.stat().st_size >= 500_000, "the stream did not reach the last node"
+        os.kill(procs[1].pid, signal.SIGKILL)
+        killed = time.monotonic()
+        assert pipes[3].poll(5), "the last node did not notice within 5 s"
+        code, text = pipes[3].recv()
+        assert time.monotonic() - killed < 5
+        assert pipes[2].poll(5)
+        code2, text2 = pipes[2].recv()
+    finally:
+        stop.set()
+        for proc in procs.values():
+            proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+        os.close(write_fd)
+    assert code2 == EXIT_FAILURE
+    assert text2.startswith("relay: node3 (rank 2): stream from rank 1 (node2) ended")
+    assert "rank 1 died or its link broke" in text2
+    assert code == EXIT_FAILURE
+    assert text.startswith("relay: node4 (rank 3): rank 2 (node3) aborted the stream")
+    assert "stream from rank 1 (node2) ended" in text
+
+
+# --------------------------------------------------------------------------------------------------
+# Parsers reject garbage (and nothing but ProtocolError escapes them)
+
+NONCE = "0123456789abcdef" * 2
+
+
+@pytest.mark.parametrize(
+    "line",
+    [b"", b"\n", b"HELLO\n", f"SM-RELAY/2 HELLO {NONCE}\n".encode(), f"SM-RELAY/1 HI {NONCE}\n".encode(),
+     b"SM-RELAY/1 HELLO 1234\n", f"SM-RELAY/1 HELLO {NONCE.upper()}\n".encode(), b"\xff" * 40,
+     b"x" * 600 + b"\n", f"SM-RELAY/1 HELLO {NONCE} extra\n".encode()],
+)  # fmt: skip
+def test_the_greeting_parser_rejects_garbage(line):
+    with pytest.raises(relay.ProtocolError):
+        relay.parse_hello(line)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [b"AUTH\n", f"AUTH 01 image {NONCE} {'a' * 64}\n".encode(), f"AUTH -1 image {NONCE} x\n".encode(),
+     f"AUTH 1 IMAGE {NONCE} x\n".encode(), b"AUTH 1 image nonce x\n", b"READY 1 image\n",
+     f"AUTH \u0661 image {NONCE} x\n".encode()],
+)  # fmt: skip
+def test_the_auth_parser_rejects_garbage(line):
+    with pytest.raises(relay.ProtocolError):
+        relay.parse_auth(line)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [b"SM-RELAY/1 STREAM\n", b"SM-RELAY/9 STREAM image\n", b"NOPE/1 STREAM image\n",
+     b"SM-RELAY/1 DATA image\n", b"SM-RELAY/1 STREAM Image\n", b"SM-RELAY/1 STREAM image extra\n",
+     b"\x00\x01\x02\n"],
+)  # fmt: skip
+def test_the_header_parser_rejects_garbage(line):
+    with pytest.raises(relay.ProtocolError):
+        relay.parse_header(line)
+
+
+def test_the_header_parser_names_an_unsupported_version():
+    with pytest.raises(relay.ProtocolError, match="unsupported version 'SM-RELAY/9'"):
+        relay.parse_header(b"SM-RELAY/9 STREAM image\n")
+    assert relay.parse_header(relay.header_line("image")) == "image"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [b"D\x00\x00\x00\x00", b"D" + (relay.MAX_FRAME + 1).to_bytes(4, "big"), b"P\x00\x00\x00\x01",
+     b"E\x00\x00\x00\x10", b"X\x00\x00\x00\x01", b"A\x00\x01\x00\x00", b"D\x00\x00"],
+)  # fmt: skip
+def test_the_frame_parser_rejects_garbage(raw):
+    with pytest.raises(relay.ProtocolError):
+        relay.parse_frame_header(raw)
+
+
+def test_the_trailer_round_trips_and_rejects_a_wrong_size():
+    digest = hashlib.sha256(b"abc").digest()
+    frame = relay.trailer(TOKEN, NONCE, 3, digest)
+    kind, length = relay.parse_frame_header(frame[: relay.FRAME.size])
+    assert (kind, length) == (relay.END, relay.TRAILER.size)
+    total, got, proof = relay.parse_trailer(frame[relay.FRAME.size :])
+    assert (total, got) == (3, digest) and auth.check(TOKEN, proof, NONCE, "end", "3", digest.hex())
+    for bad in (b"", frame[relay.FRAME.size : -1], b"\xff" * relay.TRAILER.size):
+        with pytest.raises(relay.ProtocolError):
+            relay.parse_trailer(bad)
+
+
+def test_a_receiver_given_an_unknown_frame_type_fails_with_a_protocol_error(tmp_path):
+    port, thread = fake_parent(lambda sock, nonce: (sock.sendall(b"Z\x00\x00\x00\x05hello"), time.sleep(0.5)))
+    outcome = receive_from(port, tmp_path)
+    thread.join(5)
+    assert "protocol error from rank 0 (node1) after 0 bytes: unknown frame type 0x5a" in message(outcome)
+
+
+def test_status_lines_and_abort_reasons_are_cleaned():
+    assert relay.parse_status(b"READY\n", "READY") == (True, 0, "")
+    assert relay.parse_status(b"DONE 7\n", "DONE") == (True, 7, "")
+    assert relay.parse_status(b"FAIL it  broke\n", "DONE") == (False, 0, "it broke")
+    with pytest.raises(relay.ProtocolError):
+        relay.parse_status(b"DONE x\n", "DONE")
+    frame = relay.abort_frame("line one\nline\x07two " + "y" * 1000)
+    reason = frame[relay.FRAME.size :].decode()
+    assert "\n" not in reason and "\x07" not in reason and len(reason) <= relay.MAX_REASON
+
+
+# --------------------------------------------------------------------------------------------------
+# CLI
+
+
+def run_cli(args: list[str], env: dict[str, str] | None = None, input: bytes | None = None):
+    return CliRunner().invoke(relay.cli, args, env=env, input=input)
+
+
+def test_the_relay_group_is_registered_in_the_slurm_multi_cli():
+    from slurm_multi.cli import group
+
+    result = CliRunner().invoke(group, ["relay", "--help"])
+    assert result.exit_code == 0 and "send" in result.output and "recv" in result.output
+
+
+def test_port_prints_the_candidates_of_a_rank():
+    result = run_cli(["port", "--rank", "2", "--master-port", "29500", "--job-id", "4242"])
+    assert result.exit_code == 0
+    assert [int(x) for x in result.output.split()] == relay.relay_ports(2, 29500, 4242)
+
+
+@pytest.mark.parametrize(
+    "args, env, needle",
+    [
+        (["recv", "--rank", "1", "--nodes", "a,b", "--master-port", "1", "--job-id", "1"], {}, "is not set"),
+        (["recv", "--rank", "3", "--nodes", "a,b,c"], {"SM_BARRIER_TOKEN": "t"}, "--rank 3 is not in 0..2"),
+        (["recv", "--rank", "1", "--nodes", "a,b", "--nnodes", "3"], {"SM_BARRIER_TOKEN": "t"},
+         "names 2 hosts"),
+        (["recv", "--rank", "1", "--nodes", "a,,b"], {"SM_BARRIER_TOKEN": "t"},
+         "host names separated by commas"),
+        (["recv", "--rank", "1", "--nodes", "a,b"], {"SM_BARRIER_TOKEN": "t"}, "no port to use"),
+        (["send", "--rank", "1", "--nodes", "a,b"], {"SM_BARRIER_TOKEN": "t"}, "send runs on rank 0 only"),
+        (["send", "--nodes", "a"], {"SM_BARRIER_TOKEN": "t"}, "--nnodes >= 2"),
+        (["send", "--nodes", "a,b", "--port", "30000", "--purpose", "Bad Purpose"], {"SM_BARRIER_TOKEN": "t"},
+         "--purpose"),
+    ],
+)  # fmt: skip
+def test_bad_command_lines_are_one_line_usage_errors(args, env, needle):
+    result = run_cli(args, env={"SM_BARRIER_TOKEN": "", **env}, input=b"")
+    assert result.exit_code == EXIT_USAGE, result.output
+    assert needle in result.output and "Traceback" not in result.output
+
+
+def test_send_and_recv_on_this_hosts_routable_address_deliver_the_stream(tmp_path):
+    """The production path end to end: three processes, derived ports, never loopback."""
+    from slurm_multi.barrier import choose_bind_address
+
+    try:
+        address = choose_bind_address(socket.gethostname()).address
+    except HelperError as exc:
+        pytest.skip(f"no routable address here: {exc}")
+    host = socket.gethostname()
+    payload = os.urandom(2_000_000)
+    env = {**os.environ, "PYTHONPATH": str(REPO / "py"), "SM_BARRIER_TOKEN": TOKEN}
+    common = ["--nodes", f"{host},{host},{host}", "--master-port", "29500", "--job-id", str(job_id()),
+              "--connect-timeout", "20"]  # fmt: skip
+    cmd = [sys.executable, "-m", "slurm_multi.relay"]
+    recvs = []
+    for rank in (1, 2):  # stdout to files: a pipe nobody reads yet would block the receivers
+        with open(tmp_path / f"out{rank}", "wb") as out:
+            recvs.append(subprocess.Popen([*cmd, "recv", "--rank", str(rank), *common], env=env, stdout=out,
+                                          stderr=subprocess.PIPE))  # fmt: skip
+    send = subprocess.run([*cmd, "send", *common], env=env, input=payload, capture_output=True, timeout=30)
+    errs = [proc.communicate(timeout=30)[1] for proc in recvs]
+    assert send.returncode == 0, send.stderr.decode()
+    assert b"verified by all 2 receivers" in send.stderr
+    assert f"listening on {address}:".encode() in send.stderr
+    for rank, proc, err in zip((1, 2), recvs, errs):
+        assert proc.returncode == 0, err.decode()
+        assert (tmp_path / f"out{rank}").read_bytes() == payload
+    assert TOKEN.encode() not in send.stderr + b"".join(errs)
+
+
+# --------------------------------------------------------------------------------------------------
+# Loopback bench
+
+
+def test_the_loopback_bench_moves_the_bytes_through_every_hop():
+    result = relay.loopback_chain(3, 2_000_000)
+    assert result.hops == 3 and result.nbytes == 2_000_000 and result.seconds > 0 and result.mb_per_s > 0
+
+
+def test_the_fault_hook_is_one_rank_s_and_ignores_anything_else() -> None:
+    assert relay.parse_fault("2:corrupt:1000", 2) == ("corrupt", 1000)
+    assert relay.parse_fault("2:die:5", 2) == ("die", 5)
+    assert relay.parse_fault("2:die:5", 1) is None
+    for junk in ("", "x", "2:explode:5", "2:die", "-1:die:3", "2:die:5:6"):
+        assert relay.parse_fault(junk, 2) is None
+
+
+def test_the_corrupt_fault_on_a_middle_rank_is_caught_by_the_next_rank_only(tmp_path, monkeypatch):
+    source, digest = source_file(tmp_path, 3_000_000)
+    job = job_id()
+    monkeypatch.setenv("SM_RELAY_FAULT", "1:corrupt:1500000")
+    outcomes = run_ranks(tmp_path, source, 3, lambda r: make_plan(r, 3, job))
+    # rank 1's own copy is intact; what it forwarded is not, and rank 2 says so.
+    assert hashlib.sha256((tmp_path / "out1").read_bytes()).hexdigest() == digest
+    assert isinstance(outcomes[2], HelperError)
+    assert "rank 2" in message(outcomes[2]) and "rank 1 (node2)" in message(outcomes[2])
+    assert isinstance(outcomes[0], HelperError)
