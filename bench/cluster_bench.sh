@@ -103,13 +103,13 @@ image_rows() {
       --image-cache "${cache}" --out "${work}/out" --collect false -- sh -c 'true')
     [[ $(wait_job "${job}") == 0 ]] || log::die bench "cold job ${job} did not succeed; see ${work}/out" 1
     dir=$(find "${work}/out" -mindepth 2 -maxdepth 2 -name "${job}" | head -n 1)
-    cold+=("$(image_stage_max "${dir}")")
+    cold+=("$(stage_max "${dir}" image)")
     # Warm: cache holds the tar, every node has the image: no save, no load.
     job=$(cd "${work}" && sbatch --parsable -N3 -o /dev/null "${ROOT}/sbatch/multi.sbatch" --manifest "${work}/manifest.json" \
       --image-cache "${cache}" --out "${work}/out" --collect false -- sh -c 'true')
     [[ $(wait_job "${job}") == 0 ]] || log::die bench "warm job ${job} did not succeed; see ${work}/out" 1
     dir=$(find "${work}/out" -mindepth 2 -maxdepth 2 -name "${job}" | head -n 1)
-    warm+=("$(image_stage_max "${dir}")")
+    warm+=("$(stage_max "${dir}" image)")
     # Baseline 1: one docker save plus one docker load, by hand.
     "${EXEC}" node2 docker image rm -f "${BENCH_IMAGE}" >/dev/null 2>&1 || true
     t=$(now)
@@ -144,12 +144,174 @@ image_rows() {
   rm -f "${ROOT}"/examples/toy/pad/*.bin
 }
 
-# image_stage_max JOBDIR: the slowest node's image stage, from status.json.
-image_stage_max() {
-  "${PY}" - "$1" <<'PY'
+# pyxis_rows REPEATS OUT WORK: the squashfs path, each ratio measured in this run. Cold: rank 0
+# imports the image into an empty cache and every rank starts it; the floor is the same work by
+# hand (one enroot import, one srun --container-image). Warm: the cache holds it. Job: the warm
+# pyxis toy job against bare srun --container-image of the same command, in one allocation.
+pyxis_rows() {
+  local repeats=$1 out=$2 work=$3 pad_mb=${BENCH_PAD_MB:-200}
+  if ! cluster::pyxis_on; then
+    log::warn bench "pyxis is not on in the test cluster (tests/cluster/up --no-pyxis?): no pyxis rows"
+    return 0
+  fi
+  "${ROOT}/examples/toy/build-image" --node node1 --tag "${BENCH_IMAGE}" --pad-mb "${pad_mb}" >/dev/null
+  sed "s#\"toy/model:local\"#\"${BENCH_IMAGE}\"#" "${ROOT}/examples/toy/build_manifest.json" >"${work}/manifest.json"
+  local cache=${work}/cache-pyxis cold=() warm=() byhand=() i job t dir sqsh=${work}/by-hand.sqsh
+  for ((i = 0; i < repeats; i++)); do
+    rm -rf "${cache}" && mkdir -p "${cache}"
+    job=$(cd "${work}" && sbatch --parsable -N3 -o /dev/null "${ROOT}/sbatch/multi.sbatch" --manifest "${work}/manifest.json" \
+      --runtime pyxis --image-cache "${cache}" --out "${work}/out" --collect false -- true)
+    [[ $(wait_job "${job}") == 0 ]] || log::die bench "cold pyxis job ${job} did not succeed; see ${work}/out" 1
+    dir=$(find "${work}/out" -mindepth 2 -maxdepth 2 -name "${job}" | head -n 1)
+    cold+=("$(stage_max "${dir}" image run)")
+    job=$(cd "${work}" && sbatch --parsable -N3 -o /dev/null "${ROOT}/sbatch/multi.sbatch" --manifest "${work}/manifest.json" \
+      --runtime pyxis --image-cache "${cache}" --out "${work}/out" --collect false -- true)
+    [[ $(wait_job "${job}") == 0 ]] || log::die bench "warm pyxis job ${job} did not succeed; see ${work}/out" 1
+    dir=$(find "${work}/out" -mindepth 2 -maxdepth 2 -name "${job}" | head -n 1)
+    warm+=("$(stage_max "${dir}" image run)")
+    # The floor: one import and one container start, by hand (as the job user, on the nodes).
+    rm -f "${sqsh}"
+    t=$(now)
+    runuser -u "${CLUSTER_USER}" -- srun -w node1 -N1 enroot import -o "${sqsh}" "dockerd://${BENCH_IMAGE}" >/dev/null 2>&1 ||
+      log::die bench "enroot import of ${BENCH_IMAGE} by hand failed" 1
+    runuser -u "${CLUSTER_USER}" -- srun -w node2 -N1 --container-image="${sqsh}" true >/dev/null 2>&1 ||
+      log::die bench "srun --container-image=${sqsh} by hand failed" 1
+    byhand+=("$(since "${t}")")
+  done
+  row --row "pyxis: squashfs distribution, cold (3 nodes, ${pad_mb} MB)" \
+    --what "image + run stage of a 3-node pyxis job running 'true' (slowest node), empty cache: rank 0 imports, every rank starts it" \
+    --baseline "one enroot import + one srun --container-image=<sqsh> true, by hand" \
+    --samples "$(join "${cold[@]}")" --baseline-samples "$(join "${byhand[@]}")" \
+    --out "${out}/pyxis-cold-vs-import.json"
+  row --row "pyxis: warm (squashfs cache hit) vs cold" --what "the same stages when the cache holds the squashfs" \
+    --baseline "the cold stages, same run" --samples "$(join "${warm[@]}")" --baseline-samples "$(join "${cold[@]}")" \
+    --notes "warm still starts (unpacks) the squashfs on every rank" --out "${out}/pyxis-warm-vs-cold.json"
+  # The whole warm toy job against bare srun --container-image, in one allocation.
+  "${ROOT}/examples/toy/build-image" --node node1 >/dev/null
+  local pcache=${work}/cache-pyxis-job
+  mkdir -p "${pcache}"
+  chmod -R a+rwx "${work}"
+  cat >"${work}/pyxis-job.sh" <<SCRIPT
+#!/bin/bash
+set -euo pipefail
+cd "${work}"
+export SM_HOME="${ROOT}" SM_PYTHON="${PY}"
+run_toolkit() { bash "${ROOT}/sbatch/multi.sbatch" --manifest "${ROOT}/examples/toy/build_manifest.json" --runtime pyxis --image-cache "${pcache}" --out "${work}/out" >/dev/null 2>&1; }
+run_bare() {
+  srun --nodes=2 --ntasks-per-node=1 --container-image="\$(ls "${pcache}"/*.sqsh)" --container-workdir=/toy sh -c 'export RANK=\$SLURM_NODEID NODE_RANK=\$SLURM_NODEID NNODES=2 WORLD_SIZE=2 MASTER_ADDR=node1 MASTER_PORT=29500; exec sh run.sh --steps 20' >/dev/null 2>&1
+}
+now() { date +%s.%N; }
+run_toolkit   # warm-up: makes the squashfs
+for i in \$(seq ${repeats}); do
+  t=\$(now); run_toolkit; echo "toolkit \$(awk -v a=\$t -v b=\$(now) 'BEGIN { print b - a }')"
+  t=\$(now); run_bare; echo "bare \$(awk -v a=\$t -v b=\$(now) 'BEGIN { print b - a }')"
+done
+SCRIPT
+  local lines toolkit bare
+  lines=$(cd "${work}" && timeout "${BENCH_JOB_TIMEOUT:-600}" runuser -u "${CLUSTER_USER}" -- salloc -N2 --immediate=60 --quiet bash "${work}/pyxis-job.sh")
+  toolkit=$(awk '$1 == "toolkit" { print $2 }' <<<"${lines}" | paste -sd,)
+  bare=$(awk '$1 == "bare" { print $2 }' <<<"${lines}" | paste -sd,)
+  row --row "pyxis: toolkit overhead, warm 2-node toy job" \
+    --what "bash sbatch/multi.sbatch --manifest toy --runtime pyxis (warm squashfs) inside salloc -N2, incl. collect" \
+    --baseline "srun -N2 --container-image=<the same squashfs> sh run.sh --steps 20" \
+    --samples "${toolkit}" --baseline-samples "${bare}" \
+    --notes "same allocation for both; each rank's container is unpacked on every start" --out "${out}/pyxis-overhead.json"
+  "${EXEC}" node1 docker image rm -f "${BENCH_IMAGE}" >/dev/null 2>&1 || true
+  rm -f "${ROOT}"/examples/toy/pad/*.bin
+}
+
+# transport_rows REPEATS OUT WORK: the cold image on a ~1 GB image, node to node. Each cold job's
+# figure is its slowest node's image stage; its floor, measured by hand in the same run, is
+# max(one docker save on node1, N-1 concurrent docker loads of that tar on the other nodes): the
+# nodes here share one disk and two cores, so N loads at once compete as they never would on
+# real nodes.
+transport_rows() {
+  local repeats=$1 out=$2 work=$3 mb=${BENCH_RELAY_MB:-1000} i n job dir cache
+  cache=${work}/cache-relay
+  "${ROOT}/examples/toy/build-image" --node node1 --tag "${BENCH_IMAGE}" --pad-mb "${mb}" >/dev/null
+  sed "s#\"toy/model:local\"#\"${BENCH_IMAGE}\"#" "${ROOT}/examples/toy/build_manifest.json" >"${work}/manifest.json"
+  local -A relay_cold=() relay_floor=()
+  local pipelined=() pfloor=() warm=() wcold=()
+  for ((i = 0; i < repeats; i++)); do
+    for n in 2 3 4; do
+      clear_workers "${n}"
+      job=$(cd "${work}" && sbatch --parsable -N"${n}" -o /dev/null "${ROOT}/sbatch/multi.sbatch" \
+        --manifest "${work}/manifest.json" --image-transport relay --out "${work}/out" --collect false -- true)
+      [[ $(wait_job "${job}") == 0 ]] || log::die bench "cold relay job ${job} (${n} nodes) did not succeed; see ${work}/out" 1
+      dir=$(find "${work}/out" -mindepth 2 -maxdepth 2 -name "${job}" | head -n 1)
+      relay_cold[${n}]+="$(stage_max "${dir}" image),"
+      relay_floor[${n}]+="$(floor_seconds "${n}" "${work}"),"
+    done
+    # Pipelined with the cache, 3 nodes: the tar is written while the workers load; then warm.
+    clear_workers 3
+    rm -rf "${cache}" && mkdir -p "${cache}"
+    job=$(cd "${work}" && sbatch --parsable -N3 -o /dev/null "${ROOT}/sbatch/multi.sbatch" --manifest "${work}/manifest.json" \
+      --image-cache "${cache}" --out "${work}/out" --collect false -- true)
+    [[ $(wait_job "${job}") == 0 ]] || log::die bench "cold pipelined job ${job} did not succeed; see ${work}/out" 1
+    dir=$(find "${work}/out" -mindepth 2 -maxdepth 2 -name "${job}" | head -n 1)
+    pipelined+=("$(stage_max "${dir}" image)")
+    pfloor+=("$(floor_seconds 3 "${work}")")
+    wcold+=("${pipelined[-1]}")
+    job=$(cd "${work}" && sbatch --parsable -N3 -o /dev/null "${ROOT}/sbatch/multi.sbatch" --manifest "${work}/manifest.json" \
+      --image-cache "${cache}" --out "${work}/out" --collect false -- true)
+    [[ $(wait_job "${job}") == 0 ]] || log::die bench "warm job ${job} did not succeed; see ${work}/out" 1
+    dir=$(find "${work}/out" -mindepth 2 -maxdepth 2 -name "${job}" | head -n 1)
+    warm+=("$(stage_max "${dir}" image)")
+  done
+  local size="${mb} MB image"
+  row --row "image: cold pipelined with the cache (3 nodes, ${size})" \
+    --what "image stage of a 3-node job (slowest node): rank 0's docker save streams to the workers' docker load while it is written into the cache" \
+    --baseline "max(one docker save, 2 concurrent docker loads), by hand" \
+    --samples "$(join "${pipelined[@]}")" --baseline-samples "$(join "${pfloor[@]}")" --target "<= 1.15x" \
+    --out "${out}/image-pipelined-vs-floor.json"
+  for n in 2 3 4; do
+    row --row "image: cold relay, no cache (${n} nodes, ${size})" \
+      --what "image stage of a ${n}-node job (slowest node), --image-transport relay, no shared storage" \
+      --baseline "max(one docker save, $((n - 1)) concurrent docker loads), by hand" \
+      --samples "${relay_cold[${n}]%,}" --baseline-samples "${relay_floor[${n}]%,}" --target "<= 1.15x" \
+      --out "${out}/image-relay-${n}-vs-floor.json"
+  done
+  row --row "image: cold relay at 4 nodes vs at 2 (${size})" --what "the 4-node cold relay's image stage" \
+    --baseline "the 2-node cold relay's, same run" --samples "${relay_cold[4]%,}" --baseline-samples "${relay_cold[2]%,}" \
+    --notes "one disk and two cores shared by every node here: the loads compete" --out "${out}/image-relay-4-vs-2.json"
+  row --row "image: warm (cache hit) vs cold pipelined (3 nodes, ${size})" \
+    --what "image stage when every node has the image and the cache holds it" --baseline "the cold pipelined stage, same run" \
+    --samples "$(join "${warm[@]}")" --baseline-samples "$(join "${wcold[@]}")" --target "<= 0.05x" \
+    --out "${out}/image-warm-vs-pipelined.json"
+  clear_workers 4
+  "${EXEC}" node1 docker image rm -f "${BENCH_IMAGE}" >/dev/null 2>&1 || true
+  rm -f "${ROOT}"/examples/toy/pad/*.bin
+}
+
+# clear_workers N: the bench image on node1 only (nodes 2..N lose it).
+clear_workers() {
+  local i
+  for ((i = 2; i <= $1; i++)); do "${EXEC}" "node${i}" docker image rm -f "${BENCH_IMAGE}" >/dev/null 2>&1 || true; done
+}
+
+# floor_seconds N WORK: max(one docker save on node1, N-1 concurrent docker loads on nodes 2..N).
+floor_seconds() {
+  local n=$1 work=$2 t save load i
+  t=$(now)
+  "${EXEC}" node1 docker save -o "${work}/floor.tar" "${BENCH_IMAGE}"
+  save=$(since "${t}")
+  clear_workers "${n}"
+  t=$(now)
+  for ((i = 2; i <= n; i++)); do "${EXEC}" "node${i}" docker load -q -i "${work}/floor.tar" >/dev/null & done
+  wait
+  load=$(since "${t}")
+  rm -f "${work}/floor.tar"
+  clear_workers "${n}"
+  awk -v a="${save}" -v b="${load}" 'BEGIN { printf "%.4f", (a > b ? a : b) }'
+}
+
+# stage_max JOBDIR STAGE...: the slowest node's summed STAGEs, from status.json.
+stage_max() {
+  "${PY}" - "$@" <<'PY'
 import glob, json, os, sys
-times = [json.load(open(p))["stages"].get("image", {}).get("seconds", 0.0)
-         for p in glob.glob(os.path.join(sys.argv[1], "node_*", "status.json"))]
+dirs, stages = sys.argv[1], sys.argv[2:]
+times = [sum(json.load(open(p))["stages"].get(s, {}).get("seconds", 0.0) for s in stages)
+         for p in glob.glob(os.path.join(dirs, "node_*", "status.json"))]
 print(max(times) if times else 0.0)
 PY
 }
@@ -173,11 +335,15 @@ main() {
   work=$(mktemp -d /tmp/sm-bench.XXXXXX)
   # shellcheck disable=SC2064 # expand now: work is local
   trap "rm -rf '${work}'" EXIT
-  ensure_nodes 3
+  ensure_nodes 4
   log::info bench "toolkit overhead (${repeats} runs each side)"
   overhead_row "${repeats}" "${out}" "${work}"
   log::info bench "image distribution (${repeats} runs each)"
   image_rows "${repeats}" "${out}" "${work}"
+  log::info bench "image transport: relay and pipelined, ~1 GB (${repeats} runs each)"
+  transport_rows "${repeats}" "${out}" "${work}"
+  log::info bench "pyxis (${repeats} runs each)"
+  pyxis_rows "${repeats}" "${out}" "${work}"
 }
 
 # Sourced (tests/bats/bench.bats): functions only.

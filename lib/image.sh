@@ -152,14 +152,21 @@ image::cache_save() {
     return 1
   fi
   rm -f "${tmp}.err"
-  bytes=$(stat -c %s "${tmp}")
-  timeline::event image_save_end bytes="${bytes}"
-  # Rename first, sidecar second: a sidecar never describes a tar that is not complete.
-  mv -f "${tmp}" "${tar}"
-  printf 'id=%s\nimage=%s\nfingerprint=%s\nbytes=%s\ncksum=%s\nsaved_by=%s job %s\n' "${id}" "${SM_IMAGE}" "${fp}" \
-    "${bytes}" "${digest%% *}" "$(hostname)" "${SLURM_JOB_ID:-}" >"${sidecar}.tmp.$$" && mv -f "${sidecar}.tmp.$$" "${sidecar}"
+  timeline::event image_save_end bytes="$(stat -c %s "${tmp}")"
+  image::cache_commit "${tmp}" "${tar}" "${id}" "${fp}" "${digest%% *}"
   exec {lockfd}>&-
-  log::info image "saved ${SM_IMAGE} into ${tar} ($((bytes / 1024 / 1024)) MB, $(util::elapsed "${t0}") s)"
+  log::info image "saved ${SM_IMAGE} into ${tar} ($(($(stat -c %s "${tar}") / 1024 / 1024)) MB, $(util::elapsed "${t0}") s)"
+}
+
+# image::cache_commit TMP TAR ID FINGERPRINT CKSUM: a complete tar written as TMP (under the writer's
+# lock) becomes TAR: rename first, sidecar second, so a sidecar never describes a tar that is not
+# complete.
+image::cache_commit() {
+  local tmp=$1 tar=$2 sidecar=${2%.tar}.id bytes
+  bytes=$(stat -c %s "${tmp}")
+  mv -f "${tmp}" "${tar}"
+  printf 'id=%s\nimage=%s\nfingerprint=%s\nbytes=%s\ncksum=%s\nsaved_by=%s job %s\n' "$3" "${SM_IMAGE}" "$4" \
+    "${bytes}" "$5" "$(hostname)" "${SLURM_JOB_ID:-}" >"${sidecar}.tmp.$$" && mv -f "${sidecar}.tmp.$$" "${sidecar}"
 }
 
 # image::ensure_on_rank0: obtain the image (fresh local, matching tar, rebuild, pull); print its ID.
@@ -201,10 +208,166 @@ image::ensure_on_rank0() {
     }
     id=$(image::local_id "${SM_IMAGE}")
   fi
-  if [[ -n ${cache} && ${NNODES:-1} -gt 1 ]]; then
+  if [[ -n ${cache} && ${NNODES:-1} -gt 1 && ${IMAGE_NO_SAVE:-0} != 1 ]]; then
     image::cache_save "${cache}" "${key}" "${id}" "${fp}" || true
   fi
   printf '%s' "${id}"
+}
+
+# ---- the relay: the image streamed node to node while rank 0 saves it ----------------------------
+# Rank 0 releases `relay+<id>`, then `docker save | tee -p <cache tmp> | slurm-multi relay send`;
+# every worker runs `slurm-multi relay recv | docker load` and forwards the bytes to the next node
+# as they arrive (lib/../docs/relay.md). The tar still lands in the cache, atomically, for the next
+# job. A worker whose stream fails (short, corrupt, its upstream died) says so and falls back to
+# image::ensure_on_worker: the cache tar (it waits for rank 0's lock), else a rebuild.
+
+# image::transport ID: relay or cache, for this multi-node docker run (auto: relay unless the cache
+# already holds a matching tar of ID: then workers load it, or already have it, as before).
+image::transport() {
+  local id=$1 cache=${SM_IMAGE_CACHE:-} key
+  case ${SM_IMAGE_TRANSPORT:-auto} in cache | relay) printf '%s' "${SM_IMAGE_TRANSPORT}"; return 0 ;; esac
+  key=$(image::cache_key "${SM_IMAGE}")
+  if [[ -n ${cache} && $(image::sidecar_get "${cache}/${key}.id" id) == "${id}" ]] &&
+    image::tar_matches "${cache}/${key}.tar" "${cache}/${key}.id"; then
+    printf cache
+  else
+    printf relay
+  fi
+}
+
+# image::relay_argv send|recv: the relay helper's argv (nodes in rank order, ports from the barrier's
+# derivation), into IMAGE_RELAY_ARGV.
+image::relay_argv() {
+  local nodes
+  nodes=$(scontrol show hostnames "${SLURM_JOB_NODELIST:-}" 2>/dev/null | paste -sd, -) || nodes=
+  [[ -n ${nodes} ]] || nodes=${SLURM_JOB_NODELIST:-}
+  IMAGE_RELAY_ARGV=(relay "$1" --nodes "${nodes}" --fanout "${SM_RELAY_FANOUT:-1}" --master-port "${MASTER_PORT}"
+    --job-id "${SLURM_JOB_ID:-0}" --stats-file "${SM_SCRATCH}/relay.stats")
+  [[ $1 == send ]] || IMAGE_RELAY_ARGV+=(--rank "${SM_RANK}")
+}
+
+# image::relay_send ID: rank 0 streams its image to every worker, writing the cache tar as it goes.
+# A relay that does not reach every node is a warning (those workers fall back); a save that fails
+# is rank 0's failure.
+image::relay_send() {
+  local id=$1 cache=${SM_IMAGE_CACHE:-} key tar="" tmp=/dev/null lockfd="" t0 st=() fp
+  image::relay_argv send
+  if [[ -n ${cache} ]] && mkdir -p "${cache}" 2>/dev/null; then
+    key=$(image::cache_key "${SM_IMAGE}")
+    tar=${cache}/${key}.tar tmp=${cache}/.${key}.tar.tmp.$$.${RANDOM}
+    exec {lockfd}>>"${cache}/.${key}.lock"
+    if flock -x -w "${SM_CACHE_LOCK_TIMEOUT:-900}" "${lockfd}"; then
+      rm -f "${cache}/.${key}.tar.tmp."*
+    else
+      log::warn image "timed out waiting for the cache lock ${cache}/.${key}.lock; streaming without writing the cache"
+      exec {lockfd}>&-
+      lockfd="" tar="" tmp=/dev/null
+    fi
+  fi
+  # shellcheck disable=SC2016 # the inner bash's arguments
+  log::cmd image bash -c 'docker save "$1" | tee -p "$2" | "${@:3}"' save "${SM_IMAGE}" "${tmp}" \
+    "${SM_HOME}/bin/slurm-multi" "${IMAGE_RELAY_ARGV[@]}"
+  t0=$(util::now)
+  timeline::event image_save_start
+  timeline::event image_stream_start
+  # In the background, watched: a barrier that ends while the stream runs was aborted (a worker
+  # failed before it connected), and nobody would ever take the stream.
+  rm -f "${SM_SCRATCH}/relay.status"
+  (
+    trap - ERR
+    docker save "${SM_IMAGE}" | tee -p "${tmp}" | util::sm "${IMAGE_RELAY_ARGV[@]}"
+    echo "${PIPESTATUS[*]}" >"${SM_SCRATCH}/relay.status"
+  ) &
+  local pid=$! aborted=0
+  IMAGE_RELAY_ERROR=
+  while kill -0 "${pid}" 2>/dev/null; do
+    if [[ -n ${SM_BARRIER_PID:-} ]] && ! kill -0 "${SM_BARRIER_PID}" 2>/dev/null; then
+      aborted=1
+      IMAGE_RELAY_ERROR="the barrier ended while the image was relayed"
+      [[ -s ${SM_SCRATCH}/barrier.error ]] && IMAGE_RELAY_ERROR=$(<"${SM_SCRATCH}/barrier.error") && IMAGE_RELAY_ERROR=${IMAGE_RELAY_ERROR#slurm-multi: }
+      log::warn image "${IMAGE_RELAY_ERROR}; stopping the relay"
+      run::kill_tree TERM "${pid}"
+      break
+    fi
+    sleep 0.2
+  done
+  wait "${pid}" 2>/dev/null || true
+  read -r -a st <"${SM_SCRATCH}/relay.status" 2>/dev/null || st=(143 143 143)
+  if ((aborted)); then
+    [[ -z ${lockfd} ]] || { rm -f "${tmp}"; exec {lockfd}>&-; }
+    return 1
+  fi
+  local bytes
+  bytes=$(cut -d' ' -f1 "${SM_SCRATCH}/relay.stats" 2>/dev/null) || bytes=
+  timeline::event image_save_end status="$( ((st[0] == 0)) && echo ok || echo failed)"
+  timeline::event image_stream_end ${bytes:+bytes="${bytes}"} status="$( ((st[2] == 0)) && echo ok || echo failed)"
+  if ((st[0] != 0)); then
+    [[ -n ${lockfd} ]] && { rm -f "${tmp}"; exec {lockfd}>&-; }
+    log::error image "docker save of ${SM_IMAGE} failed (exit ${st[0]}) while relaying it"
+    return 1
+  fi
+  if ((st[2] == 0)); then
+    log::info image "relayed ${SM_IMAGE} to every node ($(util::elapsed "${t0}") s)"
+  else
+    log::warn image "the relay did not reach every node (exit ${st[2]}, see above); the workers it missed fall back to ${tar:-a rebuild}"
+  fi
+  if [[ -n ${lockfd} ]]; then
+    if ((st[1] == 0)) && [[ -s ${tmp} ]]; then
+      local sum
+      fp=$(image::fingerprint)
+      sum=$(cksum <"${tmp}")
+      image::cache_commit "${tmp}" "${tar}" "${id}" "${fp}" "${sum%% *}"
+      log::info image "saved ${SM_IMAGE} into ${tar} while relaying it ($(($(stat -c %s "${tar}") / 1024 / 1024)) MB)"
+    else
+      rm -f "${tmp}"
+      log::warn image "could not write ${tar} while relaying (tee exit ${st[1]}; is the disk full?); the next job saves it again"
+    fi
+    exec {lockfd}>&-
+  fi
+  return 0
+}
+
+# image::relay_recv ID: receive rank 0's stream, forward it, load it (or only forward it, when this
+# node already has ID). On failure IMAGE_RELAY_ERROR holds the relay's one-line reason.
+image::relay_recv() {
+  local want=$1 have rc=0 st=() errfile=${SM_SCRATCH}/relay.error bytes
+  IMAGE_RELAY_ERROR=
+  image::relay_argv recv
+  rm -f "${errfile}" "${SM_SCRATCH}/relay.stats"
+  have=$(image::local_id "${SM_IMAGE}" || true)
+  timeline::event image_stream_start
+  if [[ ${have} == "${want}" ]]; then
+    log::info image "${SM_IMAGE} already present with rank 0's ID ${want:7:12}: forwarding the stream without loading it"
+    log::cmd image "${SM_HOME}/bin/slurm-multi" "${IMAGE_RELAY_ARGV[@]}"
+    { SM_ERROR_FILE=${errfile} util::sm "${IMAGE_RELAY_ARGV[@]}" >/dev/null; } || rc=$?
+  else
+    # shellcheck disable=SC2016 # the inner bash's arguments
+    log::cmd image bash -c '"$@" | docker load -q' recv "${SM_HOME}/bin/slurm-multi" "${IMAGE_RELAY_ARGV[@]}"
+    timeline::event image_load_start
+    { SM_ERROR_FILE=${errfile} util::sm "${IMAGE_RELAY_ARGV[@]}" | docker load -q >/dev/null; st=("${PIPESTATUS[@]}"); } || true
+    rc=${st[0]}
+    timeline::event image_load_end status="$( ((st[1] == 0)) && echo ok || echo failed)"
+    ((rc != 0 || st[1] == 0)) || rc=1 IMAGE_RELAY_ERROR="docker load of the relayed stream failed (exit ${st[1]})"
+  fi
+  bytes=$(cut -d' ' -f1 "${SM_SCRATCH}/relay.stats" 2>/dev/null) || bytes=
+  timeline::event image_stream_end ${bytes:+bytes="${bytes}"} status="$( ((rc == 0)) && echo ok || echo failed)"
+  if ((rc != 0)); then
+    [[ -n ${IMAGE_RELAY_ERROR} || ! -s ${errfile} ]] || IMAGE_RELAY_ERROR=$(<"${errfile}")
+    IMAGE_RELAY_ERROR=${IMAGE_RELAY_ERROR#slurm-multi: }
+    IMAGE_RELAY_ERROR=${IMAGE_RELAY_ERROR:-the relay failed (exit ${rc})}
+    # This node's own copy arrived whole and loaded; only a node below it failed (and falls back).
+    if [[ $(image::local_id "${SM_IMAGE}" || true) == "${want}" ]]; then
+      log::warn image "this node has rank 0's image; below it: ${IMAGE_RELAY_ERROR}"
+      return 0
+    fi
+    return 1
+  fi
+  have=$(image::local_id "${SM_IMAGE}" || true)
+  if [[ ${have} != "${want}" ]]; then
+    IMAGE_RELAY_ERROR="after the relay ${SM_IMAGE} here is ${have:7:12}, not rank 0's ${want:7:12}"
+    return 1
+  fi
+  log::info image "received ${SM_IMAGE} ${want:7:12} over the relay${bytes:+ ($((bytes / 1024 / 1024)) MB)}"
 }
 
 # image::ensure_on_worker WANT_ID: make rank 0's image present here; IMAGE_WORKER_ID is then the ID

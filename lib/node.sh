@@ -184,10 +184,23 @@ node::stage_image() {
   node::barrier_args
   if node::is_rank0; then
     [[ -n ${SM_BARRIER_PID} ]] || node::serve_barrier
-    if id=$(image::ensure_on_rank0); then
+    if id=$(IMAGE_NO_SAVE=1 image::ensure_on_rank0); then
       export SM_IMAGE_ID=${id}
-      node::barrier_say "RELEASE ${id}"
-      timeline::event release
+      if [[ $(image::transport "${id}") == relay ]]; then
+        # Released first: the workers dial in and load while this node saves.
+        log::info image "relaying ${SM_IMAGE} ${id:7:12} to the workers while it is saved (--image-transport ${SM_IMAGE_TRANSPORT:-auto})"
+        node::barrier_say "RELEASE relay+${id}"
+        timeline::event release
+        if ! image::relay_send "${id}"; then
+          reason="rank 0 ($(hostname)): image stage failed: ${IMAGE_RELAY_ERROR:-cannot save ${SM_IMAGE} (see node_0/node.log)}"
+          node::barrier_say "ABORT ${reason}"
+          node::fail "${reason}" || return
+        fi
+      else
+        [[ -z ${SM_IMAGE_CACHE:-} ]] || image::cache_save "${SM_IMAGE_CACHE}" "$(image::cache_key "${SM_IMAGE}")" "${id}" "$(image::fingerprint)" || true
+        node::barrier_say "RELEASE ${id}"
+        timeline::event release
+      fi
     else
       reason="rank 0 ($(hostname)): image stage failed: cannot obtain ${SM_IMAGE} (see node_0/node.log)"
       node::barrier_say "ABORT ${reason}"
@@ -200,8 +213,20 @@ node::stage_image() {
       wait "${NODE_JOIN_PID}" || rc=$?
       node::join_failed "${rc}" || return
     fi
-    log::info image "rank 0's image is ${SM_IMAGE} ${id:7:12}"
-    if ! image::ensure_on_worker "${id}"; then
+    local relayed=0
+    if [[ ${id} == relay+* ]]; then
+      id=${id#relay+}
+      log::info image "rank 0's image is ${SM_IMAGE} ${id:7:12}, relayed node to node"
+      if image::relay_recv "${id}"; then
+        relayed=1
+        IMAGE_WORKER_ID=${id}
+      else
+        log::warn image "$(hostname) (rank ${SM_RANK}): ${IMAGE_RELAY_ERROR}; falling back to the cache${SM_IMAGE_CACHE:+ ${SM_IMAGE_CACHE}} or a rebuild"
+      fi
+    else
+      log::info image "rank 0's image is ${SM_IMAGE} ${id:7:12}"
+    fi
+    if ((!relayed)) && ! image::ensure_on_worker "${id}"; then
       reason="$(hostname) (rank ${SM_RANK}): cannot get rank 0's image ${SM_IMAGE} ${id:7:12}"
       node::stop_join
       node::barrier_abort "${reason}"

@@ -8,6 +8,8 @@ SETTINGS_TABLE=(
   "SM_MODEL|--model NAME||model key or name in the manifest (needed when it has several)"
   "SM_IMAGE|--image IMAGE||docker image to run (instead of, or overriding, the manifest's)"
   "SM_IMAGE_CACHE|--image-cache DIR||shared directory for image tars (alias MAD_DOCKER_BUILDS)"
+  "SM_IMAGE_TRANSPORT|--image-transport cache|relay|auto|auto|how a cold image reaches the workers: relay (streamed node to node while rank 0 saves; no shared storage needed), cache (rank 0 saves a tar, then the workers load it), auto (relay unless the cache already holds the image)"
+  "SM_RELAY_FANOUT|--relay-fanout K|1|relay topology: 1 is a chain, K a tree where every node forwards to K others"
   "SM_OUT|--out DIR|./slurm_output|where job outputs go: <out>/<model>/<jobid>/"
   "SM_TIMEOUT|--timeout SECONDS|3600|workload time limit per node (0 = none)"
   "SM_HANG_TIMEOUT|--hang-timeout SECONDS|900|a rank with no new output line and no CPU for this long after GO is hung: the job fails naming it (0 = off)"
@@ -114,6 +116,11 @@ settings::validate() {
   case ${SM_RUNTIME} in docker | pyxis | none) ;; *)
     log::error settings "--runtime '${SM_RUNTIME}': expected docker, pyxis or none"; return 2 ;;
   esac
+  case ${SM_IMAGE_TRANSPORT} in cache | relay | auto) ;; *)
+    log::error settings "--image-transport '${SM_IMAGE_TRANSPORT}': expected cache, relay or auto"; return 2 ;;
+  esac
+  [[ ${SM_RELAY_FANOUT} =~ ^[1-9][0-9]*$ ]] ||
+    { log::error settings "--relay-fanout '${SM_RELAY_FANOUT}': expected a whole number >= 1"; return 2; }
   case ${SM_COLLECT,,} in true | false | 1 | 0 | yes | no) ;; *)
     log::error settings "--collect '${SM_COLLECT}': expected true or false"; return 2 ;;
   esac

@@ -1296,6 +1296,7 @@ def _node_options(func: Callable) -> Callable:
                      help="Seconds for the parent to answer and every child to connect."),
         click.option("--stall-timeout", type=click.FloatRange(min=0.1), default=30, show_default=True,
                      help="Seconds without bytes from the parent (or taken by a child) before giving up."),
+        click.option("--stats-file", metavar="FILE", help="Write `<bytes> <seconds>` here once verified."),
         click.option("--token-env", default=DEFAULT_TOKEN_ENV, show_default=True, metavar="NAME",
                      help="Environment variable holding the job token (never pass the token itself)."),
         click.option("--purpose", default=DEFAULT_PURPOSE, show_default=True,
@@ -1319,7 +1320,7 @@ def cli() -> None:
 @cli.command("send", context_settings=CONTEXT)
 @click.option("--rank", type=click.IntRange(min=0), default=0, show_default=True, help="Always 0.")
 @_node_options
-def send_cmd(rank: int, **options: object) -> None:
+def send_cmd(rank: int, stats_file: str | None, **options: object) -> None:
     """Rank 0: send stdin to the children; exit 0 once every node has verified it.
 
     \b
@@ -1333,10 +1334,18 @@ def send_cmd(rank: int, **options: object) -> None:
     plan = _plan_from_options(0, parent_host=None, **options)  # type: ignore[arg-type]
     plan.log(f"rank 0 of {plan.nnodes}, fanout {plan.fanout}; waiting for {plan.nnodes - 1} nodes")
     result = run_node(plan, source_fd=0)
+    write_stats(stats_file, result)
     plan.log(
         f"done: {size_text(result.total)} verified by all {result.nodes} receivers in {result.seconds:.1f} s "
         f"({rate_text(result.total, result.seconds)}, sha256 {result.digest[:16]}...)"
     )
+
+
+def write_stats(path: str | None, result: Result) -> None:
+    """--stats-file: `<bytes> <seconds>` of the verified stream, for the caller's timeline."""
+    if path:
+        with open(path, "w", encoding="ascii") as out:
+            out.write(f"{result.total} {result.seconds:.3f}\n")
 
 
 def _release_stdout() -> None:
@@ -1350,7 +1359,7 @@ def _release_stdout() -> None:
 @click.option("--rank", type=click.IntRange(min=1), required=True, help="This node's rank (1..N-1).")
 @click.option("--parent-host", help="The parent's host name (wins over --nodes).")
 @_node_options
-def recv_cmd(rank: int, parent_host: str | None, **options: object) -> None:
+def recv_cmd(rank: int, parent_host: str | None, stats_file: str | None, **options: object) -> None:
     """A receiver: write the stream to stdout and forward it to this node's children.
 
     \b
@@ -1366,6 +1375,7 @@ def recv_cmd(rank: int, parent_host: str | None, **options: object) -> None:
         + (f", forwarding to {', '.join(plan.name(r) for r in kids)}" if kids else "")
     )
     result = run_node(plan, out_fd=1, on_verified=_release_stdout)
+    write_stats(stats_file, result)
     plan.log(
         f"done: {size_text(result.total)} received and verified in {result.seconds:.1f} s "
         f"({rate_text(result.total, result.seconds)}, sha256 {result.digest[:16]}...)"

@@ -41,11 +41,11 @@ fake_scontrol() {
   assert_line "scancel 43"
 }
 
-@test "the bench brings a 2-node cluster (what make demo leaves) up with the 3 nodes its rows need" {
+@test "the bench brings a 2-node cluster (what make demo leaves) up with the 4 nodes its rows need" {
   printf 'node1 10.77.0.11 none\nnode2 10.77.0.12 none\n' >"${SM_CLUSTER_STATE}/nodes"
-  run ensure_nodes 3
+  run ensure_nodes 4
   assert_success
-  assert_output --partial "the cluster rows need 3 nodes (the test cluster has 2); bringing it up with 3"
+  assert_output --partial "the cluster rows need 4 nodes (the test cluster has 2); bringing it up with 4"
   run cat "${TRACE}"
-  assert_line "up --no-install --nodes 3"
+  assert_line "up --no-install --nodes 4"
 }

@@ -204,3 +204,49 @@ PY
   done
   assert_equal "$(e2e::json "${JOB_DIR}/summary.json" 'd["chosen_csv"]')" node_3/perf_toy.csv
 }
+
+@test "pyxis + nsys, 2 nodes: one complete report per rank, nsys inside the rank's container" {
+  e2e::nsys_manifest
+  e2e::run_job -N2 -- --manifest "${NSYS_MANIFEST}" --runtime pyxis --image-cache "${E2E_CACHE}" --profile nsys \
+    --nsys-host-path "${REPO_ROOT}/tests/fakes/nsys" --flush-settle-seconds 3 --flush-timeout-seconds 60
+  assert_equal "${JOB_RC}" 0
+  local r node
+  for r in 0 1; do
+    node=$(e2e::json "${JOB_DIR}/node_${r}/status.json" 'd["node"]')
+    e2e::assert_complete_report "${JOB_DIR}/profile/${JOB_ID}_${node}_rank${r}.nsys-rep"
+    run cat "${JOB_DIR}/node_${r}/node.log"
+    assert_output --regexp "--container-mounts=[^ ]*${JOB_DIR}/profile:${JOB_DIR}/profile"
+    assert_output --regexp "sm-rank /opt/slurm-multi/bin/nsys profile .* -o ${JOB_DIR}/profile/"
+    assert_output --partial "nsys report of rank ${r} settled"
+  done
+  run find "${JOB_DIR}/profile" -name '*.nsys-rep'
+  assert_equal "${#lines[@]}" 2
+}
+
+@test "pyxis + nsys scancelled mid-run: no report is lost, every rank staged" {
+  e2e::nsys_manifest
+  mkdir -p "${BATS_FILE_TMPDIR}/out"
+  cd "${BATS_FILE_TMPDIR}"
+  local out dir deadline r node
+  out=$(sbatch --parsable -N2 -o "${BATS_FILE_TMPDIR}/job-%j.out" "${REPO_ROOT}/sbatch/multi.sbatch" \
+    --out "${BATS_FILE_TMPDIR}/out" --manifest "${NSYS_MANIFEST}" --runtime pyxis --image-cache "${E2E_CACHE}" \
+    --profile nsys --nsys-host-path "${REPO_ROOT}/tests/fakes/nsys" --flush-settle-seconds 3 \
+    --flush-timeout-seconds 60 -- sh run.sh --steps 400)
+  JOB_ID=${out%%;*}
+  dir=${BATS_FILE_TMPDIR}/out/toy_model/${JOB_ID}
+  deadline=$((SECONDS + 120))
+  until grep -qs 'step 20/400' "${dir}/node_0/node.log" && grep -qs 'step 20/400' "${dir}/node_1/node.log"; do
+    ((SECONDS < deadline)) || { cat "${BATS_FILE_TMPDIR}/job-${JOB_ID}.out" >&2; scancel "${JOB_ID}"; false; }
+    sleep 0.3
+  done
+  scancel "${JOB_ID}"
+  e2e::wait_teardown "${JOB_ID}" "${dir}" 120
+  assert_file_exists "${dir}/summary.json"
+  for r in 0 1; do
+    node=$(e2e::json "${dir}/node_${r}/status.json" 'd["node"]')
+    e2e::assert_complete_report "${dir}/profile/${JOB_ID}_${node}_rank${r}.nsys-rep"
+    assert_equal "$(e2e::json "${dir}/node_${r}/status.json" 'd["exit_code"]')" 143
+    run grep -c 'step 400/400' "${dir}/node_${r}/node.log"
+    assert_output 0
+  done
+}

@@ -6,32 +6,10 @@
 
 load helpers
 
-# The fake's report: a header line, then CHUNKS appends of CHUNK_KIB KiB.
-FAKE_CHUNKS=4
-FAKE_CHUNK_KIB=32
-
 setup_file() {
   export E2E_CACHE=${BATS_FILE_TMPDIR}/image-cache
   mkdir -p "${E2E_CACHE}"
-  # The toy image is static busybox without /bin/sh; the fake nsys is a #!/bin/sh script, so the
-  # test manifest mounts the host's static busybox there and passes the fake's knobs to the container.
-  export NSYS_MANIFEST=${BATS_FILE_TMPDIR}/build_manifest.json
-  "${SM_PYTHON}" - "${TOY_MANIFEST}" "${NSYS_MANIFEST}" "$(command -v busybox)" "${REPO_ROOT}" \
-    "${FAKE_CHUNKS}" "${FAKE_CHUNK_KIB}" <<'PY'
-import json, sys
-src, dst, busybox, repo, chunks, kib = sys.argv[1:]
-m = json.load(open(src))
-for section in ("built_images", "built_models"):
-    for entry in m[section].values():
-        entry["dockerfile"] = f"{repo}/examples/toy/Dockerfile"
-        if "dockercontext" in entry:
-            entry["dockercontext"] = f"{repo}/examples/toy"
-m["context"]["docker_mounts"] = {"/bin/sh": busybox}
-m["context"]["docker_env_vars"].update(
-    NSYS_FAKE_WRITE_SECONDS="1", NSYS_FAKE_CHUNKS=chunks, NSYS_FAKE_CHUNK_KIB=kib
-)
-json.dump(m, open(dst, "w"), indent=2)
-PY
+  e2e::nsys_manifest
 }
 
 setup() {
@@ -43,17 +21,6 @@ nsys_job_args() {
   printf '%s\0' --manifest "${NSYS_MANIFEST}" --image-cache "${E2E_CACHE}" --profile nsys \
     --nsys-host-path "${REPO_ROOT}/tests/fakes/nsys" --profile-start-iter 5 --profile-stop-iter 15 \
     --flush-settle-seconds 3 --flush-timeout-seconds 60 --stop-grace 20
-}
-
-# assert_complete_report FILE: non-empty, nothing cut short: header line + every chunk.
-assert_complete_report() {
-  local file=$1 header size
-  assert_file_exists "${file}"
-  header=$(head -n 1 "${file}" | wc -c)
-  size=$(stat -c %s "${file}")
-  assert_equal "${size}" "$((header + FAKE_CHUNKS * FAKE_CHUNK_KIB * 1024))"
-  run head -n 1 "${file}"
-  assert_output --regexp '^FAKE-NSYS-REP session=profile-[0-9]+ app=sh$'
 }
 
 # node_of RANK: the node a rank ran on (its status.json).
@@ -70,7 +37,7 @@ node_of() { e2e::json "${JOB_DIR}/node_$1/status.json" 'd["node"]'; }
   local r node
   for r in 0 1; do
     node=$(node_of "${r}")
-    assert_complete_report "${JOB_DIR}/profile/${JOB_ID}_${node}_rank${r}.nsys-rep"
+    e2e::assert_complete_report "${JOB_DIR}/profile/${JOB_ID}_${node}_rank${r}.nsys-rep"
     run cat "${JOB_DIR}/node_${r}/node.log"
     # nsys ran inside the container, with the rank env and the profile window.
     assert_output --regexp "docker run .* -v ${JOB_DIR}/profile:${JOB_DIR}/profile .*-e TLLM_PROFILE_START_STOP .*toy/model:local /opt/slurm-multi/bin/nsys profile -t cuda-sw\\\\,nvtx\\\\,python-gil .* -o ${JOB_DIR}/profile/%q\\\\\{SLURM_JOB_ID\\\\\}_%q\\\\\{SLURMD_NODENAME\\\\\}_rank%q\\\\\{SLURM_PROCID\\\\\} sh run.sh"
@@ -103,7 +70,7 @@ node_of() { e2e::json "${JOB_DIR}/node_$1/status.json" 'd["node"]'; }
   assert_file_exists "${JOB_DIR}/summary.json"
   for r in 0 1; do
     node=$(node_of "${r}")
-    assert_complete_report "${JOB_DIR}/profile/${JOB_ID}_${node}_rank${r}.nsys-rep"
+    e2e::assert_complete_report "${JOB_DIR}/profile/${JOB_ID}_${node}_rank${r}.nsys-rep"
     # The task outlived its own report's settling and staged: it was not SIGKILLed.
     assert_equal "$(e2e::json "${JOB_DIR}/node_${r}/status.json" 'd["exit_code"]')" 143
     run grep -n -e "nsys report of rank ${r} settled" -e 'node: done: exit 143' "${JOB_DIR}/node_${r}/node.log"

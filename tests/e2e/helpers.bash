@@ -191,3 +191,39 @@ e2e::wait_teardown() {
   done
   while [[ ! -f ${dir}/summary.json ]] && ((SECONDS < deadline)); do sleep 0.5; done
 }
+
+# The fake nsys's report (tests/fakes/nsys): a header line, then CHUNKS appends of CHUNK_KIB KiB,
+# written only when its session ends, over NSYS_FAKE_WRITE_SECONDS -- like the real tool.
+FAKE_CHUNKS=4
+FAKE_CHUNK_KIB=32
+
+# e2e::nsys_manifest: NSYS_MANIFEST, the toy manifest with absolute paths and the fake's knobs in
+# the workload's env (passed to the container, or the pyxis rank's step).
+e2e::nsys_manifest() {
+  export NSYS_MANIFEST=${BATS_FILE_TMPDIR}/nsys_manifest.json
+  "${SM_PYTHON}" - "${TOY_MANIFEST}" "${NSYS_MANIFEST}" "${REPO_ROOT}" "${FAKE_CHUNKS}" "${FAKE_CHUNK_KIB}" <<'PY'
+import json, sys
+src, dst, repo, chunks, kib = sys.argv[1:]
+m = json.load(open(src))
+for section in ("built_images", "built_models"):
+    for entry in m[section].values():
+        entry["dockerfile"] = f"{repo}/examples/toy/Dockerfile"
+        if "dockercontext" in entry:
+            entry["dockercontext"] = f"{repo}/examples/toy"
+m["context"]["docker_env_vars"].update(
+    NSYS_FAKE_WRITE_SECONDS="1", NSYS_FAKE_CHUNKS=chunks, NSYS_FAKE_CHUNK_KIB=kib
+)
+json.dump(m, open(dst, "w"), indent=2)
+PY
+}
+
+# e2e::assert_complete_report FILE: non-empty, nothing cut short: header line + every chunk.
+e2e::assert_complete_report() {
+  local file=$1 header size
+  assert_file_exists "${file}"
+  header=$(head -n 1 "${file}" | wc -c)
+  size=$(stat -c %s "${file}")
+  assert_equal "${size}" "$((header + FAKE_CHUNKS * FAKE_CHUNK_KIB * 1024))"
+  run head -n 1 "${file}"
+  assert_output --regexp '^FAKE-NSYS-REP session=profile-[0-9]+ app=sh$'
+}

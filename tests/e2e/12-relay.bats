@@ -1,0 +1,145 @@
+#!/usr/bin/env bats
+# Image distribution at scale on the real cluster: the cold image streamed node to node while rank 0
+# saves it (the relay), with and without the shared cache; a relay node killed mid-stream and a
+# corrupted stream each make the nodes behind it fall back, naming the node; every job leaves its
+# timeline.
+
+load helpers
+bats_require_minimum_version 1.5.0
+
+setup_file() {
+  e2e::ensure_cluster
+  export E2E_CACHE=${BATS_FILE_TMPDIR}/image-cache
+  # A 48 MB image: long enough a stream for a fault in its middle, short enough for the suite.
+  export RELAY_PAD_MB=48
+}
+
+setup() {
+  e2e::wait_for_nodes --docker node1 node2 node3
+  local node
+  for node in node2 node3; do
+    "${REPO_ROOT}/tests/cluster/exec" "${node}" docker image rm -f toy/model:local >/dev/null 2>&1 || true
+  done
+  "${REPO_ROOT}/examples/toy/build-image" --node node1 --pad-mb "${RELAY_PAD_MB}" >/dev/null
+  rm -rf "${E2E_CACHE}"
+}
+
+teardown_file() {
+  rm -f "${REPO_ROOT}"/examples/toy/pad/*.bin
+}
+
+# assert_timeline: timeline.json (and, with matplotlib, timeline.png) for this job, every node a lane.
+assert_timeline() {
+  assert_file_exists "${JOB_DIR}/timeline.json"
+  run e2e::json "${JOB_DIR}/timeline.json" 'len(d["nodes"])'
+  assert_output "$1"
+  if "${SM_PYTHON}" -c 'import matplotlib' 2>/dev/null; then
+    assert_file_exists "${JOB_DIR}/timeline.png"
+    run head -c 8 "${JOB_DIR}/timeline.png"
+    assert_output --partial PNG
+  fi
+}
+
+@test "relay, 3 nodes, no --image-cache: the image streams node1 -> node2 -> node3, one image ID everywhere" {
+  e2e::run_job -N3 -- --manifest "${TOY_MANIFEST}"
+  assert_equal "${JOB_RC}" 0
+  run cat "${JOB_DIR}/node_0/node.log"
+  assert_output --partial "relaying toy/model:local"
+  assert_output --partial "relayed toy/model:local to every node"
+  refute_output --partial "into ${E2E_CACHE}"
+  local r
+  for r in 1 2; do
+    run cat "${JOB_DIR}/node_${r}/node.log"
+    assert_output --partial "received toy/model:local"
+    assert_output --partial "over the relay"
+    refute_output --partial "rebuilding"
+  done
+  # The chain: node2 forwarded to node3.
+  assert_output --regexp "rank 2 of 3: from rank 1 \(node2\)"
+  local id1
+  id1=$(e2e::image_id node1)
+  assert [ -n "${id1}" ]
+  assert_equal "$(e2e::image_id node2)" "${id1}"
+  assert_equal "$(e2e::image_id node3)" "${id1}"
+  # The timeline has the stream and the load inside the image stage.
+  run grep -h -o '"event":"image_[a-z_]*"' "${JOB_DIR}/node_2/events.jsonl"
+  assert_line '"event":"image_stream_start"'
+  assert_line '"event":"image_load_end"'
+  assert_timeline 3
+}
+
+@test "pipelined with the cache: workers load while rank 0 saves, the tar lands in the cache, the re-run is a hit" {
+  e2e::run_job -N3 -- --manifest "${TOY_MANIFEST}" --image-cache "${E2E_CACHE}"
+  assert_equal "${JOB_RC}" 0
+  run cat "${JOB_DIR}/node_0/node.log"
+  assert_output --partial "relayed toy/model:local to every node"
+  assert_output --partial "saved toy/model:local into ${E2E_CACHE}/"
+  assert_output --partial "while relaying it"
+  local tar
+  tar=$(find "${E2E_CACHE}" -name '*.tar' | head -n 1)
+  assert [ -s "${tar}" ]
+  assert_equal "$(sed -n 's/^bytes=//p' "${tar%.tar}.id")" "$(stat -c %s "${tar}")"
+  assert_equal "$(sed -n 's/^id=//p' "${tar%.tar}.id")" "$(e2e::image_id node1)"
+  # Warm: the cache holds it, every node has it: no relay, no save, no load.
+  e2e::run_job -N3 -- --manifest "${TOY_MANIFEST}" --image-cache "${E2E_CACHE}"
+  assert_equal "${JOB_RC}" 0
+  run cat "${JOB_DIR}/node_0/node.log" "${JOB_DIR}/node_1/node.log" "${JOB_DIR}/node_2/node.log"
+  assert_output --partial "cache hit:"
+  refute_output --partial "relay send"
+  refute_output --partial "docker load"
+  assert_timeline 3
+}
+
+@test "the relay's middle node dies mid-stream: the last node says so, naming node2, and falls back within seconds" {
+  local half=$((RELAY_PAD_MB * 1024 * 1024 / 2))
+  local t0=${SECONDS}
+  e2e::run_job -N3 --export="ALL,SM_RELAY_FAULT=1:die:${half}" -- --manifest "${TOY_MANIFEST}" \
+    --image-cache "${E2E_CACHE}"
+  local took=$((SECONDS - t0))
+  run cat "${JOB_DIR}/node_1/node.log"
+  assert_output --partial "SM_RELAY_FAULT: dying (SIGKILL)"
+  run cat "${JOB_DIR}/node_2/node.log"
+  assert_output --regexp "relay: node3 \(rank 2\): stream from rank 1 \(node2\) ended after [0-9.]+ [KMG]?B of an unfinished stream"
+  assert_output --partial "falling back to the cache ${E2E_CACHE}"
+  assert_output --partial "loaded toy/model:local from the cache"
+  # Both fell back to rank 0's tar, which it kept writing; the job itself succeeds.
+  assert_equal "${JOB_RC}" 0
+  assert_equal "$(e2e::image_id node3)" "$(e2e::image_id node1)"
+  assert_equal "$(e2e::image_id node2)" "$(e2e::image_id node1)"
+  echo "middle-node-killed job took ${took} s" >&3
+  assert [ "${took}" -lt 90 ]
+}
+
+@test "a corrupted stream is detected by the node after the bad link, which falls back to a rebuild" {
+  local half=$((RELAY_PAD_MB * 1024 * 1024 / 2))
+  e2e::run_job -N3 --export="ALL,SM_RELAY_FAULT=1:corrupt:${half}" -- --manifest "${TOY_MANIFEST}"
+  run cat "${JOB_DIR}/node_2/node.log"
+  assert_output --partial "relay: node3 (rank 2):"
+  assert_output --regexp "sha256|digest"
+  assert_output --partial "falling back to the cache or a rebuild"
+  assert_output --partial "rebuilding toy/model:local from the manifest"
+  # node2's own copy was intact: it loaded rank 0's image, and says what failed below it.
+  run cat "${JOB_DIR}/node_1/node.log"
+  assert_output --partial "this node has rank 0's image; below it: relay: node2 (rank 1):"
+  refute_output --partial "falling back"
+  assert_equal "$(e2e::image_id node2)" "$(e2e::image_id node1)"
+  assert_equal "${JOB_RC}" 0
+  assert_timeline 3
+}
+
+@test "--image-transport cache keeps the save-then-load path; a tree (--relay-fanout 2) feeds both workers from rank 0" {
+  e2e::run_job -N3 -- --manifest "${TOY_MANIFEST}" --image-cache "${E2E_CACHE}" --image-transport cache
+  assert_equal "${JOB_RC}" 0
+  run cat "${JOB_DIR}/node_1/node.log"
+  assert_output --partial "loaded toy/model:local from the cache"
+  refute_output --partial "over the relay"
+  local node
+  for node in node2 node3; do
+    "${REPO_ROOT}/tests/cluster/exec" "${node}" docker image rm -f toy/model:local >/dev/null 2>&1 || true
+  done
+  e2e::run_job -N3 -- --manifest "${TOY_MANIFEST}" --relay-fanout 2
+  assert_equal "${JOB_RC}" 0
+  run cat "${JOB_DIR}/node_2/node.log"
+  assert_output --regexp "rank 2 of 3: from rank 0 \(node1\)"
+  assert_equal "$(e2e::image_id node3)" "$(e2e::image_id node1)"
+}
