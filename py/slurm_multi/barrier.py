@@ -469,6 +469,29 @@ def self_name_quirk(host: str) -> str:
     return ""
 
 
+def bind_first_free(
+    address: str, ports: Sequence[int], backlog: int
+) -> tuple[socket.socket | None, list[str]]:
+    """Listen on the first of `ports` that is free on `address`: (socket, the ports found in use);
+    (None, all of them) when every one is. Any other error is raised, its `filename` the port."""
+    busy: list[str] = []
+    for port in ports:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((address, port))
+            sock.listen(backlog)
+        except OSError as exc:
+            sock.close()
+            if exc.errno == errno.EADDRINUSE:
+                busy.append(str(port))
+                continue
+            exc.filename = str(port)
+            raise
+        return sock, busy
+    return None, busy
+
+
 class BindChoice(NamedTuple):
     address: str
     why: str  # empty when `host` resolved to a routable address directly
@@ -636,26 +659,18 @@ class BarrierServer:
     def _bind(address: str, ports: Sequence[int]) -> tuple[socket.socket, str, int]:
         if not ports:
             raise usage_error("barrier: no candidate port to listen on")
-        tried: list[str] = []
-        for port in ports:
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                sock.bind((address, port))
-                sock.listen(4096)
-            except OSError as exc:
-                sock.close()
-                if exc.errno == errno.EADDRINUSE:
-                    tried.append(str(port))
-                    continue
-                if exc.errno == errno.EADDRNOTAVAIL:
-                    raise HelperError(
-                        f"barrier: cannot listen on {address}: not an address of this host; "
-                        "check MASTER_ADDR or pass --bind ADDR"
-                    ) from None
-                if isinstance(exc, socket.gaierror):
-                    raise usage_error(f"barrier: cannot listen on {address}: {exc.strerror}") from None
-                raise HelperError(f"barrier: cannot listen on {address}:{port}: {exc.strerror}") from None
+        try:
+            sock, tried = bind_first_free(address, ports, 4096)
+        except OSError as exc:
+            if exc.errno == errno.EADDRNOTAVAIL:
+                raise HelperError(
+                    f"barrier: cannot listen on {address}: not an address of this host; "
+                    "check MASTER_ADDR or pass --bind ADDR"
+                ) from None
+            if isinstance(exc, socket.gaierror):
+                raise usage_error(f"barrier: cannot listen on {address}: {exc.strerror}") from None
+            raise HelperError(f"barrier: cannot listen on {address}:{exc.filename}: {exc.strerror}") from None
+        if sock is not None:
             sock.setblocking(False)
             return sock, address, sock.getsockname()[1]
         raise HelperError(

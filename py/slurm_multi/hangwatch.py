@@ -26,6 +26,7 @@ Exit: 0 the workload ended (or never started), 3 hung, 2 bad arguments.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import subprocess
@@ -322,6 +323,7 @@ class Progress:
     last_cpu: float
     output_size: int
     cpu: float
+    printed: bool = False  # the workload's first output line is on the timeline
 
     @property
     def last(self) -> float:
@@ -403,6 +405,9 @@ def _watch_loop(
         now = clock()
         size, cpu = _file_size(output), target.cpu_seconds()
         if size != state.output_size:
+            if not state.printed:
+                state.printed = True
+                append_event(node_dir, "first_output", rank, node, now)
             state.output_size, state.last_output = size, now
         if cpu - state.cpu > CPU_BUSY_FRACTION * max(now - last_poll, 1e-3):
             state.last_cpu = now
@@ -419,6 +424,17 @@ def _watch_loop(
             print(hang["state"], hang_line(hang), flush=True)  # the caller reads: STATE LINE
             return EXIT_HUNG
     raise Stopped
+
+
+def append_event(node_dir: str, event: str, rank: int, node: str, when: float) -> None:
+    """One line on the node's timeline (events.jsonl, as lib/timeline.sh writes it); never fails."""
+    record = {"t": round(when, 6), "event": event, "rank": rank, "host": node}
+    line = json.dumps(record, separators=(",", ":"))
+    try:
+        with open(os.path.join(node_dir, "events.jsonl"), "a", encoding="utf-8") as out:
+            out.write(line + "\n")
+    except OSError:
+        pass
 
 
 def progress_document(state: Progress, rank: int, node: str, now: float) -> dict[str, Any]:

@@ -43,7 +43,6 @@ or rejected (wrong token, wrong purpose), 3 timeout (a peer never came, or stall
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
 import re
@@ -61,6 +60,7 @@ import click
 from slurm_multi import EXIT_FAILURE, auth
 from slurm_multi.barrier import (
     MAX_CANDIDATES,
+    bind_first_free,
     candidate_ports,
     choose_bind_address,
     connect_addresses,
@@ -528,21 +528,14 @@ class Node:
         ports = plan.ports_of(plan.rank)
         if not ports:
             raise usage_error("relay: no candidate port to listen on")
-        busy: list[str] = []
-        for port in ports:
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                sock.bind((address, port))
-                sock.listen(64)
-            except OSError as exc:
-                sock.close()
-                if exc.errno == errno.EADDRINUSE:
-                    busy.append(str(port))
-                    continue
-                raise self.fail(f"cannot listen on {address}:{port}: {_describe(exc)}") from None
+        try:
+            sock, busy = bind_first_free(address, ports, 64)
+        except OSError as exc:
+            raise self.fail(f"cannot listen on {address}:{exc.filename}: {_describe(exc)}") from None
+        if sock is not None:
             self.listener = sock
-            plan.log(f"listening on {address}:{port} for {', '.join(plan.name(r) for r in self.child_ranks)}")
+            kids = ", ".join(plan.name(r) for r in self.child_ranks)
+            plan.log(f"listening on {address}:{sock.getsockname()[1]} for {kids}")
             return
         raise self.fail(
             f"every candidate port on {address} is in use ({','.join(busy)}); set --port (SM_RELAY_PORT) "

@@ -76,3 +76,20 @@ SCRIPT
   run tests/cluster/exec node1 getent hosts node1
   assert_output --regexp '^10\.77\.0\.11 +node1'
 }
+
+@test "pyxis is on: srun --help lists its options, tests/cluster/status says so, a squashfs runs on two nodes" {
+  run srun --help
+  assert_output --partial "--container-image"
+  assert_output --partial "--container-mounts"
+  run "${REPO_ROOT}/tests/cluster/status"
+  assert_line --regexp '^pyxis on \(enroot [0-9.]+, /usr/local/lib/slurm/spank_pyxis.so\)$'
+  e2e::toy_image_only_on node1
+  local sqsh=${BATS_FILE_TMPDIR}/toy.sqsh
+  run srun -w node1 enroot import -o "${sqsh}" dockerd://toy/model:local
+  assert_success
+  # shellcheck disable=SC2016 # expanded in the container
+  run srun -N2 -l --container-image="${sqsh}" sh -c 'echo "in $(hostname) $(cat /toy/run.sh | head -c 9)"'
+  assert_success
+  assert_line '0: in node1 #!/bin/sh'
+  assert_line '1: in node2 #!/bin/sh'
+}

@@ -250,3 +250,34 @@ PY
     assert_output 0
   done
 }
+
+@test "pyxis: a worker's sm-node task killed while its rank runs: reaped, its outputs staged, FAILURE naming it" {
+  mkdir -p "${BATS_FILE_TMPDIR}/out"
+  cd "${BATS_FILE_TMPDIR}"
+  local job pid="" deadline=$((SECONDS + 60)) p
+  job=$(sbatch --parsable -N2 -o "${BATS_FILE_TMPDIR}/job-%j.out" "${REPO_ROOT}/sbatch/multi.sbatch" \
+    --out "${BATS_FILE_TMPDIR}/out" --manifest "${TOY_MANIFEST}" --runtime pyxis --image-cache "${E2E_CACHE}" \
+    -- sh run.sh --steps 100)
+  # Wait until rank 1's own step runs, then SIGKILL rank 1's sm-node task.
+  while [[ -z ${pid} ]] && ((SECONDS < deadline)); do
+    sleep 0.5
+    squeue -s -j "${job}" -h -o '%j' 2>/dev/null | grep -qx sm-rank1 || continue
+    for p in $(pgrep -f "bin/sm-node --jobdir [^ ]*/${job}( |\$)" || true); do
+      tr '\0' '\n' <"/proc/${p}/environ" 2>/dev/null | grep -qx 'SLURM_NODEID=1' || continue
+      [[ $(ps -o comm= -p "$(ps -o ppid= -p "${p}" | tr -d ' ')") == slurmstepd ]] && pid=${p} && break
+    done
+  done
+  assert [ -n "${pid}" ]
+  kill -KILL "${pid}"
+  JOB_ID=${job}
+  local jobdir=${BATS_FILE_TMPDIR}/out/toy_model/${job}
+  e2e::wait_teardown "${job}" "${jobdir}" 180
+  assert_equal "$(e2e::json "${jobdir}/summary.json" 'd["verdict"]')" FAILURE
+  run e2e::json "${jobdir}/summary.json" '" | ".join(d["reasons"])'
+  assert_output --partial "node2 (rank 1)"
+  run cat "${jobdir}/node_1/status.json"
+  assert_output --partial "died before saving its outputs"
+  # What the rank wrote into its output dir was recovered by the reaper.
+  assert_file_exists "${jobdir}/node_1/perf_toy.csv"
+  assert_file_exists "${jobdir}/node_0/status.json"
+}

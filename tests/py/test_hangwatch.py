@@ -83,6 +83,9 @@ def test_chatty_but_idle_is_not_hung(procs: list, tmp_path: Path) -> None:
     )
     assert run_watch(proc.pid, out, tmp_path, 1.0) == 0
     assert not (tmp_path / "hang.json").exists()
+    # Its first output line is on the node's timeline, once.
+    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert [(e["event"], e["rank"], e["host"]) for e in events] == [("first_output", 1, "node2")]
 
 
 def test_a_stopped_rank_is_the_cause(procs: list, tmp_path: Path) -> None:

@@ -323,12 +323,21 @@ def test_a_corrupted_byte_in_transit_is_caught_by_the_digest(tmp_path):
 
     def run_proxy() -> None:
         child, _ = proxy.accept()
-        for port in upstream:
-            try:
-                parent = socket.create_connection(("127.0.0.1", port))
-                break
-            except OSError:
-                continue
+        parent = None
+        deadline = time.monotonic() + 20
+        # Rank 0 (another thread) may not listen yet: retry, as a real child dials until it does.
+        while parent is None and time.monotonic() < deadline:
+            for port in upstream:
+                try:
+                    parent = socket.create_connection(("127.0.0.1", port))
+                    break
+                except OSError:
+                    continue
+            else:
+                time.sleep(0.05)
+        if parent is None:
+            child.close()
+            return
         threading.Thread(target=pump, args=(child, parent, None), daemon=True).start()
         pump(parent, child, flip_at)
 

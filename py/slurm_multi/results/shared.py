@@ -87,13 +87,19 @@ def os_error(exc: OSError) -> str:
 
 
 def write_atomic(
-    path: Path, text: str | bytes, hint: str = "is the job directory writable?", mode: int | None = None
+    path: Path,
+    text: str | bytes,
+    hint: str = "is the job directory writable?",
+    mode: int | None = None,
+    durable: bool = True,
 ) -> None:
     """Write via a sibling temp file + fsync + os.replace, so a reader never sees half a file.
 
     text: written as UTF-8 (line ends as they are); bytes (a picture) as they are.
     mode: the permission bits to give the new file (e.g. those of the file it replaces); default
     0666 less the umask.
+    durable: fsync before the rename; False for derived files any collect re-makes (the timeline),
+    which still never appear half written.
     """
     temp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     data = text.encode("utf-8") if isinstance(text, str) else text
@@ -104,7 +110,8 @@ def write_atomic(
                 os.fchmod(handle.fileno(), mode)
             handle.write(data)
             handle.flush()
-            os.fsync(handle.fileno())
+            if durable:
+                os.fsync(handle.fileno())
         os.replace(temp, path)
     except OSError as exc:
         temp.unlink(missing_ok=True)

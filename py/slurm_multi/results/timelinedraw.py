@@ -250,9 +250,9 @@ def write_timeline(root: Path, timeline: Timeline, title: str) -> str:
     """
     written = []
     try:
-        write_atomic(root / TIMELINE_JSON, timeline_json_text(timeline))
+        write_atomic(root / TIMELINE_JSON, timeline_json_text(timeline), durable=False)
         written.append(str(root / TIMELINE_JSON))
-        write_atomic(root / TIMELINE_TXT, timeline_text(timeline, title))
+        write_atomic(root / TIMELINE_TXT, timeline_text(timeline, title), durable=False)
         written.append(TIMELINE_TXT)
     except HelperError as exc:
         return f"not written: {exc}"
@@ -262,7 +262,7 @@ def write_timeline(root: Path, timeline: Timeline, title: str) -> str:
     else:
         try:
             picture = timeline_png(timeline, title)
-            write_atomic(root / TIMELINE_PNG, picture)
+            write_atomic(root / TIMELINE_PNG, picture, durable=False)
             written.append(TIMELINE_PNG)
         except ImportError:
             note = f"{TIMELINE_PNG} needs matplotlib: pip install 'slurm-multi[timeline]'"
