@@ -157,15 +157,17 @@ pyxis_rows() {
   "${ROOT}/examples/toy/build-image" --node node1 --tag "${BENCH_IMAGE}" --pad-mb "${pad_mb}" >/dev/null
   sed "s#\"toy/model:local\"#\"${BENCH_IMAGE}\"#" "${ROOT}/examples/toy/build_manifest.json" >"${work}/manifest.json"
   local cache=${work}/cache-pyxis cold=() warm=() byhand=() i job t dir sqsh=${work}/by-hand.sqsh
+  # The by-hand floor runs as the job user, who must reach the work dir.
+  chmod a+rwx "${work}"
   for ((i = 0; i < repeats; i++)); do
     rm -rf "${cache}" && mkdir -p "${cache}"
     job=$(cd "${work}" && sbatch --parsable -N3 -o /dev/null "${ROOT}/sbatch/multi.sbatch" --manifest "${work}/manifest.json" \
-      --runtime pyxis --image-cache "${cache}" --out "${work}/out" --collect false -- true)
+      --runtime pyxis --image-cache "${cache}" --out "${work}/out" --collect false -- sh -c true)
     [[ $(wait_job "${job}") == 0 ]] || log::die bench "cold pyxis job ${job} did not succeed; see ${work}/out" 1
     dir=$(find "${work}/out" -mindepth 2 -maxdepth 2 -name "${job}" | head -n 1)
     cold+=("$(stage_max "${dir}" image run)")
     job=$(cd "${work}" && sbatch --parsable -N3 -o /dev/null "${ROOT}/sbatch/multi.sbatch" --manifest "${work}/manifest.json" \
-      --runtime pyxis --image-cache "${cache}" --out "${work}/out" --collect false -- true)
+      --runtime pyxis --image-cache "${cache}" --out "${work}/out" --collect false -- sh -c true)
     [[ $(wait_job "${job}") == 0 ]] || log::die bench "warm pyxis job ${job} did not succeed; see ${work}/out" 1
     dir=$(find "${work}/out" -mindepth 2 -maxdepth 2 -name "${job}" | head -n 1)
     warm+=("$(stage_max "${dir}" image run)")
@@ -174,7 +176,7 @@ pyxis_rows() {
     t=$(now)
     runuser -u "${CLUSTER_USER}" -- srun -w node1 -N1 enroot import -o "${sqsh}" "dockerd://${BENCH_IMAGE}" >/dev/null 2>&1 ||
       log::die bench "enroot import of ${BENCH_IMAGE} by hand failed" 1
-    runuser -u "${CLUSTER_USER}" -- srun -w node2 -N1 --container-image="${sqsh}" true >/dev/null 2>&1 ||
+    runuser -u "${CLUSTER_USER}" -- srun -w node2 -N1 --container-image="${sqsh}" sh -c true >/dev/null 2>&1 ||
       log::die bench "srun --container-image=${sqsh} by hand failed" 1
     byhand+=("$(since "${t}")")
   done
@@ -242,7 +244,9 @@ transport_rows() {
       relay_cold[${n}]+="$(stage_max "${dir}" image),"
       relay_floor[${n}]+="$(floor_seconds "${n}" "${work}"),"
     done
-    # Pipelined with the cache, 3 nodes: the tar is written while the workers load; then warm.
+    # Pipelined with the cache, 3 nodes: the tar is written while the workers load; then warm
+    # (its floor first: measuring it clears the workers, and warm means they keep the image).
+    pfloor+=("$(floor_seconds 3 "${work}")")
     clear_workers 3
     rm -rf "${cache}" && mkdir -p "${cache}"
     job=$(cd "${work}" && sbatch --parsable -N3 -o /dev/null "${ROOT}/sbatch/multi.sbatch" --manifest "${work}/manifest.json" \
@@ -250,7 +254,6 @@ transport_rows() {
     [[ $(wait_job "${job}") == 0 ]] || log::die bench "cold pipelined job ${job} did not succeed; see ${work}/out" 1
     dir=$(find "${work}/out" -mindepth 2 -maxdepth 2 -name "${job}" | head -n 1)
     pipelined+=("$(stage_max "${dir}" image)")
-    pfloor+=("$(floor_seconds 3 "${work}")")
     wcold+=("${pipelined[-1]}")
     job=$(cd "${work}" && sbatch --parsable -N3 -o /dev/null "${ROOT}/sbatch/multi.sbatch" --manifest "${work}/manifest.json" \
       --image-cache "${cache}" --out "${work}/out" --collect false -- true)
@@ -336,14 +339,17 @@ main() {
   # shellcheck disable=SC2064 # expand now: work is local
   trap "rm -rf '${work}'" EXIT
   ensure_nodes 4
+  # Each group in a subshell: one that fails (log::die) costs its own rows, never the others'.
+  local failed=()
   log::info bench "toolkit overhead (${repeats} runs each side)"
-  overhead_row "${repeats}" "${out}" "${work}"
+  (overhead_row "${repeats}" "${out}" "${work}") || failed+=(overhead)
   log::info bench "image distribution (${repeats} runs each)"
-  image_rows "${repeats}" "${out}" "${work}"
+  (image_rows "${repeats}" "${out}" "${work}") || failed+=(image)
   log::info bench "image transport: relay and pipelined, ~1 GB (${repeats} runs each)"
-  transport_rows "${repeats}" "${out}" "${work}"
+  (transport_rows "${repeats}" "${out}" "${work}") || failed+=(transport)
   log::info bench "pyxis (${repeats} runs each)"
-  pyxis_rows "${repeats}" "${out}" "${work}"
+  (pyxis_rows "${repeats}" "${out}" "${work}") || failed+=(pyxis)
+  ((${#failed[@]} == 0)) || log::die bench "row groups that failed: ${failed[*]} (see above); the others' rows are written"
 }
 
 # Sourced (tests/bats/bench.bats): functions only.

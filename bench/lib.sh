@@ -76,16 +76,17 @@ bench::cluster_hook() {
   local rows_dir=${out_dir}/cluster
   mkdir -p "${rows_dir}"
   # Its stdout goes to stderr: bench/run's stdout is the table alone.
-  if ! bench::run_row "${BENCH_CLUSTER_ROW}" "${out_dir}/05-cluster-failed.json" \
-    bash "${script}" "$@" --out-dir "${rows_dir}" >&2; then
-    return 1
-  fi
+  local rc=0
+  # A failed group still leaves the rows of the groups that worked: they are shown too.
+  bench::run_row "${BENCH_CLUSTER_ROW}" "${out_dir}/05-cluster-failed.json" \
+    bash "${script}" "$@" --out-dir "${rows_dir}" >&2 || rc=1
   local file found=0
   for file in "${rows_dir}"/*.json; do
     [[ -f ${file} ]] || continue
     found=1
     cp "${file}" "${out_dir}/06-cluster-${file##*/}"
   done
+  ((rc == 0)) || return 1
   if ((found == 0)); then
     log::error bench "cluster rows: ${script#"${BENCH_ROOT}"/} succeeded but wrote no *.json row file"
     bench::write_skipped "${BENCH_CLUSTER_ROW}" "failed: cluster_bench.sh wrote no rows" \

@@ -173,15 +173,24 @@ def timeline_png(timeline: Timeline, title: str) -> bytes:
                     hatch="//" if approximate else None, alpha=0.55 if approximate else 1.0,
                 )  # fmt: skip
     if steps:
+        # Sub-steps that overlap on one node (rank 0 saves while it streams) get bands of their own.
+        ends: dict[tuple[float, int], float] = {}
+        placed = []
+        for row, step in sorted(steps, key=lambda item: (item[0], item[1].start)):
+            level = 0
+            while ends.get((row, level), float("-inf")) > step.start:
+                level += 1
+            ends[(row, level)] = step.start + step.seconds
+            placed.append((row + bar / 2 - 0.09 - 0.16 * min(level, 3), step))
         axes.barh(
-            [r + bar / 2 - 0.09 for r, _ in steps], [s.seconds for _, s in steps],
-            left=[s.start for _, s in steps], height=0.14, color="#333333", zorder=2,
+            [y for y, _ in placed], [s.seconds for _, s in placed],
+            left=[s.start for _, s in placed], height=0.14, color="#333333", zorder=2,
         )  # fmt: skip
-        for row, step in steps:
+        for y, step in placed:
             if step.seconds > timeline.wall / 20:
                 axes.text(
-                    step.start + step.seconds / 2, row + bar / 2 - 0.22, step.name,
-                    ha="center", va="center", fontsize=6, color="white", zorder=4,
+                    step.start + step.seconds / 2, y, step.name,
+                    ha="center", va="center", fontsize=5.5, color="white", zorder=4,
                 )  # fmt: skip
     for segment in timeline.path:
         axes.barh(
