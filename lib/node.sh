@@ -207,12 +207,8 @@ node::stage_image() {
       node::fail "${reason}" || return
     fi
   else
-    local rc=0
-    [[ -n ${NODE_JOIN_PID} ]] || node::join_image_phase
-    if ! read -r -u "${NODE_JOIN_FD}" id; then
-      wait "${NODE_JOIN_PID}" || rc=$?
-      node::join_failed "${rc}" || return
-    fi
+    node::await_release || return
+    id=${NODE_RELEASED}
     local relayed=0
     if [[ ${id} == relay+* ]]; then
       id=${id#relay+}
@@ -262,12 +258,8 @@ node::image_pyxis() {
       node::fail "${reason}" || return
     fi
   else
-    local rc=0
-    [[ -n ${NODE_JOIN_PID} ]] || node::join_image_phase
-    if ! read -r -u "${NODE_JOIN_FD}" id; then
-      wait "${NODE_JOIN_PID}" || rc=$?
-      node::join_failed "${rc}" || return
-    fi
+    node::await_release || return
+    id=${NODE_RELEASED}
     if ! image::pyxis_worker "${id}"; then
       reason="$(hostname) (rank ${SM_RANK}): cannot see rank 0's squashfs $(image::sqsh_path)"
       node::stop_join
@@ -279,6 +271,18 @@ node::image_pyxis() {
     export SM_IMAGE_ID=${SM_IMAGE_ID:-${id}}
   fi
   export SM_IMAGE_SQSH=${IMAGE_SQSH}
+}
+
+# node::await_release: a worker reads the ID rank 0 released (its join helper prints it) into
+# NODE_RELEASED; the helper's own reason is the stage's when it fails.
+node::await_release() {
+  local rc=0
+  NODE_RELEASED=
+  [[ -n ${NODE_JOIN_PID} ]] || node::join_image_phase
+  if ! read -r -u "${NODE_JOIN_FD}" NODE_RELEASED; then
+    wait "${NODE_JOIN_PID}" || rc=$?
+    node::join_failed "${rc}" || return
+  fi
 }
 
 # node::serve_barrier: rank 0's barrier server, fed on a pipe: `RELEASE <id>` or `ABORT <reason>`.

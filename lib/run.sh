@@ -45,11 +45,16 @@ run::diagnose() {
   } >"${dir}/container-state.txt" 2>&1 || true
   timeout 10 docker logs --tail 200 "${name}" >"${dir}/container-log-tail.txt" 2>&1 || true
   timeout 10 docker top "${name}" >"${dir}/container-processes.txt" 2>&1 || true
-  timeout 10 ps -eo pid,ppid,stat,etime,rss,args --sort=-rss 2>&1 | head -n 60 >"${dir}/host-processes.txt" || true
   timeout 10 ss -ltnp >"${dir}/listening-sockets.txt" 2>&1 || true
+  run::diagnose_host "${dir}"
+}
+
+# run::diagnose_host DIR: what every snapshot has (the node's processes, the node log's tail), then
+# every file of it redacted: secrets stay out of diagnostics too.
+run::diagnose_host() {
+  local dir=$1 f
+  timeout 10 ps -eo pid,ppid,stat,etime,rss,args --sort=-rss 2>&1 | head -n 60 >"${dir}/host-processes.txt" || true
   [[ -f ${SM_NODE_LOG:-} ]] && tail -n 100 "${SM_NODE_LOG}" >"${dir}/node-log-tail.txt" 2>/dev/null
-  # Secrets stay out of diagnostics too.
-  local f
   for f in "${dir}"/*.txt; do
     util::redact --secrets-file "${SM_SCRATCH}/secrets" <"${f}" >"${f}.r" 2>/dev/null && mv -f "${f}.r" "${f}"
   done
@@ -313,13 +318,7 @@ run::pyxis_diagnose() {
     timeout 10 squeue -s -j "${SLURM_JOB_ID}" 2>&1
     [[ -z ${step} ]] || timeout 10 scontrol listpids "${SLURM_JOB_ID}.${step}" 2>&1
   } >"${dir}/step-state.txt" 2>&1 || true
-  timeout 10 ps -eo pid,ppid,stat,etime,rss,args --sort=-rss 2>&1 | head -n 60 >"${dir}/host-processes.txt" || true
-  [[ -f ${SM_NODE_LOG:-} ]] && tail -n 100 "${SM_NODE_LOG}" >"${dir}/node-log-tail.txt" 2>/dev/null
-  local f
-  for f in "${dir}"/*.txt; do
-    util::redact --secrets-file "${SM_SCRATCH}/secrets" <"${f}" >"${f}.r" 2>/dev/null && mv -f "${f}.r" "${f}"
-  done
-  return 0
+  run::diagnose_host "${dir}"
 }
 
 # run::pyxis: start the rank's step and wait for it; --timeout stops it (SIGTERM, then SIGKILL after
