@@ -88,7 +88,7 @@ SCRIPT
   run srun -w node1 enroot import -o "${sqsh}" dockerd://toy/model:local
   assert_success
   # shellcheck disable=SC2016 # expanded in the container
-  run srun -N2 -l --container-image="${sqsh}" sh -c 'echo "in $(hostname) $(cat /toy/run.sh | head -c 9)"'
+  run srun -N2 -w node1,node2 -l --container-image="${sqsh}" sh -c 'echo "in $(hostname) $(cat /toy/run.sh | head -c 9)"'
   assert_success
   assert_line '0: in node1 #!/bin/sh'
   assert_line '1: in node2 #!/bin/sh'

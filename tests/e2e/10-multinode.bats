@@ -1,6 +1,8 @@
 #!/usr/bin/env bats
 # The madengine seed's core on a real cluster: rank 0's local image reaches every node, the barrier
-# holds everyone until it has, the workload runs with the rank env, and every node is staged.
+# holds everyone until it has, the workload runs with the rank env, and every node is staged. The
+# tar cache's own paths run with --image-transport cache (a cold run relays by default:
+# 12-relay.bats).
 
 load helpers
 
@@ -15,7 +17,7 @@ setup() {
 }
 
 @test "2 nodes, image only on node1: the worker loads rank 0's tar, the barrier releases, all staged" {
-  e2e::run_job -N2 -- --manifest "${TOY_MANIFEST}" --image-cache "${E2E_CACHE}"
+  e2e::run_job -N2 -- --manifest "${TOY_MANIFEST}" --image-transport cache --image-cache "${E2E_CACHE}"
   assert_equal "${JOB_RC}" 0
   run grep -h 'loaded toy/model:local from the cache' "${JOB_DIR}/node_1/node.log"
   assert_success
@@ -74,7 +76,7 @@ setup() {
 
 @test "3 nodes: every worker loads the tar, every rank reaches rank 0, all nodes hold one image ID" {
   rm -f "${E2E_CACHE}"/*
-  e2e::run_job -N3 -- --manifest "${TOY_MANIFEST}" --image-cache "${E2E_CACHE}"
+  e2e::run_job -N3 -- --manifest "${TOY_MANIFEST}" --image-transport cache --image-cache "${E2E_CACHE}"
   assert_equal "${JOB_RC}" 0
   run cat "${JOB_DIR}/node_0/node.log"
   assert_output --partial "toy: rank 0 heard from 2 of 2 ranks"
@@ -112,7 +114,7 @@ setup() {
 }
 
 @test "a worker with no cache configured rebuilds the image from the manifest and runs" {
-  e2e::run_job -N2 -- --manifest "${TOY_MANIFEST}"
+  e2e::run_job -N2 -- --manifest "${TOY_MANIFEST}" --image-transport cache
   assert_equal "${JOB_RC}" 0
   run cat "${JOB_DIR}/node_1/node.log"
   assert_output --partial "rebuilding toy/model:local from the manifest"
@@ -122,7 +124,7 @@ setup() {
 
 @test "a stale tar (an older image under the same tag) is detected and replaced" {
   rm -f "${E2E_CACHE}"/*
-  e2e::run_job -N2 -- --manifest "${TOY_MANIFEST}" --image-cache "${E2E_CACHE}"
+  e2e::run_job -N2 -- --manifest "${TOY_MANIFEST}" --image-transport cache --image-cache "${E2E_CACHE}"
   assert_equal "${JOB_RC}" 0
   local old
   old=$(e2e::image_id node1)
@@ -131,7 +133,7 @@ setup() {
   local new
   new=$(e2e::image_id node1)
   assert [ "${new}" != "${old}" ]
-  e2e::run_job -N2 -- --manifest "${TOY_MANIFEST}" --image-cache "${E2E_CACHE}"
+  e2e::run_job -N2 -- --manifest "${TOY_MANIFEST}" --image-transport cache --image-cache "${E2E_CACHE}"
   assert_equal "${JOB_RC}" 0
   run cat "${JOB_DIR}/node_0/node.log"
   assert_output --partial "stale tar in the cache"

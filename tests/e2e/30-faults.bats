@@ -196,13 +196,24 @@ teardown() {
   # Mounted inside node1 (rank 0, the writer): nodes have their own mount namespaces.
   "${REPO_ROOT}/tests/cluster/exec" node1 mount -t tmpfs -o size=256k tmpfs "${tiny}"
   e2e::toy_image_only_on node1
-  e2e::run_job -N2 -- --manifest "${TOY_MANIFEST}" --image-cache "${tiny}"
-  "${REPO_ROOT}/tests/cluster/exec" node1 umount "${tiny}"
+  e2e::run_job -N2 -- --manifest "${TOY_MANIFEST}" --image-cache "${tiny}" --image-transport cache
   assert_equal "${JOB_RC}" 0
   run cat "${JOB_DIR}/node_0/node.log"
   assert_output --regexp "cannot save toy/model:local into ${tiny}: .*(is the disk full\?)"
   run cat "${JOB_DIR}/node_1/node.log"
   assert_output --partial "rebuilding toy/model:local from the manifest"
+  # Relayed (the default for a cold run): the worker needs no tar; rank 0 says it could not write it,
+  # and leaves no partial tar behind.
+  e2e::toy_image_only_on node1
+  e2e::run_job -N2 -- --manifest "${TOY_MANIFEST}" --image-cache "${tiny}"
+  run "${REPO_ROOT}/tests/cluster/exec" node1 find "${tiny}" -name "*.tar*"
+  "${REPO_ROOT}/tests/cluster/exec" node1 umount "${tiny}"
+  assert_output ""
+  assert_equal "${JOB_RC}" 0
+  run cat "${JOB_DIR}/node_0/node.log"
+  assert_output --regexp "could not write ${tiny}/toy_model_local-[0-9a-f]+\.tar while relaying \(tee exit [1-9][0-9]*; is the disk full\?\)"
+  run cat "${JOB_DIR}/node_1/node.log"
+  assert_output --partial "received toy/model:local"
 }
 
 @test "secrets in the environment and the manifest never reach the job dir or any log" {
