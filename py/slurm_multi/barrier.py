@@ -199,13 +199,15 @@ class Reply:
     reason: str = ""
 
 
-def _decode_line(line: bytes | str) -> str:
+def decode_line(line: bytes | str, max_line: int = MAX_LINE) -> str:
+    """One protocol line (the barrier's and the relay's): UTF-8, printable, shorter than max_line,
+    its `\n` (and a `\r` before it) removed; ProtocolError otherwise."""
     raw = line.encode("utf-8", "surrogatepass") if isinstance(line, str) else bytes(line)
     if raw.endswith(b"\n"):
         raw = raw[:-1]
     if raw.endswith(b"\r"):
         raw = raw[:-1]
-    if len(raw) >= MAX_LINE:
+    if len(raw) >= max_line:
         raise ProtocolError("line too long")
     try:
         text = raw.decode("utf-8")
@@ -235,7 +237,7 @@ def challenge_line(challenge: str) -> bytes:
 
 def parse_challenge(line: bytes | str) -> str:
     """The nonce S from rank 0's greeting; ProtocolError when the peer greets otherwise."""
-    verb, _, challenge = _decode_line(line).partition(" ")
+    verb, _, challenge = decode_line(line).partition(" ")
     if verb != "CHALLENGE" or not auth.is_nonce(challenge):
         raise ProtocolError("no challenge")
     return challenge
@@ -290,7 +292,7 @@ def parse_line(line: bytes | str, token: str, nnodes: int, challenge: str) -> Me
     """Parse one line sent to rank 0 on the connection greeted with `challenge`; raise
     ProtocolError (never anything else) when it is bad. The MAC is checked before the fields, so a
     client without the token learns nothing but `bad token`."""
-    text = _decode_line(line)
+    text = decode_line(line)
     verb, _, rest = text.partition(" ")
     if verb not in ("READY", "RELEASE", "ABORT"):
         raise ProtocolError("unknown command")
@@ -316,7 +318,7 @@ def parse_line(line: bytes | str, token: str, nnodes: int, challenge: str) -> Me
 def parse_reply(line: bytes | str, token: str, challenge: str, nonce: str) -> Reply:
     """Parse rank 0's answer to our line (sent with `nonce` on the connection greeted with
     `challenge`); GO/ABORT/OK must carry rank 0's MAC over them (else it is not our barrier)."""
-    text = _decode_line(line)
+    text = decode_line(line)
     verb, _, rest = text.partition(" ")
     if verb == "ERR":
         return Reply("ERR", reason=rest.replace(token, "***") or "unspecified")

@@ -60,10 +60,12 @@ import click
 from slurm_multi import EXIT_FAILURE, auth
 from slurm_multi.barrier import (
     MAX_CANDIDATES,
+    ProtocolError,
     bind_first_free,
     candidate_ports,
     choose_bind_address,
     connect_addresses,
+    decode_line,
     read_token,
 )
 from slurm_multi.common import HelperError, talk, timeout_error, usage_error
@@ -98,10 +100,6 @@ Log = Callable[[str], None]
 
 def _talk(message: str) -> None:
     talk("relay", message)
-
-
-class ProtocolError(ValueError):
-    """Bytes that break the relay protocol; str() is the short reason."""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -173,17 +171,7 @@ def relay_ports(
 
 
 def _decode(line: bytes | str) -> str:
-    raw = line.encode("utf-8", "surrogatepass") if isinstance(line, str) else bytes(line)
-    raw = raw.removesuffix(b"\n")
-    if len(raw) >= MAX_LINE:
-        raise ProtocolError("line too long")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ProtocolError("not UTF-8") from None
-    if not text or not text.isprintable():
-        raise ProtocolError("empty or unprintable line")
-    return text
+    return decode_line(line, MAX_LINE)
 
 
 def _rank(text: str) -> int:

@@ -254,7 +254,7 @@ PY
 @test "pyxis: a worker's sm-node task killed while its rank runs: reaped, its outputs staged, FAILURE naming it" {
   mkdir -p "${BATS_FILE_TMPDIR}/out"
   cd "${BATS_FILE_TMPDIR}"
-  local job pid="" deadline=$((SECONDS + 60)) p
+  local job pid="" deadline=$((SECONDS + 60))
   job=$(sbatch --parsable -N2 -o "${BATS_FILE_TMPDIR}/job-%j.out" "${REPO_ROOT}/sbatch/multi.sbatch" \
     --out "${BATS_FILE_TMPDIR}/out" --manifest "${TOY_MANIFEST}" --runtime pyxis --image-cache "${E2E_CACHE}" \
     -- sh run.sh --steps 100)
@@ -262,10 +262,7 @@ PY
   while [[ -z ${pid} ]] && ((SECONDS < deadline)); do
     sleep 0.5
     squeue -s -j "${job}" -h -o '%j' 2>/dev/null | grep -qx sm-rank1 || continue
-    for p in $(pgrep -f "bin/sm-node --jobdir [^ ]*/${job}( |\$)" || true); do
-      tr '\0' '\n' <"/proc/${p}/environ" 2>/dev/null | grep -qx 'SLURM_NODEID=1' || continue
-      [[ $(ps -o comm= -p "$(ps -o ppid= -p "${p}" | tr -d ' ')") == slurmstepd ]] && pid=${p} && break
-    done
+    pid=$(e2e::task_pid "${job}" 1)
   done
   assert [ -n "${pid}" ]
   kill -KILL "${pid}"

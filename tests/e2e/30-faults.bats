@@ -54,11 +54,7 @@ teardown() {
   while [[ -z ${pid} ]] && ((SECONDS < deadline)); do
     sleep 0.5
     "${REPO_ROOT}/tests/cluster/exec" node1 docker container inspect "sm-${job}-r0" >/dev/null 2>&1 || continue
-    # The task itself: the sm-node whose parent is slurmstepd, on node 0.
-    for p in $(pgrep -f "bin/sm-node --jobdir [^ ]*/${job}( |\$)" || true); do
-      tr '\0' '\n' <"/proc/${p}/environ" 2>/dev/null | grep -qx 'SLURM_NODEID=0' || continue
-      [[ $(ps -o comm= -p "$(ps -o ppid= -p "${p}" | tr -d ' ')") == slurmstepd ]] && pid=${p} && break
-    done
+    pid=$(e2e::task_pid "${job}" 0)
   done
   assert [ -n "${pid}" ]
   kill -KILL "${pid}"

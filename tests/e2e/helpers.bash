@@ -227,3 +227,14 @@ e2e::assert_complete_report() {
   run head -n 1 "${file}"
   assert_output --regexp '^FAKE-NSYS-REP session=profile-[0-9]+ app=sh$'
 }
+
+# e2e::task_pid JOB NODEID: the pid of JOB's sm-node task on that node (its parent is slurmstepd),
+# empty while there is none.
+e2e::task_pid() {
+  local p
+  for p in $(pgrep -f "bin/sm-node --jobdir [^ ]*/$1( |\$)" || true); do
+    tr '\0' '\n' <"/proc/${p}/environ" 2>/dev/null | grep -qx "SLURM_NODEID=$2" || continue
+    [[ $(ps -o comm= -p "$(ps -o ppid= -p "${p}" | tr -d ' ')") == slurmstepd ]] && { printf '%s' "${p}"; return 0; }
+  done
+  return 0
+}
