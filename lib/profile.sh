@@ -593,7 +593,13 @@ profile::rescue_reports() {
 # has a node dir (sm-node runs under the connector); a rank that never joined has none.
 profile::_expected_nsight_reports() {
   if [[ ${SM_RUNTIME:-none} == none ]]; then
-    find "${SM_JOBDIR}" -mindepth 2 -maxdepth 2 -path '*/node_*/node.log' 2>/dev/null | wc -l
+    # nsys starts before the sm-node it wraps writes its node.log: a rank whose session already
+    # left this job's file (.qdstrm while it records) counts too.
+    local logs sessions
+    logs=$(find "${SM_JOBDIR}" -mindepth 2 -maxdepth 2 -path '*/node_*/node.log' 2>/dev/null | wc -l)
+    sessions=$(find "$(profile::nsight_direct)" -maxdepth 1 -type f \( -name "${SLURM_JOB_ID}_*.qdstrm" -o \
+      -name "${SLURM_JOB_ID}_*.nsys-rep" \) -printf '%f\n' 2>/dev/null | sed 's/\.[a-z-]*$//' | sort -u | wc -l)
+    printf '%s' "$((logs > sessions ? logs : sessions))"
   else
     printf '%s' "$(($(launch::tasks_per_node) * ${SLURM_JOB_NUM_NODES:-1}))"
   fi

@@ -792,3 +792,18 @@ for line in open(sys.argv[1]):
   SM_KILLWAIT=300 run dry --runtime pyxis --profile nsys
   assert_output --regexp "killwait +300 s: the settle window 60 s fits"
 }
+
+@test "bare metal: a rank whose nsys session already started counts before its sm-node wrote node.log" {
+  run bash -c 'for lib in log util settings profile launch; do source "${REPO_ROOT}/lib/${lib}.sh"; done
+    export SM_RUNTIME=none SM_JOBDIR=${BATS_TEST_TMPDIR}/job SLURM_JOB_ID=77
+    d=${SM_JOBDIR}/nsight-slurm-direct
+    mkdir -p "${d}" "${SM_JOBDIR}"/node_{0,1,2}
+    touch "${SM_JOBDIR}"/node_{0,1,2}/node.log
+    touch "${d}/77_node1_rank0.nsys-rep" "${d}/77_node1_rank1.qdstrm" "${d}/77_node2_rank3.qdstrm" \
+      "${d}/77_node2_rank2.qdstrm" "${d}/77_node2_rank2.nsys-rep" "${d}/76_node1_rank0.nsys-rep"
+    profile::_expected_nsight_reports; echo
+    rm -f "${d}"/*; profile::_expected_nsight_reports; echo'
+  assert_success
+  assert_line --index 0 4
+  assert_line --index 1 3
+}
