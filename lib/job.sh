@@ -336,9 +336,9 @@ job::dry_run_node() {
     esac
     if [[ -f $1/r${r}/container.env ]]; then
       if [[ ${SM_RUNTIME} == docker ]]; then
-        printf '  container env (--env-file, from the manifest):\n'
+        printf '  container env (--env-file: the manifest docker_env_vars and madengine variables):\n'
       else
-        printf '  workload env (in its environment, from the manifest):\n'
+        printf '  workload env (in its environment: the manifest docker_env_vars and madengine variables):\n'
       fi
       sed 's/^/    /' "$1/r${r}/container.env"
     fi

@@ -425,6 +425,9 @@ node::stage_save_outputs() {
       workdir=$(docker container inspect -f '{{.Config.WorkingDir}}' "${name}" 2>/dev/null)
       docker cp "${name}:${workdir:-/}/${csv}" "${src}" >/dev/null 2>&1 || true
     fi
+    # A manifest model writes it in its run directory (madengine's rule), as our -- CMD writes it in
+    # the output dir; docker: the run directory is the container's working dir, copied out above.
+    [[ -f ${src} || ! -f ${SM_SCRATCH}/run_directory/${csv} ]] || src=${SM_SCRATCH}/run_directory/${csv}
     if [[ -f ${src} ]]; then
       cp -f "${src}" "${SM_NODE_DIR}/${csv}"
       log::info save-outputs "saved ${csv} ($(wc -l <"${src}") lines)"

@@ -30,7 +30,9 @@ run::docker_argv() {
   for var in "${SM_EXTRA_ENV_NAMES[@]+"${SM_EXTRA_ENV_NAMES[@]}"}"; do
     [[ -n ${!var+x} ]] && RUN_ARGV+=(-e "${var}")
   done
-  RUN_ARGV+=("${RUN_ENV_ARGS[@]+"${RUN_ENV_ARGS[@]}"}" "${SM_IMAGE}"
+  # RUN_SETUP (a manifest model's run directory, filled from its read-only scripts) comes first, so
+  # the profiler sees the model's own command.
+  RUN_ARGV+=("${RUN_ENV_ARGS[@]+"${RUN_ENV_ARGS[@]}"}" "${SM_IMAGE}" "${RUN_SETUP[@]+"${RUN_SETUP[@]}"}"
     "${SM_PROFILE_PREFIX[@]+"${SM_PROFILE_PREFIX[@]}"}" "${RUN_WORKLOAD[@]+"${RUN_WORKLOAD[@]}"}")
 }
 
@@ -206,7 +208,7 @@ run::bare() {
   (
     # shellcheck source=/dev/null
     source "${SM_SCRATCH}/workload.env" || exit 2
-    cd "${SM_SCRATCH}/output" && SM_OUTPUT_DIR=${SM_SCRATCH}/output exec "${cmd[@]}"
+    cd "${RUN_WORKDIR:-${SM_SCRATCH}/output}" && SM_OUTPUT_DIR=${SM_SCRATCH}/output exec "${cmd[@]}"
   ) </dev/null &
   pid=$!
   RUN_DOCKER_PID=${pid}
@@ -268,8 +270,9 @@ run::pyxis_argv() {
   fi
   local sqsh=${IMAGE_SQSH:-$(image::sqsh_path)} workdir
   native+=(--container-image="${sqsh}" --container-mounts="$(launch::container_mounts "${mounts[@]}")")
-  # docker runs a command in the image's WORKDIR: so does the rank (recorded when it was imported).
-  workdir=$(image::sidecar_get "${sqsh}.id" workdir)
+  # A manifest model runs in its run directory (prepare); any other command in the image's WORKDIR,
+  # as docker runs it (recorded when the squashfs was imported).
+  workdir=${RUN_WORKDIR:-$(image::sidecar_get "${sqsh}.id" workdir)}
   [[ -z ${workdir} ]] || native+=(--container-workdir="${workdir}")
   RUN_ARGV=()
   if [[ ${SM_PROFILE:-none} == nsight-slurm ]]; then

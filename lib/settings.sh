@@ -7,15 +7,19 @@ SETTINGS_TABLE=(
   "SM_MANIFEST|--manifest FILE||madengine build_manifest.json to restore the run context from"
   "SM_MODEL|--model NAME||model key or name in the manifest (needed when it has several)"
   "SM_IMAGE|--image IMAGE||docker image to run (instead of, or overriding, the manifest's)"
+  "SM_MODEL_DIR|--model-dir DIR||the model checkout the manifest's scripts are relative to (default: the manifest's directory)"
+  "SM_MODEL_ARGS|--model-args ARGS||the model script's arguments, one quoted string (default: the manifest's args)"
+  "SM_LAUNCHER|--launcher NAME||distributed launcher for MAD_MULTI_NODE_RUNNER: torchrun, torchtitan, deepspeed, megatron, vllm, sglang, sglang-disagg, primus or none (default: the manifest's distributed.launcher; see docs/madengine.md)"
+  "SM_NPROC_PER_NODE|--nproc-per-node N||processes the launcher starts per node (default: the manifest's distributed.nproc_per_node, else the node's GPUs, else 1)"
   "SM_IMAGE_CACHE|--image-cache DIR||shared directory for image tars (alias MAD_DOCKER_BUILDS)"
   "SM_IMAGE_TRANSPORT|--image-transport cache|relay|auto|auto|how a cold image reaches the workers: relay (streamed node to node while rank 0 saves; no shared storage needed), cache (rank 0 saves a tar, then the workers load it), auto (relay unless the cache already holds the image)"
   "SM_RELAY_FANOUT|--relay-fanout K|1|relay topology: 1 is a chain, K a tree where every node forwards to K others"
   "SM_OUT|--out DIR|./slurm_output|where job outputs go: <out>/<model>/<jobid>/"
-  "SM_TIMEOUT|--timeout SECONDS|3600|workload time limit per node (0 = none)"
+  "SM_TIMEOUT|--timeout SECONDS||workload time limit per node (0 = none; default: the manifest model's timeout, else 3600)"
   "SM_HANG_TIMEOUT|--hang-timeout SECONDS|900|a rank with no new output line and no CPU for this long after GO is hung: the job fails naming it (0 = off)"
   "SM_IMAGE_TIMEOUT|--image-timeout SECONDS|1800|how long rank 0 may take to obtain the image (local, cache, rebuild, save)"
   "SM_BARRIER_TIMEOUT|--barrier-timeout SECONDS|600|how long every worker has to arrive once rank 0 released its image"
-  "SM_MASTER_PORT|--master-port PORT|29500|MASTER_PORT for the workload; the barrier port derives from it"
+  "SM_MASTER_PORT|--master-port PORT||MASTER_PORT for the workload; the barrier port derives from it (default: the manifest's distributed.port, else 29500)"
   "SM_PROFILE|--profile none|nsys|nsight-slurm|none|profile every rank (see docs/profiling.md)"
   "SM_RUNTIME|--runtime docker|pyxis|none|docker|how each node runs the workload"
   "SM_NTASKS_PER_NODE|--ntasks-per-node N||worker tasks per node (pyxis, none; default the allocation's; docker: 1)"
@@ -105,11 +109,14 @@ settings::option_var() {
 # settings::validate: one-line errors for values that cannot work.
 settings::validate() {
   local n
-  for n in SM_TIMEOUT SM_HANG_TIMEOUT SM_IMAGE_TIMEOUT SM_BARRIER_TIMEOUT SM_MASTER_PORT SM_STOP_GRACE SM_PEER_GRACE; do
+  for n in SM_HANG_TIMEOUT SM_IMAGE_TIMEOUT SM_BARRIER_TIMEOUT SM_STOP_GRACE SM_PEER_GRACE; do
     [[ ${!n} =~ ^[0-9]+$ ]] || { log::error settings "${n}='${!n}' must be a whole number"; return 2; }
   done
-  ((SM_MASTER_PORT >= 1 && SM_MASTER_PORT <= 65535)) ||
-    { log::error settings "--master-port ${SM_MASTER_PORT} is not a TCP port (1-65535)"; return 2; }
+  # (Empty: the manifest model's timeout, resolved with the manifest by the job plan.)
+  [[ -z ${SM_TIMEOUT:-} || ${SM_TIMEOUT} =~ ^[0-9]+$ ]] ||
+    { log::error settings "--timeout '${SM_TIMEOUT}': expected a whole number of seconds (0 = none)"; return 2; }
+  [[ -z ${SM_MASTER_PORT:-} ]] || { [[ ${SM_MASTER_PORT} =~ ^[0-9]+$ ]] && ((SM_MASTER_PORT >= 1 && SM_MASTER_PORT <= 65535)); } ||
+    { log::error settings "--master-port '${SM_MASTER_PORT}' is not a TCP port (1-65535)"; return 2; }
   case ${SM_PROFILE} in none | nsys | nsight-slurm) ;; *)
     log::error settings "--profile '${SM_PROFILE}': expected none, nsys or nsight-slurm"; return 2 ;;
   esac

@@ -12,13 +12,14 @@ returned as data, never exported into the toolkit's own shell.
 
 from __future__ import annotations
 
+import os
 import re
-import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from slurm_multi.common import usage_error
+from slurm_multi.madengine import ModelScript, script_command, split_args
 from slurm_multi.manifest import load_manifest, printable, restore_context
 from slurm_multi.redact import MASK, MIN_SECRET_LEN, is_secret_name
 
@@ -48,7 +49,9 @@ class RunContext:
     kept_env: list[str] = field(default_factory=list)  # names whose value the environment gives
     secret_names: set[str] = field(default_factory=set)
     workload: list[str] = field(default_factory=list)
+    script: ModelScript | None = None  # the manifest model's script, run as madengine runs it
     warnings: list[str] = field(default_factory=list)
+    ignored: list[str] = field(default_factory=list)  # manifest fields slurm-multi does not use
 
     def get(self, name: str, default: str = "") -> str:
         return self.values.get(name, default)
@@ -77,27 +80,38 @@ class RunContext:
         return {n: (MASK if n in self.secret_names else v) for n, v in self.docker_env.items()}
 
 
-def _workload(values: Mapping[str, str], command: Sequence[str], where: str) -> list[str]:
-    """`-- CMD…` wins; else the manifest's script (+ args): sh for .sh, python3 for .py."""
-    if command:
-        return list(command)
+DEFAULT_TIMEOUT = "3600"
+DEFAULT_MASTER_PORT = "29500"
+
+
+def _script(values: Mapping[str, str], manifest: str | None, where: str) -> ModelScript | None:
+    """The manifest model's script as madengine runs it (see slurm_multi.madengine), resolved against
+    --model-dir, else the manifest's directory (the model checkout's root)."""
     script = values.get("SM_MODEL_SCRIPTS", "")
     if not script:
-        return []
-    if script.endswith(".sh"):
-        argv = ["sh", script]
-    elif script.endswith(".py"):
-        argv = ["python3", script]
-    else:
-        argv = [script]
-    try:
-        argv += shlex.split(values.get("SM_MODEL_ARGS", ""))
-    except ValueError as exc:
-        raise usage_error(
-            f"{AREA}: {where}args {printable(values.get('SM_MODEL_ARGS', ''))!r} cannot be split into "
-            f"words ({exc}); fix the quoting in the manifest or pass the command after --"
-        ) from None
-    return argv
+        return None
+    model_dir = values.get("SM_MODEL_DIR") or (
+        os.path.dirname(os.path.abspath(manifest)) if manifest else None
+    )
+    if values.get("SM_MODEL_DIR") and not os.path.isdir(model_dir or ""):
+        raise usage_error(f"{AREA}: --model-dir {printable(values['SM_MODEL_DIR'])}: no such directory")
+    return script_command(script, split_args(values.get("SM_MODEL_ARGS", ""), where), model_dir)
+
+
+def _resolved_numbers(values: dict[str, str], settings: Mapping[str, str]) -> None:
+    """--timeout: ours, else the model's timeout (madengine's rule: when it is above 0), else 3600.
+    --master-port: ours, else the manifest's distributed.port, else 29500."""
+    if not settings.get("SM_TIMEOUT"):
+        model = values.get("SM_MODEL_TIMEOUT", "").strip()
+        try:
+            seconds = int(float(model)) if model else 0
+        except ValueError:
+            raise usage_error(
+                f"{AREA}: the model's timeout {printable(model)!r} is not a number of seconds"
+            ) from None
+        values["SM_TIMEOUT"] = str(seconds) if seconds > 0 else DEFAULT_TIMEOUT
+    if not settings.get("SM_MASTER_PORT"):
+        values["SM_MASTER_PORT"] = values.get("SM_DIST_PORT") or DEFAULT_MASTER_PORT
 
 
 def resolve(
@@ -132,8 +146,14 @@ def resolve(
             container = host_container.rsplit(":", 1)[-1]
             if is_secret_name(container):
                 ctx.secret_names.add(container)
+        ctx.ignored = list(resolved["ignored"])
+    _resolved_numbers(values, ctx.settings)
     ctx.values = values
-    ctx.workload = _workload(values, command, where)
+    if command:
+        ctx.workload = list(command)
+    else:
+        ctx.script = _script(values, manifest_path, where)
+        ctx.workload = list(ctx.script.argv) if ctx.script else []
     return ctx
 
 

@@ -77,6 +77,8 @@ def job_document(
         "n_gpus": shown("SM_N_GPUS"),
         "gpus_per_node": shown("SM_GPUS_PER_NODE"),
         "launcher": shown("SM_LAUNCHER"),
+        "nproc_per_node": as_number(v.get("SM_NPROC_PER_NODE")),
+        "world_size": world_size(ctx, nnodes),
         "build_duration": shown("SM_BUILD_DURATION"),
         "additional_docker_run_options": redact(" ".join(ctx.docker_opts), secrets),
         "manifest": ctx.manifest or "",
@@ -87,6 +89,49 @@ def job_document(
         "settings": {k: redact(s, secrets) for k, s in masked_settings(ctx).items()},
         "manifest_values": _redact_tree(manifest_values(ctx), secrets),
     }
+
+
+def resolve_job_numbers(ctx: RunContext, env: Mapping[str, str], nnodes: int) -> dict[str, str]:
+    """The settings the plan resolves with the manifest, for the batch step to export to every node
+    (one resolution: the nodes read these, they do not re-derive them): --timeout, --master-port and,
+    with a manifest, --launcher and --nproc-per-node. Says what the manifest asks that the job
+    cannot honour, and which of its fields do nothing here."""
+    from slurm_multi import madengine as mad
+
+    resolved = {name: ctx.values[name] for name in ("SM_TIMEOUT", "SM_MASTER_PORT")}
+    if not ctx.manifest:
+        return resolved
+    dist = mad.job_distributed(ctx.values, ctx.settings, env, nnodes)
+    tasks = ctx.get("SM_NTASKS_PER_NODE") or env.get("SLURM_NTASKS_PER_NODE", "")
+    if dist.launcher in mad.ONE_WORLD and ctx.get("SM_RUNTIME") != "docker" and tasks not in ("", "1"):
+        raise usage_error(
+            f"{AREA}: launcher {dist.launcher} starts {dist.nproc} processes per node itself; "
+            "run one task per "
+            f"node (--ntasks-per-node 1), not {tasks}"
+        )
+    warning = mad.node_count_warning(ctx.values, nnodes)
+    if warning:
+        talk("manifest", warning)
+    if ctx.ignored:
+        talk("manifest", f"not used by slurm-multi (ignored): {', '.join(ctx.ignored)}")
+    resolved.update(SM_LAUNCHER=dist.launcher, SM_NPROC_PER_NODE=str(dist.nproc))
+    ctx.values.update(resolved)
+    return resolved
+
+
+def as_number(text: str | None) -> int | None:
+    return int(text) if text and text.isdigit() else None
+
+
+def world_size(ctx: RunContext, nnodes: int) -> int | None:
+    """The one world a multi-node launcher makes (nodes x nproc_per_node), for collect's check that
+    no rank ran alone; None when the job has no such launcher."""
+    from slurm_multi.madengine import ONE_WORLD
+
+    nproc = as_number(ctx.get("SM_NPROC_PER_NODE"))
+    if not ctx.manifest or ctx.get("SM_LAUNCHER") not in ONE_WORLD or nproc is None or nnodes < 2:
+        return None
+    return nnodes * nproc
 
 
 def _redact_tree(value: Any, secrets: Sequence[str]) -> Any:
@@ -130,6 +175,7 @@ def plan_command(
         raise usage_error(f"{AREA}: no image to run: give --image IMAGE{where if ctx.manifest else ''}")
     if runtime == "none" and not ctx.workload:
         raise usage_error(f"{AREA}: --runtime none needs a command: give -- CMD or a manifest with scripts")
+    resolved = resolve_job_numbers(ctx, env, nnodes)
     model = model_dir_name(ctx)
     directory = job_dir(ctx.get("SM_OUT", "./slurm_output"), submit_dir or os.getcwd(), model, job_id)
     nodes = node_list.split()
@@ -143,6 +189,7 @@ def plan_command(
         )
     text = shell.render(
         "slurm-multi job plan",
+        exports=resolved,
         scalars={
             "SM_JOBDIR": directory,
             "JOB_MODEL": model,

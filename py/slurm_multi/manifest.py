@@ -22,6 +22,7 @@ from typing import Any
 import click
 
 from slurm_multi.common import talk, usage_error
+from slurm_multi.madengine import ignored_fields
 from slurm_multi.redact import MASK, is_secret_name, redact, secret_values
 
 AREA = "manifest"
@@ -62,6 +63,20 @@ SCALAR_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("SM_BUILD_DURATION", "image", "build_duration"),
     ("SM_LAUNCHER", "distributed", "launcher"),
     ("SM_GPUS_PER_NODE", "slurm", "gpus_per_node"),
+    ("SM_REGISTRY_IMAGE", "image", "registry_image"),
+    ("SM_NPROC_PER_NODE", "distributed", "nproc_per_node"),
+    ("SM_DIST_NNODES", "distributed", "nnodes"),
+    ("SM_DIST_PORT", "distributed", "port"),
+    ("SM_SLURM_NODES", "slurm", "nodes"),
+    ("SM_PRIMUS_CONFIG_PATH", "primus", "config_path"),
+    ("SM_PRIMUS_CLI_EXTRA", "primus", "cli_extra"),
+    ("SM_PRIMUS_BACKEND", "primus", "backend"),
+    ("SM_DISAGG_PREFILL_NODES", "sglang_disagg", "prefill_nodes"),
+    ("SM_DISAGG_DECODE_NODES", "sglang_disagg", "decode_nodes"),
+)
+# Scalars of deployment_config.<part> (and of distributed.<part>) that validate_manifest type-checks.
+DEPLOYMENT_SCALARS = tuple(
+    (s, f) for _, s, f in SCALAR_FIELDS if s in ("distributed", "slurm", "primus", "sglang_disagg")
 )
 # Fields of a built_models/built_images entry that we read as scalars (others are ignored).
 ENTRY_SCALARS = tuple(
@@ -185,9 +200,17 @@ def validate_manifest(manifest: Any) -> None:
     for field in ("docker_gpus", "gpu_vendor", "guest_os"):
         _check_scalar(context.get(field), f"context.{field}")
     deployment = _expect_object(manifest.get("deployment_config"), "deployment_config")
-    for part, field in (("distributed", "launcher"), ("slurm", "gpus_per_node")):
-        section = _expect_object(deployment.get(part), f"deployment_config.{part}")
-        _check_scalar(section.get(field), f"deployment_config.{part}.{field}")
+    distributed = _expect_object(deployment.get("distributed"), "deployment_config.distributed")
+    parents = {
+        "distributed": deployment,
+        "slurm": deployment,
+        "primus": distributed,
+        "sglang_disagg": distributed,
+    }
+    for part, field in DEPLOYMENT_SCALARS:
+        where = "deployment_config." + ("distributed." if parents[part] is distributed else "") + part
+        section = _expect_object(parents[part].get(part), where)
+        _check_scalar(section.get(field), f"{where}.{field}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -287,12 +310,15 @@ def restore_context(manifest: Mapping[str, Any], model: str | None, env: Mapping
     key = select_model(manifest, model)
     context = manifest.get("context") or {}
     deployment = manifest.get("deployment_config") or {}
+    distributed = deployment.get("distributed") or {}
     sections: dict[str, Mapping[str, Any]] = {
         "model": manifest["built_models"][key],
         "image": (manifest.get("built_images") or {}).get(key) or {},
         "context": context,
-        "distributed": deployment.get("distributed") or {},
+        "distributed": distributed,
         "slurm": deployment.get("slurm") or {},
+        "primus": distributed.get("primus") or {},
+        "sglang_disagg": distributed.get("sglang_disagg") or {},
     }
     warnings: list[str] = []
     if key not in (manifest.get("built_images") or {}):
@@ -334,6 +360,7 @@ def restore_context(manifest: Mapping[str, Any], model: str | None, env: Mapping
         "secret_names": sorted(secret_names),
         "skipped_set": skipped,
         "warnings": warnings,
+        "ignored": ignored_fields(manifest, key),
     }
 
 

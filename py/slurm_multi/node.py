@@ -23,6 +23,7 @@ import os
 import socket
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import click
@@ -75,32 +76,166 @@ def gpu_arguments(ctx: RunContext, detected: dict[str, Any], node: str) -> list[
     return docker_gpu_args(detected, vendor, ctx.get("SM_DOCKER_GPUS") or None, node)
 
 
-def docker_options(ctx: RunContext, scratch: str) -> list[str]:
-    """The manifest's docker options and mounts, de-duplicated; our /sm-out mount always wins."""
+def docker_options(ctx: RunContext, scratch: str, run: ModelRun) -> list[str]:
+    """madengine's GPU options, then the manifest's docker options and mounts, de-duplicated; our
+    mounts (/sm-out, the model's scripts) always win."""
     from slurm_multi.mounts import dedup_mounts
 
-    ours = ["-v", f"{scratch}/output:{SM_OUT_MOUNT}"]
-    args, dropped = dedup_mounts(ours + ctx.docker_opts, ctx.mounts)
+    ours = ["-v", f"{scratch}/output:{SM_OUT_MOUNT}", *run.docker_mounts]
+    args, dropped = dedup_mounts(ours + run.vendor_options + ctx.docker_opts, ctx.mounts)
     for message in dropped:
         talk("mounts", message)
-    return args
+    return args + (["-w", run.workdir] if run.workdir else [])
 
 
-def pyxis_mount_list(ctx: RunContext, scratch: str) -> list[str]:
-    """One --container-mounts worth of mounts for a pyxis rank; our /sm-out mount always wins."""
+def pyxis_mount_list(ctx: RunContext, scratch: str, run: ModelRun) -> list[str]:
+    """One --container-mounts worth of mounts for a pyxis rank; our mounts always win."""
     from slurm_multi.mounts import pyxis_mounts
 
-    items, dropped = pyxis_mounts(ctx.docker_opts, ctx.mounts, [f"{scratch}/output:{SM_OUT_MOUNT}"])
+    items, dropped = pyxis_mounts(
+        ctx.docker_opts, ctx.mounts, [f"{scratch}/output:{SM_OUT_MOUNT}", *run.pyxis_mounts]
+    )
     for message in dropped:
         talk("mounts", message)
     return items
 
 
-def env_arguments(ctx: RunContext, env_file: str | None) -> list[str]:
+def env_arguments(ctx: RunContext, env_file: str | None, passed: Sequence[str] = ()) -> list[str]:
     args = ["--env-file", env_file] if env_file else []
-    for name in ctx.kept_env:  # the value comes from the environment the docker client runs in
+    # The value comes from the environment the docker client runs in: the user's own wins.
+    for name in [*ctx.kept_env, *(n for n in passed if n not in ctx.kept_env)]:
         args += ["-e", name]
     return args
+
+
+@dataclass
+class ModelRun:
+    """How this node runs the manifest's model, as madengine does (slurm_multi.madengine)."""
+
+    workdir: str = ""  # the workload's working directory (container path; bare metal: host path)
+    setup: list[str] = field(default_factory=list)  # words before the profiler and the command
+    docker_mounts: list[str] = field(default_factory=list)
+    pyxis_mounts: list[str] = field(default_factory=list)
+    vendor_options: list[str] = field(default_factory=list)
+    passed: list[str] = field(default_factory=list)  # env names the job's environment gives
+
+
+def model_run(
+    ctx: RunContext,
+    env: Mapping[str, str],
+    runtime: str,
+    detected: Mapping[str, Any],
+    gpu_args: Sequence[str],
+    scratch: str,
+    shown: str,
+    copy: bool,
+) -> ModelRun:
+    """The madengine contract for this node: the run directory (docker: the container copies the
+    read-only script dir; pyxis and bare metal: a copy in this node's scratch, written as the job's
+    user), madengine's variables into ctx.docker_env (the user's own values win) and its GPU options."""
+    from slurm_multi import madengine as mad
+
+    run = ModelRun()
+    if not ctx.manifest:
+        return run
+    script = ctx.script
+    if script is not None and script.host_dir is not None:
+        if runtime == "docker":
+            run.workdir = mad.RUN_DIRECTORY
+            run.docker_mounts = ["-v", f"{script.host_dir}:{mad.MODEL_MOUNT}:ro"]
+            run.setup = mad.docker_copy_prefix()
+        else:
+            local = os.path.join(scratch, "run_directory")
+            if copy:
+                copy_run_directory(script.host_dir, local)
+            shown_local = os.path.join(shown, "run_directory")
+            run.workdir = mad.RUN_DIRECTORY if runtime == "pyxis" else shown_local
+            run.pyxis_mounts = [f"{shown_local}:{mad.RUN_DIRECTORY}"] if runtime == "pyxis" else []
+        talk(AREA, f"model script {script.shown}: {' '.join(script.argv[:2])} in {run.workdir} "
+                   f"(a copy of {script.host_dir} for this node)")  # fmt: skip
+    elif script is not None:
+        where = ctx.get("SM_MODEL_DIR") or "the manifest directory"
+        talk(AREA, f"model script {script.shown} is not in the model dir ({where}): "
+                   "running it from the image's working directory")  # fmt: skip
+    nnodes = int(env.get("NNODES") or env.get("SLURM_NNODES") or 1)
+    node_rank = int(env.get("NODE_RANK") or env.get("SM_RANK") or 0)
+    dist = mad.job_distributed(ctx.values, ctx.settings, env, nnodes)
+    vendor = mad_vendor(ctx, detected)
+    container_gpus = _gpu_count(gpu_args, vendor) if runtime == "docker" else 0
+    out = os.path.join(shown, "output") if runtime == "none" else SM_OUT_MOUNT
+    nodes = _job_nodes(env) if dist.launcher in ("deepspeed", "sglang-disagg") else ()
+    facts = mad.NodeFacts(
+        node_rank=node_rank, nnodes=nnodes, master_addr=env.get("MASTER_ADDR", ""), nodes=tuple(nodes),
+        vendor=vendor, system_gpus=int(detected.get("count") or 0), container_gpus=container_gpus,
+        details=detected.get("details") or {}, output_dir=out, ifname=_routable_ifname(),
+    )  # fmt: skip
+    ours = mad.mad_env(ctx.values, dist, facts)
+    if dist.launcher == "deepspeed" and nnodes > 1:
+        shell.write_private(
+            os.path.join(scratch, "output", "deepspeed_hostfile"), mad.hostfile_text(nodes, dist.nproc)
+        )
+    run.passed = mad.passed_by_name(env, list(ours))
+    for name, value in ours.items():
+        if name not in ctx.docker_env and name not in env:
+            ctx.docker_env[name] = value
+    if runtime == "docker":
+        run.vendor_options = mad.vendor_options(vendor, ctx.docker_opts)
+    return run
+
+
+def copy_run_directory(source: str, target: str) -> None:
+    """madengine's `cp -vLR <script dir>/. run_directory/`: symlinks followed, a fresh copy per node."""
+    import shutil
+
+    if os.path.exists(target):
+        shutil.rmtree(target)
+    try:
+        shutil.copytree(source, target, symlinks=False)
+    except (OSError, shutil.Error) as exc:
+        raise HelperError(f"{AREA}: cannot copy the model's scripts {source} into {target}: {exc}") from None
+
+
+def mad_vendor(ctx: RunContext, detected: Mapping[str, Any]) -> str:
+    """AMD, NVIDIA or NONE: what the node detects wins over the manifest's gpu_vendor."""
+    from slurm_multi.gpus import normalise_vendor
+
+    found = normalise_vendor(str(detected.get("vendor", "none")))
+    if found != "none":
+        return found
+    asked = ctx.get("SM_GPU_VENDOR").strip()
+    return normalise_vendor(asked) if asked else "NONE"
+
+
+def _gpu_count(gpu_args: Sequence[str], vendor: str) -> int:
+    if vendor == "NVIDIA":
+        for i, word in enumerate(gpu_args[:-1]):
+            if word == "--gpus":
+                return len([p for p in gpu_args[i + 1].strip('"').removeprefix("device=").split(",") if p])
+        return 0
+    return sum(1 for word in gpu_args if word.startswith("/dev/dri/renderD"))
+
+
+def _job_nodes(env: Mapping[str, str]) -> list[str]:
+    """The job's host names in rank order (deepspeed's hostfile, sglang's node list)."""
+    import subprocess
+
+    listing = env.get("SLURM_JOB_NODELIST", "")
+    try:
+        done = subprocess.run(["scontrol", "show", "hostnames", listing], capture_output=True, text=True,
+                              timeout=20, check=True)  # fmt: skip
+        names = done.stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        names = [n for n in listing.split(",") if n]
+    return names or [env.get("SLURMD_NODENAME") or socket.gethostname()]
+
+
+def _routable_ifname() -> str | None:
+    from slurm_multi.barrier import routable_interface
+
+    try:
+        return routable_interface()[0]
+    except HelperError:
+        return None
 
 
 def check_docker_engine(env: Mapping[str, str], node: str, timeout: float = 20.0) -> None:
@@ -164,6 +299,7 @@ def prepare(
     reachable_self_address(ctx, env, socket.gethostname())
     gpu_args = gpu_arguments(ctx, detected, node) if detect else []
     os.makedirs(os.path.join(scratch, "output"), exist_ok=True)
+    run = model_run(ctx, env, runtime, detected, gpu_args, scratch, shown, copy=shown_scratch is None)
     env_file = None
     if ctx.docker_env:
         shell.write_private(os.path.join(scratch, "container.env"), env_file_text(ctx.docker_env))
@@ -180,12 +316,13 @@ def prepare(
         "SM_BUILD_ARGS": [f"{n}={v}" for n, v in ctx.build_args],
         "SM_BUILD_SECRET_NAMES": [n for n, _ in ctx.build_args if n in ctx.secret_names or is_secret_name(n)],
         "RUN_GPU_ARGS": gpu_args,
-        "RUN_DOCKER_OPTS": docker_options(ctx, shown) if runtime == "docker" else [],
-        "RUN_PYXIS_MOUNTS": pyxis_mount_list(ctx, shown) if runtime == "pyxis" else [],
-        "RUN_ENV_ARGS": env_arguments(ctx, env_file),
+        "RUN_DOCKER_OPTS": docker_options(ctx, shown, run) if runtime == "docker" else [],
+        "RUN_PYXIS_MOUNTS": pyxis_mount_list(ctx, shown, run) if runtime == "pyxis" else [],
+        "RUN_ENV_ARGS": env_arguments(ctx, env_file, run.passed),
+        "RUN_SETUP": run.setup,
         "RUN_WORKLOAD": ctx.workload,
     }
-    scalars = {"SM_GPU_DETECTED": f"{detected['vendor']} x{detected['count']}"}
+    scalars = {"SM_GPU_DETECTED": f"{detected['vendor']} x{detected['count']}", "RUN_WORKDIR": run.workdir}
     shell.write_private(
         os.path.join(scratch, "context.sh"),
         shell.render("slurm-multi node prepare", scalars=scalars, arrays=arrays, exports=exports),

@@ -50,7 +50,7 @@ setup() {
   assert_output --partial "nothing to run: give --manifest FILE or --image IMAGE"
   run bash "${REPO_ROOT}/sbatch/multi.sbatch" --dry-run --image x --timeout soon
   assert_failure 2
-  assert_output --partial "SM_TIMEOUT='soon' must be a whole number"
+  assert_output --partial "--timeout 'soon': expected a whole number of seconds"
 }
 
 @test "--dry-run -N 3 prints the plan for 3 nodes without Slurm or docker, secrets masked" {
@@ -61,7 +61,11 @@ setup() {
   assert_output --partial "Node 0: rank 0 (serves the barrier)"
   assert_output --partial "Node 2: worker"
   assert_output --regexp "srun --nodes=3 --ntasks-per-node=1 .*bin/sm-node --jobdir"
-  assert_output --regexp "docker run --name sm-DRYRUN-r2 --network host --init -v [^ ]*/slurm-multi.DRYRUN.r2/output:/sm-out --shm-size 64M .* --env-file [^ ]*/slurm-multi.DRYRUN.r2/container.env -e HF_TOKEN toy/model:local sh run.sh --steps 20"
+  # The model's script dir read-only at /sm-model, copied into the run directory by the container
+  # (madengine's run_directory), then `bash <script> <args>` there.
+  assert_output --regexp "docker run --name sm-DRYRUN-r2 --network host --init -v [^ ]*/slurm-multi.DRYRUN.r2/output:/sm-out -v [^ ]*/examples/toy/scripts/toy_model:/sm-model:ro --shm-size 64M -w /myworkspace/run_directory .* --env-file [^ ]*/slurm-multi.DRYRUN.r2/container.env -e HF_TOKEN toy/model:local sh -c cp.* sm-model bash run.sh --steps 20"
+  assert_output --regexp "MAD_MULTI_NODE_RUNNER=torchrun --standalone --nproc_per_node=1"
+  assert_output --partial "MAD_COLLECT_METRICS=false"
   assert_output --partial "mounts and options (after de-duplication)"
   assert_output --partial "TOY_MODE=demo"
   assert_output --partial "SM_BARRIER_TOKEN     *** (given)"

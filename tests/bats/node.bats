@@ -300,7 +300,7 @@ EOF
   SM_TIMEOUT=1 SM_HANG_TIMEOUT=1 SM_IMAGE_TIMEOUT=1 SM_BARRIER_TIMEOUT=1 SM_MASTER_PORT=70000 SM_STOP_GRACE=1 SM_PEER_GRACE=1 SM_PROFILE=none \
     SM_RUNTIME=docker SM_COLLECT=true SM_IMAGE=x run settings::validate
   assert_failure 2
-  assert_output --partial "--master-port 70000 is not a TCP port"
+  assert_output --partial "--master-port '70000' is not a TCP port"
 }
 
 @test "a node whose docker engine does not answer fails prepare with one line naming it, no container starts" {

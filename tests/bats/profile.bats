@@ -756,7 +756,7 @@ for line in open(sys.argv[1]):
   assert_output --regexp "window +iterations 100-120 \(TLLM_PROFILE_START_STOP=100-120\)"
   assert_output --regexp "worker step +srun --nodes=2 .*--job-name=sm-node .*/bin/sm-node --jobdir [^ ]*/toy_model/DRYRUN"
   # Each node's rank step goes through the wrapper, the connector in the ONE --container-mounts.
-  assert_output --regexp "  env SLURM_SUBMIT_DIR=[^ ]*/toy_model/DRYRUN .*/nsight-slurm-home/bin/nsight-slurm srun --overlap --nodes=1 .* --container-mounts=[^ ]*nsight-slurm-connector[^ ]* -- sh -c .* sm-rank sh run.sh --steps 20"
+  assert_output --regexp "  env SLURM_SUBMIT_DIR=[^ ]*/toy_model/DRYRUN .*/nsight-slurm-home/bin/nsight-slurm srun --overlap --nodes=1 .* --container-mounts=[^ ]*nsight-slurm-connector[^ ]* --container-workdir=/myworkspace/run_directory -- sh -c .* sm-rank bash run.sh --steps 20"
   assert_output --regexp "tool options +-t cuda-sw\\\\,nvtx\\\\,python-gil --cuda-graph-trace=graph --sample=none --cpuctxsw=none --wait=primary -o [^ ]*/DRYRUN/nsight-slurm-direct/"
   assert_output --regexp "report output +[^ ]*/DRYRUN/nsight-slurm-reports \(workspace\)"
   assert_output --regexp "profiling mode +cuda-api"
@@ -767,7 +767,7 @@ for line in open(sys.argv[1]):
   assert_output --regexp "nsys prefix +/opt/slurm-multi/bin/nsys profile -t cuda-sw"
   assert_output --regexp "report output +[^ ]*/DRYRUN/profile/%q\{SLURM_JOB_ID\}_%q\{SLURMD_NODENAME\}_rank%q\{SLURM_PROCID\}.nsys-rep \(one per rank\)"
   # The per-node docker argv shows nsys in front of the workload too.
-  assert_output --regexp "toy/model:local /opt/slurm-multi/bin/nsys profile .* sh run.sh --steps 20"
+  assert_output --regexp "toy/model:local sh -c .* sm-model /opt/slurm-multi/bin/nsys profile .* bash run.sh --steps 20"
   run dry
   assert_success
   assert_output --regexp "type +none"

@@ -143,7 +143,7 @@ def test_plan_writes_job_json_with_every_setting_and_the_manifest_values_secrets
     assert doc["results_csv"] == "perf.csv" and doc["model"] == "toy_model"
     assert doc["manifest_values"]["docker_env"] == {"HF_TOKEN": "***", "MODE": "x"}
     assert doc["manifest_values"]["build_args"] == ["API_KEY=***", "GREETING=hi"]
-    assert doc["manifest_values"]["workload"] == ["sh", "run.sh", "--steps", "2"]
+    assert doc["manifest_values"]["workload"] == ["bash", "run.sh", "--steps", "2"]
 
 
 # ---- node prepare --------------------------------------------------------------------------------
@@ -215,9 +215,10 @@ def test_prepare_keeps_the_manifest_env_out_of_the_shell_and_in_a_private_env_fi
     scratch = prepare(tmp_path, manifest)
     context = (scratch / "context.sh").read_text()
     assert "PYTHONHOME" not in context and "LD_LIBRARY_PATH" not in context and "hf_abcdef" not in context
-    assert (
-        scratch / "container.env"
-    ).read_text() == "PYTHONHOME=/nope\nLD_LIBRARY_PATH=/x/lib\nHF_TOKEN=hf_abcdef\n"
+    # The manifest's variables first, then madengine's (slurm_multi.madengine).
+    lines = (scratch / "container.env").read_text().splitlines()
+    assert lines[:3] == ["PYTHONHOME=/nope", "LD_LIBRARY_PATH=/x/lib", "HF_TOKEN=hf_abcdef"]
+    assert "MAD_MODEL_NAME=toy_model" in lines
     for name in ("container.env", "secrets", "context.sh", "workload.env"):
         assert stat.S_IMODE((scratch / name).stat().st_mode) == 0o600
     assert (scratch / "secrets").read_text() == "hf_abcdef\n"
@@ -252,7 +253,7 @@ def test_prepare_output_sources_back_to_the_same_values(tmp_path: Path) -> None:
     out = subprocess.run(
         ["bash", "-c", script], capture_output=True, text=True, check=True, cwd=tmp_path
     ).stdout
-    assert out.splitlines() == ["sh", "run.sh", "--name", "a b", "$(touch pwned)"]
+    assert out.splitlines() == ["bash", "run.sh", "--name", "a b", "$(touch pwned)"]
     assert not (tmp_path / "pwned").exists()
 
 

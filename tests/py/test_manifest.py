@@ -87,6 +87,9 @@ export SM_GUEST_OS=UBUNTU
 export SM_BUILD_DURATION=0
 export SM_LAUNCHER=torchrun
 export SM_GPUS_PER_NODE=8
+export SM_DIST_NNODES=2
+export SM_DIST_PORT=29500
+export SM_SLURM_NODES=2
 SM_BUILD_ARGS=(GREETING=hi)
 SM_MOUNTS=(/shared/data:/data)
 SM_DOCKER_OPTS=(--shm-size 1G -v /dev/shm:/dev/shm)

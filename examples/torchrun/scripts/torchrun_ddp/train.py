@@ -1,11 +1,12 @@
 """Data-parallel training of a small MLP with torch.distributed (gloo over TCP) and DDP.
 
-One process per rank, started by run.sh with the env:// rendezvous variables (MASTER_ADDR,
-MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK). Every rank builds the
-same model (seed 0), trains on its own synthetic regression data (seeded by rank) and, at the end,
-proves its weights equal rank 0's bit for bit. The last global rank writes the throughput rows of
-the multiple-results CSV; local rank 0 of every other node writes the same rows with the
-performance left empty (present-but-empty, as Primus does).
+One process per rank, started by torchrun (run.sh: $MAD_MULTI_NODE_RUNNER train.py) with the env://
+rendezvous variables (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+GROUP_RANK). Every rank builds the same model (seed 0), trains on its own synthetic regression data
+(seeded by rank) and, at the end, proves its weights equal rank 0's bit for bit. The last global
+rank writes the throughput rows of the multiple-results CSV into the run directory (its working
+directory, where madengine looks for it); local rank 0 of every other node writes the same rows
+with the performance left empty (present-but-empty, as Primus does).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def env_int(name: str, default: int | None = None) -> int:
     value = os.environ.get(name)
     if value is None or value == "":
         if default is None:
-            sys.exit(f"ddp: {name} is not set (run.sh sets it)")
+            sys.exit(f"ddp: {name} is not set (torchrun sets it)")
         return default
     try:
         return int(value)
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     local_rank = env_int("LOCAL_RANK", 0)
     local_world = env_int("LOCAL_WORLD_SIZE", 1)
     node = env_int("GROUP_RANK", rank // local_world)
-    out_dir = os.environ.get("SM_OUTPUT_DIR") or "/sm-out"
+    out_dir = os.environ.get("SM_OUTPUT_DIR") or "."  # the weight digests (the CSV goes to the cwd)
     last = world - 1
     last_node = last // local_world
     # No address tricks here: a node whose own name resolves to 127.0.1.1 gets GLOO_SOCKET_IFNAME
@@ -176,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
 
     samples_per_s = args.steps * args.batch * world / elapsed
     step_time_ms = elapsed / args.steps * 1000.0
-    csv_path = os.path.join(out_dir, args.csv)
+    csv_path = args.csv
     if rank == last:
         write_csv(
             csv_path,
