@@ -201,11 +201,18 @@ image::ensure_on_rank0() {
     id=$(image::local_id "${SM_IMAGE}")
   fi
   if [[ -z ${id} ]]; then
-    log::cmd image docker pull -q "${SM_IMAGE}"
-    docker pull -q "${SM_IMAGE}" >/dev/null || {
-      log::error image "${SM_IMAGE} is not on $(hostname), not in the cache${cache:+ ${cache}} and cannot be built or pulled"
+    # A manifest's registry_image is where the image can be pulled from (madengine pulls it on a
+    # compute node); it is tagged as the image the job runs.
+    local pull=${SM_REGISTRY_IMAGE:-${SM_IMAGE}}
+    log::cmd image docker pull -q "${pull}"
+    docker pull -q "${pull}" >/dev/null || {
+      log::error image "${SM_IMAGE} is not on $(hostname), not in the cache${cache:+ ${cache}} and cannot be built or pulled${SM_REGISTRY_IMAGE:+ (registry_image ${SM_REGISTRY_IMAGE})}"
       return 1
     }
+    if [[ ${pull} != "${SM_IMAGE}" ]]; then
+      log::cmd image docker tag "${pull}" "${SM_IMAGE}"
+      docker tag "${pull}" "${SM_IMAGE}" || { log::error image "docker tag ${pull} ${SM_IMAGE} failed"; return 1; }
+    fi
     id=$(image::local_id "${SM_IMAGE}")
   fi
   if [[ -n ${cache} && ${NNODES:-1} -gt 1 && ${IMAGE_NO_SAVE:-0} != 1 ]]; then

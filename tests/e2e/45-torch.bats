@@ -1,6 +1,8 @@
 #!/usr/bin/env bats
-# A real framework end to end: PyTorch DDP (gloo over TCP, 2 processes per node) in a ~1.3 GB
-# Debian python3-torch image built on node1 only, across 3 nodes; and hangs caught at the launcher.
+# A real framework end to end: PyTorch DDP (gloo over TCP) started by real torchrun, 2 processes per
+# node, in a ~1.3 GB Debian python3-torch image built on node1 only, across 3 nodes; the model is a
+# MAD checkout (examples/torchrun/scripts/torchrun_ddp/run.sh calls $MAD_MULTI_NODE_RUNNER); and
+# hangs caught at the launcher.
 
 load helpers
 bats_require_minimum_version 1.5.0
@@ -53,6 +55,15 @@ ddp::weights_identical() {
   assert_equal "$(e2e::image_id node3 sm/torchrun:local)" "${id}"
   run grep -h "joined the gloo group" "${JOB_DIR}"/node_*/node.log
   assert_equal "${#lines[@]}" 6
+  # Through torchrun, one world of 3 x 2: each node's runner names its own rank, every process 6.
+  local r
+  for r in 0 1 2; do
+    run grep -c "^Launcher command: torchrun --nnodes=3 --nproc_per_node=2 --node_rank=${r} --master_addr=node1 --master_port=29500 train.py --steps 40$" "${JOB_DIR}/node_${r}/node.log"
+    assert_output 1
+  done
+  run grep -ohE "rank [0-9] of [0-9]+ \(node [0-9]" "${JOB_DIR}"/node_*/node.log
+  assert_equal "$(printf '%s\n' "${lines[@]}" | grep -c ' of 6 ')" 6
+  assert_equal "$(e2e::json "${JOB_DIR}/summary.json" 'd["world"]["expected"], sorted(d["world"]["seen"].values())')" "(6, [6, 6, 6])"
 }
 
 @test "the DDP job with node1 resolving its own name to 127.0.1.1 (Debian's line): SUCCESS" {
@@ -71,7 +82,7 @@ ddp::weights_identical() {
 
 @test "one DDP rank raises mid-training: FAILURE naming its node, every node staged, within seconds of the peer grace" {
   e2e::run_job -N3 -- --manifest "${TORCH_MANIFEST}" --image-cache "${E2E_CACHE}" --peer-grace 5 \
-    -- bash run.sh --nproc-per-node 2 --steps 100000 --fail-rank 3 --fail-step 20
+    --model-args '--steps 100000 --fail-rank 3 --fail-step 20'
   assert_equal "${JOB_RC}" 1
   assert_equal "$(e2e::json "${JOB_DIR}/summary.json" 'd["verdict"]')" FAILURE
   run e2e::json "${JOB_DIR}/summary.json" '" | ".join(d["reasons"])'
@@ -91,7 +102,7 @@ ddp::weights_identical() {
 
 @test "every DDP rank computing in silence longer than --hang-timeout is not hung: SUCCESS" {
   e2e::run_job -N3 -- --manifest "${TORCH_MANIFEST}" --image-cache "${E2E_CACHE}" --hang-timeout 5 \
-    -- bash run.sh --nproc-per-node 2 --steps 20 --quiet-compute 12
+    --model-args '--steps 20 --quiet-compute 12'
   assert_equal "${JOB_RC}" 0
   assert_equal "$(e2e::json "${JOB_DIR}/summary.json" 'd["verdict"]')" SUCCESS
   run find "${JOB_DIR}" -name hang.json
@@ -103,7 +114,7 @@ ddp::weights_identical() {
   cd "${BATS_FILE_TMPDIR}"
   job=$(sbatch --parsable -N3 -o "${BATS_FILE_TMPDIR}/job-%j.out" "${REPO_ROOT}/sbatch/multi.sbatch" \
     --out "${BATS_FILE_TMPDIR}/out" --manifest "${TORCH_MANIFEST}" --image-cache "${E2E_CACHE}" \
-    --hang-timeout "${hang}" --peer-grace 5 -- bash run.sh --nproc-per-node 2 --steps 1000000 --log-every 20)
+    --hang-timeout "${hang}" --peer-grace 5 --model-args '--steps 1000000 --log-every 20')
   JOB_ID=${job}
   name=sm-${job}-r1
   local jobdir=${BATS_FILE_TMPDIR}/out/torchrun_ddp/${job} deadline=$((SECONDS + 180))

@@ -39,6 +39,7 @@ from slurm_multi.results.summary import Summary, write_outputs
 from slurm_multi.results.timeline import build_timeline
 from slurm_multi.results.timelinedraw import write_timeline
 from slurm_multi.results.values import format_number
+from slurm_multi.results.worldsize import check_world
 
 MAX_NODES = 100_000  # a larger nnodes is a typo, not a job: derive it from the node dirs
 
@@ -153,6 +154,15 @@ def judge(
     hung = hang.ranks if hang else set()
     reasons = hang_reasons(hang, nodes) if hang else []
     reasons += [reason for node in nodes if node.rank not in hung for reason in node.reasons]
+    # A multi-node launcher's one world: a node that ran alone fails the job (results/worldsize.py).
+    expected_world = as_int(meta.get("world_size"))
+    world = (
+        check_world(root, nodes, expected_world, as_int(meta.get("nproc_per_node")))
+        if expected_world is not None and expected_world > 1
+        else None
+    )
+    if world is not None:
+        reasons += world.short
     if not nodes:
         reasons.append("no node_<rank> directories in the job directory; did any task stage?")
     nodes_ok = not reasons
@@ -184,6 +194,7 @@ def judge(
     return Summary(
         verdict, job_id, model_name, nnodes, results_csv, chosen.path if chosen else None, candidates,
         source, log_metrics, nodes, reasons, warnings, header, rows, hang, find_stragglers(nodes),
+        world=world,
     )  # fmt: skip
 
 

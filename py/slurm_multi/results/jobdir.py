@@ -32,7 +32,7 @@ from slurm_multi.results.shared import (
 JOB_JSON_KEYS = (
     "job_id", "model_key", "model", "nnodes", "nodes", "results_csv", "image", "image_id", "args", "tags",
     "dockerfile", "base_docker", "n_gpus", "gpus_per_node", "launcher", "build_duration",
-    "additional_docker_run_options", "tasks_per_node",
+    "additional_docker_run_options", "tasks_per_node", "nproc_per_node", "world_size",
 )  # fmt: skip
 STAGE_ORDER = ("prepare", "image", "barrier", "run", "save-outputs")
 MAX_ERRORS_KEPT = 20  # per node, in summary.json

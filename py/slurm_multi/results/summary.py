@@ -18,6 +18,7 @@ from slurm_multi.results.pick import Candidate
 from slurm_multi.results.shared import AREA, write_atomic
 from slurm_multi.results.stragglers import Straggler
 from slurm_multi.results.values import format_number
+from slurm_multi.results.worldsize import WorldCheck
 
 if TYPE_CHECKING:  # timeline imports this module (dumps_indent2)
     from slurm_multi.results.timeline import Timeline
@@ -44,6 +45,7 @@ class Summary:
     hang: Hang | None = None  # what the hang watch left; its lines lead `reasons`
     stragglers: list[Straggler] = field(default_factory=list)  # information, never a reason
     timeline: Timeline | None = None  # where the time went (information, never a reason)
+    world: WorldCheck | None = None  # the launcher's one world, when the job asked for one
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -60,6 +62,7 @@ class Summary:
             "reasons": list(self.reasons),
             "hang": self.hang.to_dict() if self.hang else None,
             "stragglers": [s.to_dict() for s in self.stragglers],
+            "world": self.world.to_dict() if self.world else None,
             "time": self.timeline.text if self.timeline else None,
             "warnings": list(self.warnings),
             "perf_rows": len(self.perf_rows),
@@ -186,6 +189,8 @@ def summary_table(summary: Summary, root: Path) -> list[str]:
     lines += [f"  reason: {reason}" for reason in summary.reasons[:MAX_TABLE_REASONS]]
     if len(summary.reasons) > MAX_TABLE_REASONS:
         lines.append(f"  reason: +{len(summary.reasons) - MAX_TABLE_REASONS} more (see summary.json)")
+    if summary.world is not None:
+        lines.append(f"  {summary.world.describe()}")
     lines += [f"  straggler: {straggler.describe()}" for straggler in summary.stragglers]
     if summary.timeline is not None:
         if summary.timeline.text:
