@@ -37,13 +37,16 @@ from typing import Any
 
 import click
 
-from slurm_multi.common import HelperError, timeout_error, usage_error
+from slurm_multi.common import HelperError, talk, timeout_error, usage_error
 
 AREA = "gpus"
 VENDORS = {"amd": "AMD", "nvidia": "NVIDIA", "none": "none"}
 TOOLS = {"AMD": "amd-smi", "NVIDIA": "nvidia-smi"}  # which tool detected each vendor
 AMDSMI_LIST = ("amd-smi", "list", "-e", "--json")
 NVIDIA_QUERY = ("nvidia-smi", "--query-gpu=index,pci.bus_id,uuid", "--format=csv,noheader")
+AMDSMI_STATIC = ("amd-smi", "static", "--json")
+AMDSMI_VERSION = ("amd-smi", "version", "--json")
+NVIDIA_NAME = ("nvidia-smi", "--query-gpu=name", "--format=csv,noheader")
 DETECT_TIMEOUT_S = 20.0
 _RENDER = re.compile(r"renderD[0-9]+")
 _MISSING = ("N/A", "n/a", "NA", "")
@@ -333,6 +336,70 @@ def detect_gpus(timeout_s: float = DETECT_TIMEOUT_S, path: str | None = None) ->
     if nvidia_smi:
         return parse_nvidia_smi(_run_tool(nvidia_smi, NVIDIA_QUERY, timeout_s))
     return {"vendor": "none", "count": 0, "gpus": []}
+
+
+def _first_entry_with(text: str, key: str) -> dict[str, Any] | None:
+    """The first object with `key` in the first decodable JSON list of noisy amd-smi output (a
+    wrapped {"gpu_data": [...]} included)."""
+    decoder = json.JSONDecoder()
+    for start, _ in decodable_blocks(text, decoder.scan_once):
+        try:
+            block, _ = decoder.raw_decode(text, start)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(block, dict):
+            block = block.get("gpu_data")
+        if isinstance(block, list) and block and isinstance(block[0], dict) and key in block[0]:
+            return block[0]
+    return None
+
+
+def _known(value: Any) -> str | None:
+    value = _unwrap(value)
+    return (
+        str(value).strip()
+        if isinstance(value, (str, int, float)) and str(value).strip() not in _MISSING
+        else None
+    )
+
+
+def detect_details(
+    vendor: str, timeout_s: float = DETECT_TIMEOUT_S, path: str | None = None
+) -> dict[str, str]:
+    """What madengine's context calls MAD_SYSTEM_GPU_PRODUCT_NAME, _ARCHITECTURE and _HIP_VERSION, from
+    the vendor's tool (GPU 0). A tool that fails or says nothing leaves its values out: these are
+    information for the workload, never a reason to stop a job that has its GPUs."""
+    details: dict[str, str] = {}
+    tool = shutil.which(TOOLS.get(vendor, ""), path=path) if vendor in TOOLS else None
+    if not tool:
+        return details
+    try:
+        if vendor == "AMD":
+            asic = (_first_entry_with(_run_tool(tool, AMDSMI_STATIC, timeout_s), "asic") or {}).get("asic")
+            if isinstance(asic, dict):
+                for name, field in (("MAD_SYSTEM_GPU_PRODUCT_NAME", "market_name"),
+                                    ("MAD_SYSTEM_GPU_ARCHITECTURE", "target_graphics_version")):  # fmt: skip
+                    if _known(asic.get(field)):
+                        details[name] = _known(asic.get(field)) or ""
+            entry = _first_entry_with(_run_tool(tool, AMDSMI_VERSION, timeout_s), "rocm_version") or {}
+            version = _known(entry.get("rocm_version"))
+            if version:
+                details["MAD_SYSTEM_HIP_VERSION"] = ".".join(version.split(".")[:2])
+        else:
+            first = next(
+                (
+                    line.strip()
+                    for line in _run_tool(tool, NVIDIA_NAME, timeout_s).splitlines()
+                    if line.strip()
+                ),
+                "",
+            )
+            if first and first not in _MISSING and first != "[N/A]":
+                # madengine's context names an NVIDIA GPU's architecture by its product name too.
+                details["MAD_SYSTEM_GPU_PRODUCT_NAME"] = details["MAD_SYSTEM_GPU_ARCHITECTURE"] = first
+    except HelperError as exc:
+        talk(AREA, f"GPU details for MAD_SYSTEM_*: {exc}; going on without them")
+    return details
 
 
 # ---------------------------------------------------------------------------------------------

@@ -128,7 +128,7 @@ def model_run(
     gpu_args: Sequence[str],
     scratch: str,
     shown: str,
-    copy: bool,
+    dry_run: bool,
 ) -> ModelRun:
     """The madengine contract for this node: the run directory (docker: the container copies the
     read-only script dir; pyxis and bare metal: a copy in this node's scratch, written as the job's
@@ -146,7 +146,7 @@ def model_run(
             run.setup = mad.docker_copy_prefix()
         else:
             local = os.path.join(scratch, "run_directory")
-            if copy:
+            if not dry_run:
                 copy_run_directory(script.host_dir, local)
             shown_local = os.path.join(shown, "run_directory")
             run.workdir = mad.RUN_DIRECTORY if runtime == "pyxis" else shown_local
@@ -167,7 +167,8 @@ def model_run(
     facts = mad.NodeFacts(
         node_rank=node_rank, nnodes=nnodes, master_addr=env.get("MASTER_ADDR", ""), nodes=tuple(nodes),
         vendor=vendor, system_gpus=int(detected.get("count") or 0), container_gpus=container_gpus,
-        details=detected.get("details") or {}, output_dir=out, ifname=_routable_ifname(),
+        details=_gpu_details(vendor, detected, env, dry_run), output_dir=out,
+        ifname="<the node's routable interface>" if dry_run else _routable_ifname(),
     )  # fmt: skip
     ours = mad.mad_env(ctx.values, dist, facts)
     if dist.launcher == "deepspeed" and nnodes > 1:
@@ -204,6 +205,17 @@ def mad_vendor(ctx: RunContext, detected: Mapping[str, Any]) -> str:
         return found
     asked = ctx.get("SM_GPU_VENDOR").strip()
     return normalise_vendor(asked) if asked else "NONE"
+
+
+def _gpu_details(
+    vendor: str, detected: Mapping[str, Any], env: Mapping[str, str], dry_run: bool
+) -> dict[str, str]:
+    """The MAD_SYSTEM_* details of a node with detected GPUs (one more tool call; none without GPUs)."""
+    from slurm_multi.gpus import detect_details
+
+    if dry_run or not detected.get("count"):
+        return {}
+    return detect_details(vendor, path=env.get("PATH"))
 
 
 def _gpu_count(gpu_args: Sequence[str], vendor: str) -> int:
@@ -299,7 +311,7 @@ def prepare(
     reachable_self_address(ctx, env, socket.gethostname())
     gpu_args = gpu_arguments(ctx, detected, node) if detect else []
     os.makedirs(os.path.join(scratch, "output"), exist_ok=True)
-    run = model_run(ctx, env, runtime, detected, gpu_args, scratch, shown, copy=shown_scratch is None)
+    run = model_run(ctx, env, runtime, detected, gpu_args, scratch, shown, dry_run=shown_scratch is not None)
     env_file = None
     if ctx.docker_env:
         shell.write_private(os.path.join(scratch, "container.env"), env_file_text(ctx.docker_env))

@@ -443,3 +443,55 @@ def test_mark_lost_at_teardown_records_a_node_slurm_cannot_reach(
     doc = json.loads((jobdir / "node_1" / "status.json").read_text())
     assert doc["status"] == "failed" and "node2 MIXED*" in doc["reason"]
     assert not (jobdir / "node_0" / "status.json").exists()
+
+
+# ---- madengine's contract in prepare ---------------------------------------------------------------
+
+FAKES = Path(__file__).resolve().parents[1] / "fakes"
+
+
+def test_prepare_gives_an_amd_model_madengines_variables_options_and_run_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_AMDSMI_GPUS", "4")  # the tools run in this process's environment
+    (tmp_path / "scripts" / "m").mkdir(parents=True)
+    (tmp_path / "scripts" / "m" / "run.sh").write_text("echo hi\n")
+    manifest = write_manifest(
+        tmp_path / "m.json",
+        context={"gpu_vendor": "AMD", "docker_gpus": "0,1", "docker_env_vars": {"NCCL_DEBUG": "WARN"}},
+        model={"scripts": "scripts/m/run.sh", "additional_docker_run_options": "--shm-size 8G"},
+    )
+    scratch = prepare(tmp_path, manifest, PATH=f"{FAKES}:/usr/bin:/bin", NNODES="2", NODE_RANK="1",
+                      MASTER_ADDR="n1", SM_LAUNCHER="torchrun", SM_NPROC_PER_NODE="2")  # fmt: skip
+    env = dict(line.split("=", 1) for line in (scratch / "container.env").read_text().splitlines())
+    assert env["NCCL_DEBUG"] == "WARN"  # the manifest's own value
+    assert env["MAD_MULTI_NODE_RUNNER"] == (
+        "torchrun --nnodes=2 --nproc_per_node=2 --node_rank=1 --master_addr=n1 --master_port=29500"
+    )
+    assert (env["MAD_GPU_VENDOR"], env["MAD_SYSTEM_NGPUS"], env["MAD_RUNTIME_NGPUS"]) == ("AMD", "4", "2")
+    assert env["MAD_SYSTEM_GPU_ARCHITECTURE"] == "gfx942" and env["MAD_SYSTEM_HIP_VERSION"] == "6.4"
+    assert env["MAD_SYSTEM_GPU_PRODUCT_NAME"] == "AMD Instinct MI300X"
+    assert env["HIP_VISIBLE_DEVICES"] == "0,1" and env["MAD_COLLECT_METRICS"] == "false"
+    context = (scratch / "context.sh").read_text()
+    opts = next(x for x in context.splitlines() if x.startswith("declare -ga RUN_DOCKER_OPTS="))
+    # madengine's AMD options, but not --ipc=host: the manifest's --shm-size says how /dev/shm is made.
+    assert "--group-add video --cap-add=SYS_PTRACE --cap-add SYS_ADMIN --device /dev/fuse" in opts
+    assert "--ipc=host" not in opts and "--shm-size 8G" in opts
+    assert f"-v {tmp_path}/scripts/m:/sm-model:ro" in opts and opts.endswith("-w /myworkspace/run_directory)")
+    assert "declare -ga RUN_SETUP=(sh -c 'cp -RL /sm-model/. . && exec \"$@\"' sm-model)" in context
+
+
+def test_prepare_copies_the_scripts_for_pyxis_and_a_users_own_value_wins(tmp_path: Path) -> None:
+    (tmp_path / "scripts" / "m").mkdir(parents=True)
+    (tmp_path / "scripts" / "m" / "run.sh").write_text("echo hi\n")
+    manifest = write_manifest(tmp_path / "m.json", model={"scripts": "scripts/m/run.sh"})
+    scratch = tmp_path / "scratch"
+    env = {"SM_MANIFEST": str(manifest), "SM_RUNTIME": "pyxis", "PATH": "/usr/bin:/bin", "NNODES": "2",
+           "MAD_MULTI_NODE_RUNNER": "my own runner"}  # fmt: skip
+    node.prepare(env, str(scratch), (), detect=False)
+    assert (scratch / "run_directory" / "run.sh").read_text() == "echo hi\n"
+    workload = (scratch / "workload.env").read_text()
+    assert "MAD_MULTI_NODE_RUNNER" not in workload and "declare -gx MAD_COLLECT_METRICS=true" in workload
+    context = (scratch / "context.sh").read_text()
+    assert f"{scratch}/run_directory:/myworkspace/run_directory" in context
+    assert "declare -g RUN_WORKDIR=/myworkspace/run_directory" in context
