@@ -67,7 +67,7 @@ def job_document(
         "model": model_dir_name(ctx),
         "nnodes": nnodes,
         "nodes": list(nodes),
-        "tasks_per_node": int(v.get("SM_NTASKS_PER_NODE") or 1) if v.get("SM_RUNTIME") != "docker" else 1,
+        "tasks_per_node": tasks_per_node(v, env),
         "results_csv": shown("SM_RESULTS_CSV"),
         "image": shown("SM_IMAGE"),
         "args": shown("SM_MODEL_ARGS"),
@@ -117,6 +117,15 @@ def resolve_job_numbers(ctx: RunContext, env: Mapping[str, str], nnodes: int) ->
     resolved.update(SM_LAUNCHER=dist.launcher, SM_NPROC_PER_NODE=str(dist.nproc))
     ctx.values.update(resolved)
     return resolved
+
+
+def tasks_per_node(values: Mapping[str, str], env: Mapping[str, str]) -> int:
+    """Ranks per node, as lib/launch.sh starts them: our --ntasks-per-node, else sbatch's own
+    (SLURM_NTASKS_PER_NODE); docker runs one container per node."""
+    if values.get("SM_RUNTIME") == "docker":
+        return 1
+    text = values.get("SM_NTASKS_PER_NODE") or env.get("SLURM_NTASKS_PER_NODE") or "1"
+    return int(text) if text.isdigit() and int(text) > 0 else 1
 
 
 def as_number(text: str | None) -> int | None:

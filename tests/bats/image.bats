@@ -53,3 +53,19 @@ rank0() {
   assert_failure
   assert_output --partial "cannot be built or pulled (registry_image elsewhere/toy:1)"
 }
+
+@test "a cached tar is a hit only at the size its sidecar records: a cut or padded tar is not" {
+  (
+    # shellcheck source=/dev/null
+    for lib in log util timeline image; do source "${REPO_ROOT}/lib/${lib}.sh"; done
+    head -c 1000 /dev/zero >"${BATS_TEST_TMPDIR}/x.tar"
+    printf 'id=sha256:1\nbytes=1000\n' >"${BATS_TEST_TMPDIR}/x.id"
+    image::tar_matches "${BATS_TEST_TMPDIR}/x.tar" "${BATS_TEST_TMPDIR}/x.id" || exit 10
+    head -c 999 /dev/zero >"${BATS_TEST_TMPDIR}/x.tar"
+    ! image::tar_matches "${BATS_TEST_TMPDIR}/x.tar" "${BATS_TEST_TMPDIR}/x.id" || exit 11
+    head -c 1001 /dev/zero >"${BATS_TEST_TMPDIR}/x.tar"
+    ! image::tar_matches "${BATS_TEST_TMPDIR}/x.tar" "${BATS_TEST_TMPDIR}/x.id" || exit 12
+    printf 'id=sha256:1\n' >"${BATS_TEST_TMPDIR}/x.id"
+    ! image::tar_matches "${BATS_TEST_TMPDIR}/x.tar" "${BATS_TEST_TMPDIR}/x.id" || exit 13
+  )
+}

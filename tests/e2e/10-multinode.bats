@@ -162,3 +162,14 @@ setup() {
   assert_output --partial "toy: rank 0/1"
   assert_equal "$(e2e::json "${JOB_DIR}/summary.json" 'd["verdict"]')" SUCCESS
 }
+
+@test "sbatch's own --ntasks-per-node=2 with --runtime none: job.json, the ranks that ran and collect agree on 4" {
+  # shellcheck disable=SC2016 # expanded by each rank's shell
+  e2e::run_job -N2 --ntasks-per-node=2 -- --runtime none \
+    -- sh -c 'echo "rank ${RANK} of ${WORLD_SIZE}"; echo "performance: 1.5 samples_per_second"'
+  assert_equal "${JOB_RC}" 0
+  assert_equal "$(e2e::json "${JOB_DIR}/job.json" 'd["tasks_per_node"]')" 2
+  run grep -h -o '^rank [0-9] of [0-9]' "${JOB_DIR}"/node_*/node.log
+  assert_equal "$(printf '%s\n' "${lines[@]}" | sort | paste -sd,)" "rank 0 of 4,rank 1 of 4,rank 2 of 4,rank 3 of 4"
+  assert_equal "$(e2e::json "${JOB_DIR}/summary.json" 'len(d["nodes"]), d["verdict"]')" "(4, 'SUCCESS')"
+}

@@ -806,3 +806,25 @@ def test_property_the_linear_pass_finds_exactly_where_raw_decode_succeeds(pieces
     if text.count("[") + text.count("{") > MAX_NESTING:  # the one documented difference: deep nesting
         return
     assert decodable_blocks(text, json.JSONDecoder().scan_once) == raw_decode_everywhere(text)
+
+
+@pytest.mark.parametrize("vendor", ["AMD", "NVIDIA"])
+def test_a_gpu_asked_for_in_a_gap_of_the_detected_list_is_one_line_exit_2(vendor: str) -> None:
+    gpus = [amd_gpu(i) if vendor == "AMD" else {**amd_gpu(i), "render": None} for i in (0, 1, 3)]
+    detected = {"vendor": vendor, "count": 3, "gpus": gpus}
+    with pytest.raises(HelperError) as caught:
+        docker_gpu_args(detected, vendor, "2", "node2")
+    assert caught.value.exit_code == 2
+    assert "node2" in str(caught.value) and "2" in str(caught.value) and "\n" not in str(caught.value)
+    # The ones that are there are fine.
+    assert docker_gpu_args(detected, vendor, "0,3", "node2")
+
+
+def test_an_inner_empty_list_is_not_no_gpus_when_the_gpu_list_follows() -> None:
+    text = (
+        '{"cpu_data": [], "core_data": [], "gpu_data": '
+        + json.dumps([{"gpu": 0, "bdf": "0000:0c:00.0"}])
+        + "}"
+    )
+    assert parse_amdsmi(text)["count"] == 1
+    assert parse_amdsmi('note: [] empty\n[{"gpu": 0, "bdf": "0000:0c:00.0"}]')["count"] == 1

@@ -146,6 +146,22 @@ def test_plan_writes_job_json_with_every_setting_and_the_manifest_values_secrets
     assert doc["manifest_values"]["workload"] == ["bash", "run.sh", "--steps", "2"]
 
 
+@pytest.mark.parametrize(
+    ("runtime", "ours", "sbatch", "expected"),
+    [("none", None, "2", 2), ("pyxis", "3", "2", 3), ("none", None, None, 1), ("docker", "4", "2", 1)],
+)
+def test_job_json_counts_the_ranks_per_node_from_our_option_else_sbatchs(
+    tmp_path: Path, runtime: str, ours: str | None, sbatch: str | None, expected: int
+) -> None:
+    env = {"SM_IMAGE": "x", "SM_OUT": str(tmp_path / "out"), "SM_RUNTIME": runtime}
+    env.update({"SM_NTASKS_PER_NODE": ours} if ours else {})
+    env.update({"SLURM_NTASKS_PER_NODE": sbatch} if sbatch else {})
+    code, _, err = invoke(["job", "plan", "--job-id", "6", "--nnodes", "2", "--write", "--", "true"], env)
+    assert code == 0, err
+    doc = json.loads((tmp_path / "out" / "x" / "6" / "job.json").read_text())
+    assert doc["tasks_per_node"] == expected
+
+
 # ---- node prepare --------------------------------------------------------------------------------
 
 

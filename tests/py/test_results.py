@@ -662,3 +662,14 @@ def test_json_files_read_as_they_read_in_text_mode(tmp_path: Path, data: bytes):
             return json.load(handle)
 
     assert outcome(lambda: shared.read_json(path)) == outcome(text_mode)
+
+
+@pytest.mark.parametrize("status", ["terminated", "aborted", "lost"])
+def test_a_node_stopped_or_aborted_with_exit_code_0_is_still_a_failure(tmp_path: Path, status: str):
+    # A status that is not ok fails the node whatever its exit code (the check is an `or`).
+    stopped = ok_status(0, "node1")
+    stopped.update(status=status, reason=f"{status} by the teardown")
+    jobdir = make_job(tmp_path / "job", 2, csvs={1: FULL_CSV}, statuses={0: stopped})
+    summary = collect(jobdir)
+    assert summary.verdict == "FAILURE"
+    assert len(summary.reasons) == 1 and summary.reasons[0].startswith("node1 (rank 0): ")
