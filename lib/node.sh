@@ -15,6 +15,7 @@ NODE_REASON=
 NODE_EXIT=0
 NODE_TERMINATED=0
 NODE_FROM_JOB=0
+NODE_SCRATCH_FOREIGN=0
 RUN_EXIT=
 RUN_HUNG=
 RUN_DOCKER_PID=
@@ -50,9 +51,11 @@ node::init() {
     trap node::on_exit EXIT
     trap node::on_term TERM INT
   fi
+  node::own_scratch "${SM_SCRATCH}"
   if ! (umask 077 && mkdir -p "${SM_SCRATCH}/output") || ! mkdir -p "${SM_NODE_DIR}"; then
     log::die node "cannot create ${SM_NODE_DIR} or ${SM_SCRATCH} on $(hostname)" 1
   fi
+  node::own_scratch "${SM_SCRATCH}"
   chmod 700 "${SM_SCRATCH}"
   : >>"${SM_SCRATCH}/secrets"
   if [[ ${SM_NODE_LOG_REDIRECTED:-0} != 1 ]]; then
@@ -64,6 +67,17 @@ node::init() {
   fi
   if [[ -n ${SM_EARLY_SIGNAL:-} && ${2:-} != --reap ]]; then node::on_term; fi
   ((NODE_FROM_JOB)) || node::remove_stale
+}
+
+# node::own_scratch DIR: the scratch name is predictable (the reaper and the next job find it by it),
+# so another user may have made it first, or planted a symlink there: refuse both, naming the owner
+# (checked before and after it is made: never a chmod or a secret in someone else's directory).
+node::own_scratch() {
+  local dir=$1 owner
+  [[ -L ${dir} || (-e ${dir} && ! -O ${dir}) ]] || return 0
+  owner=$(stat -c %U "${dir}" 2>/dev/null || echo unknown)
+  NODE_SCRATCH_FOREIGN=1 # the exit path must not remove it
+  log::die node "scratch dir ${dir} on $(hostname) is $([[ -L ${dir} ]] && echo "a symlink" || echo "a directory") of ${owner}, not of $(id -un): remove it, or set TMPDIR to a directory of your own" 1
 }
 
 node::is_rank0() { [[ ${SM_RANK} == 0 ]]; }
@@ -85,7 +99,9 @@ node::remove_stale() {
     job=${base%.r*}
     [[ ${job} =~ ^[0-9]+(_[0-9]+)?$ && ${known} != *" ${job} "* ]] || continue
     if [[ ${gone} != *" ${job} "* ]]; then
-      state=$(squeue -h -j "${job}" -o %T 2>&1) || state="error: ${state}"
+      # -t all: without it squeue prints nothing for a job that has ended but that Slurm still
+      # remembers (MinJobAge), and nothing must not read as alive.
+      state=$(squeue -h -t all -j "${job}" -o %T 2>&1) || state="error: ${state}"
       case ${state} in
         *"Invalid job id"* | COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY | PREEMPTED | BOOT_FAIL | DEADLINE) ;;
         *) known+="${job} "; continue ;;
@@ -466,7 +482,7 @@ node::write_status() {
 
 # node::remove_scratch: the scratch dir holds the container env and the secrets list: never left.
 node::remove_scratch() {
-  [[ ${SM_KEEP_SCRATCH:-0} == 1 ]] || rm -rf "${SM_SCRATCH}"
+  [[ ${SM_KEEP_SCRATCH:-0} == 1 || ${NODE_SCRATCH_FOREIGN} == 1 ]] || rm -rf "${SM_SCRATCH}"
 }
 
 # node::stage_reap: run by the batch step after the tasks ended, on every node. A task that died

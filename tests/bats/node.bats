@@ -263,16 +263,19 @@ EOF
   refute_output --partial Traceback
 }
 
-@test "scratch of a job Slurm no longer knows is removed by the next job's prepare; a live job's is kept" {
-  mkdir -p "${TMPDIR}/slurm-multi.12.r0" "${TMPDIR}/slurm-multi.13.r1"
+@test "scratch of a job Slurm no longer knows, or knows as ended, is removed by the next job's prepare; a live job's is kept" {
+  mkdir -p "${TMPDIR}/slurm-multi.12.r0" "${TMPDIR}/slurm-multi.13.r1" "${TMPDIR}/slurm-multi.14.r0"
   echo secret >"${TMPDIR}/slurm-multi.12.r0/secrets"
-  # squeue: job 13 is running, 12 is unknown.
-  printf '#!/bin/sh\ncase "$*" in *" 13 "*) echo RUNNING ;; *) echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1 ;; esac\n' >"${BATS_TEST_TMPDIR}/shim/squeue"
+  echo secret >"${TMPDIR}/slurm-multi.14.r0/secrets"
+  # squeue: job 13 is running, 12 is unknown, 14 was cancelled (Slurm remembers it for MinJobAge:
+  # like the real squeue, it is listed only with -t all; without, it prints nothing at all).
+  printf '#!/bin/sh\ncase "$*" in *" 13 "*) echo RUNNING ;; *" 14 "*) case "$*" in *"-t all"*) echo CANCELLED ;; esac ;; *) echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1 ;; esac\n' >"${BATS_TEST_TMPDIR}/shim/squeue"
   chmod +x "${BATS_TEST_TMPDIR}/shim/squeue"
   manifest "${BATS_TEST_TMPDIR}/m.json" '{}'
   SM_MANIFEST=${BATS_TEST_TMPDIR}/m.json node_task
   assert_success
   assert_not_exists "${TMPDIR}/slurm-multi.12.r0"
+  assert_not_exists "${TMPDIR}/slurm-multi.14.r0"
   assert_dir_exists "${TMPDIR}/slurm-multi.13.r1"
   run grep 'ps -aq --filter name=^sm-12-r' "${BATS_TEST_TMPDIR}/docker-calls"
   assert_success
@@ -313,4 +316,24 @@ EOF
   run status_field reason
   assert_output --regexp "^prepare: docker engine not reachable on .*: cannot talk to ${BATS_TEST_TMPDIR}/docker.sock"
   refute_container_started
+}
+
+@test "a scratch dir another user made first, or a symlink planted there, is refused in one line naming its owner" {
+  manifest "${BATS_TEST_TMPDIR}/m.json" '{}'
+  mkdir -p "${TMPDIR}/slurm-multi.77.r0"
+  chown nobody "${TMPDIR}/slurm-multi.77.r0"
+  SM_MANIFEST=${BATS_TEST_TMPDIR}/m.json node_task
+  assert_failure
+  assert_output --partial "scratch dir ${TMPDIR}/slurm-multi.77.r0 on $(hostname) is a directory of nobody, not of $(id -un)"
+  refute_output --partial "toy workload ran"
+  assert_not_exists "${TMPDIR}/slurm-multi.77.r0/secrets"
+  assert_dir_exists "${TMPDIR}/slurm-multi.77.r0" # not ours to remove either
+  rmdir "${TMPDIR}/slurm-multi.77.r0"
+  mkdir -p "${BATS_TEST_TMPDIR}/elsewhere"
+  ln -s "${BATS_TEST_TMPDIR}/elsewhere" "${TMPDIR}/slurm-multi.77.r0"
+  SM_MANIFEST=${BATS_TEST_TMPDIR}/m.json node_task
+  assert_failure
+  assert_output --partial "is a symlink of"
+  run ls -A "${BATS_TEST_TMPDIR}/elsewhere"
+  assert_output ""
 }
