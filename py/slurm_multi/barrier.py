@@ -1461,9 +1461,9 @@ def port_cmd(master_port: int | None, job_id: int | None, override: int | None, 
 
 
 def _write_ready_file(path: Path, address: str, port: int) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(f"{address} {port}\n")
-    os.replace(tmp, path)
+    from slurm_multi.shell import write_atomic
+
+    write_atomic(str(path), f"{address} {port}\n")
 
 
 @cli.command("serve", context_settings=CONTEXT)

@@ -30,6 +30,7 @@ from typing import Callable
 import click
 
 from slurm_multi.common import HelperError, talk, timeout_error, usage_error
+from slurm_multi.shell import write_atomic
 
 QDSTRM_SUFFIX = ".qdstrm"
 PROGRESS_EVERY_SECONDS = 5.0
@@ -290,17 +291,9 @@ def write_snapshot(baseline: Baseline, out: str, directories: Sequence[str], pat
             for path, s in sorted(baseline.files.items())
         },
     }
-    tmp = f"{out}.tmp.{os.getpid()}"
     try:
-        with open(tmp, "w", encoding="utf-8") as handle:
-            json.dump(document, handle, indent=1)
-            handle.write("\n")
-        os.replace(tmp, out)
+        write_atomic(out, json.dumps(document, indent=1) + "\n")
     except OSError as err:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
         raise HelperError(
             f"reports: cannot write the snapshot {out}: {err.strerror}; check the directory"
         ) from None

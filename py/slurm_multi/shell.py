@@ -46,11 +46,21 @@ def render(
 
 
 def write_atomic(path: str, text: str, mode: int = 0o644) -> None:
-    """Write `text` to `path` atomically: a sibling temp file (created with `mode`, never readable
-    wider while it is written), then a rename. A reader sees the old file or the new one."""
+    """Write `text` to `path` atomically: a sibling temp file, then a rename. A reader sees the old
+    file or the new one. The temp file is made as mkstemp makes one (O_CREAT|O_EXCL|O_NOFOLLOW, a
+    random name, 0600 while written; without importing tempfile on the nodes' hot path): a name
+    another user planted, or a symlink, can never redirect the write."""
     directory = os.path.dirname(path) or "."
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp.{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.urandom(6).hex()}.tmp")
+        try:
+            fd = os.open(tmp, flags, 0o600)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise FileExistsError(f"no free temp name beside {path}")
     try:
         with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as handle:
             handle.write(text)

@@ -1,0 +1,46 @@
+"""slurm_multi.shell: the one atomic writer every helper's file goes through."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from slurm_multi import shell
+
+
+def test_the_write_is_atomic_with_its_mode_and_leaves_no_temp_file(tmp_path: Path) -> None:
+    target = tmp_path / "status.json"
+    shell.write_atomic(str(target), "one\n")
+    shell.write_private(str(target), "two\n")
+    assert target.read_text() == "two\n" and stat.S_IMODE(target.stat().st_mode) == 0o600
+    assert sorted(os.listdir(tmp_path)) == ["status.json"]
+
+
+def test_a_symlink_planted_at_a_predictable_temp_name_never_redirects_the_write(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("untouched\n")
+    # The names the writers used to use: .<name>.tmp.<pid> and .<name>.<pid>.tmp.
+    for name in (f".ready.tmp.{os.getpid()}", f".ready.{os.getpid()}.tmp"):
+        (tmp_path / name).symlink_to(victim)
+    shell.write_atomic(str(tmp_path / "ready"), "10.0.0.1 21544\n")
+    assert victim.read_text() == "untouched\n"
+    assert (tmp_path / "ready").read_text() == "10.0.0.1 21544\n"
+    assert not (tmp_path / "ready").is_symlink()
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temp_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "summary.json"
+    target.write_text("old\n")
+
+    def broken(*_: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", broken)
+    with pytest.raises(OSError):
+        shell.write_atomic(str(target), "new\n")
+    assert target.read_text() == "old\n" and sorted(os.listdir(tmp_path)) == ["summary.json"]
