@@ -363,11 +363,6 @@ USED_FIELDS = {
     "slurm": {"nodes", "gpus_per_node"},
     "distributed": {"launcher", "nnodes", "nproc_per_node", "port", "sglang_disagg", "primus"},
 }  # fmt: skip
-# Why some fields do nothing here (shown with them).
-IGNORED_WHY = {
-    "slurm": "sbatch's options decide the allocation",
-    "built_models.url": "clone the model checkout yourself; --model-dir points at it",
-}
 
 
 def _has_value(value: Any) -> bool:

@@ -11,15 +11,7 @@ TORCH_MANIFEST=${REPO_ROOT}/examples/torchrun/build_manifest.json
 
 setup_file() {
   e2e::ensure_cluster
-  local node
-  for node in node2 node3; do
-    "${REPO_ROOT}/tests/cluster/exec" "${node}" docker image rm -f sm/torchrun:local >/dev/null 2>&1 || true
-  done
-  # The base rootfs is cached on the machine (keyed by its inputs): minutes the first time, then
-  # seconds.
-  local t0=${SECONDS}
-  "${REPO_ROOT}/examples/torchrun/build-image" --node node1 >/dev/null
-  echo "# torch image on node1 in $((SECONDS - t0)) s" >&3
+  e2e::torch_image_only_on node1
   export E2E_CACHE=${BATS_FILE_TMPDIR}/image-cache
   export E2E_JOB_TIMEOUT=420
 }

@@ -12,12 +12,8 @@ MAD_MANIFEST=${MAD_DIR}/build_manifest.json
 
 setup_file() {
   e2e::ensure_cluster
-  # The torch image on node1 only (the other nodes get it from rank 0); the base rootfs is cached.
-  local node
-  for node in node2 node3; do
-    "${REPO_ROOT}/tests/cluster/exec" "${node}" docker image rm -f sm/torchrun:local >/dev/null 2>&1 || true
-  done
-  "${REPO_ROOT}/examples/torchrun/build-image" --node node1 >/dev/null
+  # The torch image on node1 only: the other nodes get it from rank 0.
+  e2e::torch_image_only_on node1
   e2e::toy_image_only_on node1
   export E2E_CACHE=${BATS_FILE_TMPDIR}/image-cache
   mkdir -p "${E2E_CACHE}"

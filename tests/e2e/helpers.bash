@@ -92,6 +92,19 @@ e2e::toy_image_only_on() {
   "${REPO_ROOT}/examples/toy/build-image" --node "${node}" >/dev/null
 }
 
+# e2e::torch_image_only_on NODE: the PyTorch example image on NODE's engine and on no other node
+# (the base rootfs is cached on the machine, keyed by its inputs: minutes the first time, then
+# seconds); prints how long it took on fd 3.
+e2e::torch_image_only_on() {
+  local node=$1 other t0=${SECONDS}
+  for other in node1 node2 node3; do
+    [[ ${other} == "${node}" ]] && continue
+    "${REPO_ROOT}/tests/cluster/exec" "${other}" docker image rm -f sm/torchrun:local >/dev/null 2>&1 || true
+  done
+  "${REPO_ROOT}/examples/torchrun/build-image" --node "${node}" >/dev/null
+  echo "# torch image on ${node} in $((SECONDS - t0)) s" >&3
+}
+
 # e2e::image_id NODE [IMAGE]: the image ID on NODE's engine (empty if absent).
 e2e::image_id() {
   "${REPO_ROOT}/tests/cluster/exec" "$1" docker image inspect -f '{{.Id}}' "${2:-toy/model:local}" 2>/dev/null || true
