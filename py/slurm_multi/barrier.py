@@ -82,6 +82,9 @@ RANK_RE = re.compile(r"0|[1-9][0-9]{0,8}")  # ASCII only: `\d` would accept unic
 IMAGE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,159}")
 
 ATTEMPT_TIMEOUT = 5.0  # one TCP connect attempt
+# Our rank 0 greets every connection with its CHALLENGE at once; a candidate port that does not
+# within this is something else (a squatter, a silent listener) and the client moves on.
+PROOF_TIMEOUT = 2.0
 # A worker usually dials a moment before rank 0 listens: retry soon, then back off (doubling).
 BACKOFF_START, BACKOFF_MAX = 0.02, 2.0
 FLUSH_SECONDS = 2.0  # how long the server waits for its last lines to leave
@@ -1136,6 +1139,20 @@ class _Dialer:
     last_error: str = "none"
     preferred: int | None = None
     skip: set[int] = field(default_factory=set)
+    rejected: dict[int, str] = field(default_factory=dict)  # port -> what answered there instead
+
+    def met(self) -> str:
+        """`; skipped 21544: <what answered there>` for the ports that are not our rank 0."""
+        return "".join(f"; skipped {port}: {why}" for port, why in sorted(self.rejected.items()))
+
+    def reject(self, port: int, why: str) -> None:
+        """Something other than our rank 0 holds `port`: never dial it again; fail once every
+        candidate is such a port, naming what was met on each."""
+        self.skip.add(port)
+        self.rejected[port] = why
+        self.log(f"{self.host}:{port} is not our rank 0 ({why}); trying the other candidates")
+        if set(self.ports) <= self.skip:
+            raise _no_candidate_error(self)
 
     def describe_target(self) -> str:
         return f"{self.host}:{','.join(str(p) for p in self.ports)}"
@@ -1207,16 +1224,21 @@ def _read_line(sock: socket.socket, deadline: float, buf: bytearray) -> bytes | 
 class _NoChallenge(Exception):
     """The peer accepted the connection but never greeted us with CHALLENGE before the deadline."""
 
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"no CHALLENGE within {seconds:.1f} s")
+        self.seconds = seconds
+
 
 def _exchange(sock: socket.socket, deadline: float, token: str, verb: str, *fields: str) -> Reply | None:
     """One conversation: rank 0's CHALLENGE, our line signed over it and a fresh nonce, its reply,
     verified. None when the peer closed first; _NoChallenge or socket.timeout past `deadline`;
     ProtocolError when the peer is not our barrier (no challenge, a reply without our MAC)."""
     buf = bytearray()
+    started = time.monotonic()
     try:
-        greeting = _read_line(sock, deadline, buf)
+        greeting = _read_line(sock, min(deadline, started + PROOF_TIMEOUT), buf)
     except (socket.timeout, TimeoutError):
-        raise _NoChallenge() from None
+        raise _NoChallenge(time.monotonic() - started) from None
     if greeting is None:
         return None
     challenge = parse_challenge(greeting)
@@ -1224,6 +1246,20 @@ def _exchange(sock: socket.socket, deadline: float, token: str, verb: str, *fiel
     sock.sendall(request_line(token, verb, challenge, nonce, *fields))
     line = _read_line(sock, deadline, buf)
     return None if line is None else parse_reply(line, token, challenge, nonce)
+
+
+def _no_candidate_error(dialer: _Dialer) -> HelperError:
+    """Every candidate port holds something other than our rank 0."""
+    if set(dialer.rejected.values()) == {BAD_TOKEN_MET}:
+        return _bad_token_error(dialer)
+    if len(dialer.rejected) == 1:
+        ((port, why),) = dialer.rejected.items()
+        return HelperError(f"barrier: {dialer.host}:{port} is not our barrier ({why})")
+    met = "; ".join(f"{port}: {why}" for port, why in sorted(dialer.rejected.items()))
+    return HelperError(f"barrier: no candidate port on {dialer.host} is our rank 0 ({met})")
+
+
+BAD_TOKEN_MET = "it rejected our token (ERR bad token)"
 
 
 def _bad_token_error(dialer: _Dialer) -> HelperError:
@@ -1266,18 +1302,18 @@ def join(
     while True:
         dialed = dialer.dial(deadline)
         if dialed is None:
-            if dialer.skip:
+            if dialer.rejected and set(dialer.rejected.values()) == {BAD_TOKEN_MET}:
                 raise _bad_token_error(dialer)
             if wait_deadline is None:
                 raise timeout_error(
                     f"barrier: rank 0 did not answer on {dialer.describe_target()} after "
                     f"{_seconds(time.monotonic() - started)} s ({dialer.attempts} attempts, "
-                    f"last error: {dialer.last_error}); is rank 0's task running?"
+                    f"last error: {dialer.last_error}{dialer.met()}); is rank 0's task running?"
                 )
             raise timeout_error(
                 f"barrier: lost rank 0 on {dialer.describe_target()} and could not reconnect within "
                 f"the {_seconds(wait_timeout)} s wait budget ({dialer.attempts} attempts, "
-                f"last error: {dialer.last_error})"
+                f"last error: {dialer.last_error}{dialer.met()})"
             )
         sock, port = dialed
         if wait_deadline is None:
@@ -1288,18 +1324,17 @@ def join(
         try:
             with sock:
                 reply = _exchange(sock, wait_deadline, token, "READY", str(rank), phase)
-        except _NoChallenge:
-            raise timeout_error(
-                f"barrier: {host}:{port} accepted rank {rank} but sent no CHALLENGE within the "
-                f"{_seconds(wait_timeout)} s wait budget; is it our barrier (the same slurm-multi)?"
-            ) from None
+        except _NoChallenge as exc:
+            dialer.reject(port, f"it accepted but sent no CHALLENGE within {_seconds(exc.seconds)} s")
+            continue
+        except ProtocolError as exc:
+            dialer.reject(port, str(exc))
+            continue
         except (socket.timeout, TimeoutError):
             raise timeout_error(
                 f"barrier: no GO from rank 0 at {host}:{port} after {_seconds(wait_timeout)} s "
                 f"(rank {rank}, phase {phase}); see rank 0's log for the missing ranks"
             ) from None
-        except ProtocolError as exc:
-            raise HelperError(f"barrier: {host}:{port} is not our barrier ({exc})") from None
         except OSError as exc:
             reply = None
             dialer.last_error = _describe(exc)
@@ -1314,9 +1349,7 @@ def join(
             raise BarrierAborted(reply.reason)
         if reply.kind == "ERR" and reply.reason == "bad token":
             # Another job's barrier may hold one of our candidate ports; keep looking on the others.
-            dialer.skip.add(port)
-            if set(dialer.ports) <= dialer.skip:
-                raise _bad_token_error(dialer)
+            dialer.reject(port, BAD_TOKEN_MET)
             continue
         if reply.kind == "ERR":
             raise usage_error(
@@ -1343,23 +1376,27 @@ def control(
     while True:
         dialed = dialer.dial(deadline)
         if dialed is None:
-            if dialer.skip:
+            if dialer.rejected and set(dialer.rejected.values()) == {BAD_TOKEN_MET}:
                 raise _bad_token_error(dialer)
             raise timeout_error(
                 f"barrier: rank 0's barrier did not answer on {dialer.describe_target()} after "
                 f"{_seconds(time.monotonic() - started)} s ({dialer.attempts} attempts, "
-                f"last error: {dialer.last_error}); is `barrier serve` running?"
+                f"last error: {dialer.last_error}{dialer.met()}); is `barrier serve` running?"
             )
         sock, port = dialed
         try:
             with sock:
                 reply = _exchange(sock, time.monotonic() + reply_timeout, token, verb, field)
-        except (_NoChallenge, socket.timeout, TimeoutError):
+        except _NoChallenge as exc:
+            dialer.reject(port, f"it accepted but sent no CHALLENGE within {_seconds(exc.seconds)} s")
+            continue
+        except ProtocolError as exc:
+            dialer.reject(port, str(exc))
+            continue
+        except (socket.timeout, TimeoutError):
             raise timeout_error(
                 f"barrier: no answer from {host}:{port} after {_seconds(reply_timeout)} s"
             ) from None
-        except ProtocolError as exc:
-            raise HelperError(f"barrier: {host}:{port} is not our barrier ({exc})") from None
         except OSError as exc:
             dialer.last_error = _describe(exc)
             continue
@@ -1370,9 +1407,7 @@ def control(
         if reply.kind == "ABORT":
             raise BarrierAborted(reply.reason)
         if reply.kind == "ERR" and reply.reason == "bad token":
-            dialer.skip.add(port)
-            if set(dialer.ports) <= dialer.skip:
-                raise _bad_token_error(dialer)
+            dialer.reject(port, BAD_TOKEN_MET)
             continue
         if reply.kind == "ERR":
             raise usage_error(f"barrier: rank 0 at {host}:{port} refused: {reply.reason}")

@@ -906,13 +906,86 @@ def test_a_controller_refuses_an_ok_that_rank_0_did_not_sign() -> None:
 def test_join_gives_up_on_a_peer_that_never_sends_a_challenge() -> None:
     with socket.create_server((LOOPBACK, 0)) as silent:  # accepts (the backlog does), says nothing
         port = silent.getsockname()[1]
+        started = time.monotonic()
         with pytest.raises(HelperError) as err:
-            join(LOOPBACK, [port], TOKEN, 1, connect_timeout=5, wait_timeout=0.5, log=lambda m: None)
-    assert err.value.exit_code == 3
+            join(LOOPBACK, [port], TOKEN, 1, connect_timeout=30, wait_timeout=30, log=lambda m: None)
+    # Not the whole wait budget: our rank 0 greets at once, so the proof window is seconds.
+    assert time.monotonic() - started < barrier.PROOF_TIMEOUT + 2
+    assert err.value.exit_code == 1
     assert str(err.value) == (
-        f"barrier: {LOOPBACK}:{port} accepted rank 1 but sent no CHALLENGE within the 0.5 s wait budget; "
-        "is it our barrier (the same slurm-multi)?"
+        f"barrier: {LOOPBACK}:{port} is not our barrier (it accepted but sent no CHALLENGE within 2 s)"
     )
+
+
+@contextlib.contextmanager
+def squatter(kind: str) -> Iterator[int]:
+    """Something that is not our rank 0 on a port: silent, a banner, or a fake CHALLENGE + a forged GO."""
+    listener = socket.create_server((LOOPBACK, 0))
+    listener.settimeout(0.2)
+    stop = threading.Event()
+
+    def run() -> None:
+        conns = []
+        while not stop.is_set():
+            try:
+                sock, _ = listener.accept()
+            except OSError:
+                continue
+            conns.append(sock)
+            try:
+                if kind == "banner":
+                    sock.sendall(b"SSH-2.0-OpenSSH_9.2\n")
+                elif kind == "forged-go":
+                    sock.sendall(barrier.challenge_line(auth.new_nonce()))
+                    sock.recv(512)
+                    sock.sendall(f"GO {'0' * 64} 1 sha256:evil\n".encode())
+            except OSError:
+                pass
+        for sock in conns:
+            sock.close()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        stop.set()
+        thread.join(5)
+        listener.close()
+
+
+@pytest.mark.parametrize("kind", ["silent", "banner", "forged-go"])
+def test_a_squatter_on_the_first_candidate_costs_a_join_seconds_not_the_job(kind: str) -> None:
+    def go(challenge: str, msg: barrier.Message) -> bytes:
+        return barrier.reply_line(TOKEN, "GO", challenge, msg.nonce, "1", "sha256:abc")
+
+    lines: list[str] = []
+    with squatter(kind) as first, impostor(go) as rank0:
+        started = time.monotonic()
+        image = join(
+            LOOPBACK, [first, rank0.port], TOKEN, 1, connect_timeout=30, wait_timeout=30, log=lines.append
+        )
+    assert image == "sha256:abc"
+    assert time.monotonic() - started < barrier.PROOF_TIMEOUT + 3
+    assert any(f"{LOOPBACK}:{first} is not our rank 0 (" in line for line in lines), lines
+
+
+def test_a_controller_skips_a_squatter_and_a_join_names_what_it_met_on_every_candidate() -> None:
+    with (
+        squatter("banner") as first,
+        impostor(lambda c, m: barrier.reply_line(TOKEN, "OK", c, m.nonce)) as rank0,
+    ):
+        barrier.control(LOOPBACK, [first, rank0.port], TOKEN, "RELEASE", "sha256:abc", log=lambda m: None)
+    assert [(m.kind, m.image_id) for _, m in rank0.seen] == [("RELEASE", "sha256:abc")]
+    with squatter("banner") as a, squatter("forged-go") as b:
+        with pytest.raises(HelperError) as err:
+            join(LOOPBACK, [a, b], TOKEN, 1, connect_timeout=30, wait_timeout=30, log=lambda m: None)
+    assert str(err.value) == (
+        f"barrier: no candidate port on {LOOPBACK} is our rank 0 ("
+        + "; ".join(sorted([f"{a}: no challenge", f"{b}: its GO is not signed with our token"]))
+        + ")"
+    )
+    assert err.value.exit_code == 1
 
 
 def test_release_cli_refuses_an_image_id_too_long_for_a_signed_line() -> None:
