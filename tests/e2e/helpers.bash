@@ -223,6 +223,8 @@ for section in ("built_images", "built_models"):
         entry["dockerfile"] = f"{repo}/examples/toy/Dockerfile"
         if "dockercontext" in entry:
             entry["dockercontext"] = f"{repo}/examples/toy"
+        if "scripts" in entry:  # this copy is not beside the model's scripts: name them absolutely
+            entry["scripts"] = f"{repo}/examples/toy/{entry['scripts']}"
 m["context"]["docker_env_vars"].update(
     NSYS_FAKE_WRITE_SECONDS="1", NSYS_FAKE_CHUNKS=chunks, NSYS_FAKE_CHUNK_KIB=kib
 )
@@ -238,7 +240,7 @@ e2e::assert_complete_report() {
   size=$(stat -c %s "${file}")
   assert_equal "${size}" "$((header + FAKE_CHUNKS * FAKE_CHUNK_KIB * 1024))"
   run head -n 1 "${file}"
-  assert_output --regexp '^FAKE-NSYS-REP session=profile-[0-9]+ app=sh$'
+  assert_output --regexp '^FAKE-NSYS-REP session=profile-[0-9]+ app=(ba)?sh$'
 }
 
 # e2e::task_pid JOB NODEID: the pid of JOB's sm-node task on that node (its parent is slurmstepd),
