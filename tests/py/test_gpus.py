@@ -828,3 +828,6 @@ def test_an_inner_empty_list_is_not_no_gpus_when_the_gpu_list_follows() -> None:
     )
     assert parse_amdsmi(text)["count"] == 1
     assert parse_amdsmi('note: [] empty\n[{"gpu": 0, "bdf": "0000:0c:00.0"}]')["count"] == 1
+    # A document whose only lists are inner empty ones has no GPU list at all: an error, not "no GPUs".
+    with pytest.raises(HelperError, match="no GPU list in amd-smi output"):
+        parse_amdsmi('{"cpu_data": [], "core_data": [], "version": 2}')
