@@ -484,18 +484,11 @@ def snapshot(target: Target, hang: dict[str, Any], directory: str) -> None:
         for p in hang["processes"]
     ]
     _write(directory, "hang-processes.txt", "\n".join(lines) + "\n")
+    # Read from the host as the job's user, never by running the container's own binaries with
+    # extra privilege: a workload that hangs on purpose could have replaced them.
     stacks = []
     for pid in sorted({p["pid"] for p in hang["processes"]})[:32]:
         stack = _read(f"/proc/{pid}/stack")
-        if stack is None and target.container:
-            inner = _inner_pid(pid)
-            if inner:
-                stack = (
-                    target._docker(
-                        "exec", "--privileged", target.container, "cat", f"/proc/{inner}/stack", timeout=5
-                    )
-                    or None
-                )
         stacks.append(
             f"== pid {pid} ({_comm(pid)})\n{stack if stack else '(not readable here: needs CAP_SYS_ADMIN)'}"
         )
@@ -507,7 +500,8 @@ def snapshot(target: Target, hang: dict[str, Any], directory: str) -> None:
             dumps = []
             for pid in sorted({p["pid"] for p in hang["processes"] if "python" in p["comm"]})[:8]:
                 inner = _inner_pid(pid) or pid
-                argv = ("exec", "--privileged", target.container, found, "dump", "--pid", str(inner))
+                # The container's py-spy with the container's own privileges, no more.
+                argv = ("exec", target.container, found, "dump", "--pid", str(inner))
                 dumps.append(f"== pid {pid}\n" + target._docker(*argv, timeout=20))
             _write(directory, "py-spy.txt", "\n".join(dumps) + "\n")
     else:

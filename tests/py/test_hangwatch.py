@@ -195,3 +195,21 @@ def test_a_thread_is_spinning_only_when_runnable_in_every_look() -> None:
     assert classify(hangwatch.merge_samples(looks), False)[:2] == ("cause", "spinning")
     # A thread seen only in some looks (it came and went) is not spinning either.
     assert hangwatch.merge_samples([[Thread(1, 9, "R", "py", "")], []])[0].state == "S"
+
+
+def test_diagnostics_never_run_the_containers_binaries_with_privilege(tmp_path: Path) -> None:
+    # A workload that hangs on purpose may have replaced /bin/cat or py-spy: a docker shim records
+    # how the snapshot calls into the container; none of it may be --privileged.
+    shim = tmp_path / "docker"
+    calls = tmp_path / "calls"
+    probe = 'case "$*" in *"command -v py-spy"*) echo /usr/bin/py-spy ;; esac'
+    shim.write_text(f'#!/bin/sh\nprintf "%s\\n" "$*" >>{calls}\n{probe}\n')
+    shim.chmod(0o755)
+    target = Target(container="sm-1-r0", docker=str(shim))
+    me = os.getpid()
+    hang = {"processes": [{"pid": me, "tid": me, "state": "S", "wchan": "do_select", "comm": "python3"}]}
+    hangwatch.snapshot(target, hang, str(tmp_path / "diagnostics"))
+    lines = calls.read_text().splitlines()
+    assert lines and not [line for line in lines if "--privileged" in line]
+    assert "exec sm-1-r0 /usr/bin/py-spy dump --pid" in "\n".join(lines)
+    assert (tmp_path / "diagnostics" / "kernel-stacks.txt").read_text().startswith(f"== pid {me}")
