@@ -1221,17 +1221,17 @@ def _read_line(sock: socket.socket, deadline: float, buf: bytearray) -> bytes | 
     return line
 
 
-class _NoChallenge(Exception):
-    """The peer accepted the connection but never greeted us with CHALLENGE before the deadline."""
+class _NoChallenge(ProtocolError):
+    """The peer accepted the connection but never greeted us with CHALLENGE within the proof window:
+    not our rank 0, which greets at once."""
 
     def __init__(self, seconds: float) -> None:
-        super().__init__(f"no CHALLENGE within {seconds:.1f} s")
-        self.seconds = seconds
+        super().__init__(f"it accepted but sent no CHALLENGE within {_seconds(seconds)} s")
 
 
 def _exchange(sock: socket.socket, deadline: float, token: str, verb: str, *fields: str) -> Reply | None:
     """One conversation: rank 0's CHALLENGE, our line signed over it and a fresh nonce, its reply,
-    verified. None when the peer closed first; _NoChallenge or socket.timeout past `deadline`;
+    verified. None when the peer closed first; socket.timeout past `deadline`;
     ProtocolError when the peer is not our barrier (no challenge, a reply without our MAC)."""
     buf = bytearray()
     started = time.monotonic()
@@ -1324,10 +1324,7 @@ def join(
         try:
             with sock:
                 reply = _exchange(sock, wait_deadline, token, "READY", str(rank), phase)
-        except _NoChallenge as exc:
-            dialer.reject(port, f"it accepted but sent no CHALLENGE within {_seconds(exc.seconds)} s")
-            continue
-        except ProtocolError as exc:
+        except ProtocolError as exc:  # (no CHALLENGE in time included): not our rank 0
             dialer.reject(port, str(exc))
             continue
         except (socket.timeout, TimeoutError):
@@ -1387,10 +1384,7 @@ def control(
         try:
             with sock:
                 reply = _exchange(sock, time.monotonic() + reply_timeout, token, verb, field)
-        except _NoChallenge as exc:
-            dialer.reject(port, f"it accepted but sent no CHALLENGE within {_seconds(exc.seconds)} s")
-            continue
-        except ProtocolError as exc:
+        except ProtocolError as exc:  # (no CHALLENGE in time included): not our rank 0
             dialer.reject(port, str(exc))
             continue
         except (socket.timeout, TimeoutError):
