@@ -79,13 +79,17 @@ run::hang_watch() {
   RUN_HANG_PID=
   rm -f "${SM_SCRATCH}/hung"
   ((${SM_HANG_TIMEOUT:-0} > 0)) || return 0
+  # A cause holds its stop up to the peer grace until the other ranks' watches have spoken (a rerun
+  # by hand has no peers running).
+  local peers=()
+  ((${NODE_FROM_JOB:-0})) || peers=(--job-dir "${SM_JOBDIR}" --ranks "${SM_NTASKS:-${NNODES:-1}}" --hold "${SM_PEER_GRACE:-30}")
   (
     trap - TERM INT EXIT
     local rc=0 state line
     # A direct child (no command substitution), so stopping this subshell's children stops it.
     util::py -S -m slurm_multi.hangwatch "$@" --timeout "${SM_HANG_TIMEOUT}" --output "${SM_NODE_LOG}" \
       --node-dir "${SM_NODE_DIR}" --diagnostics "${SM_SCRATCH}/diagnostics" --rank "${SM_RANK}" \
-      --node "$(hostname)" >"${SM_SCRATCH}/hang-watch.out" || rc=$?
+      --node "$(hostname)" "${peers[@]+"${peers[@]}"}" >"${SM_SCRATCH}/hang-watch.out" || rc=$?
     ((rc == 3)) && [[ ! -e ${SM_SCRATCH}/run-done ]] || exit 0
     read -r state line <"${SM_SCRATCH}/hang-watch.out"
     printf '%s\n' "${line}" >"${SM_SCRATCH}/hung"

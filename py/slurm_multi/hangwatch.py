@@ -17,8 +17,10 @@ uninterruptible sleep, spinning, or merely sleeping: a cause; every other proces
 least one thread blocked in a socket or poll wait: a waiter. It then writes hang.json into the
 node dir, snapshots diagnostics (processes with state and wait channel, kernel stacks where
 readable, open sockets, py-spy dumps when the image has py-spy), and exits 3. The caller stops the
-workload. While watching it writes progress.json every --progress-every seconds: when this rank
-last printed and last used CPU.
+workload. A cause first holds that stop (up to --hold seconds) until every other rank is accounted
+for: stopping it ends the others' wait (their sockets close, they fail), and a waiter whose own watch
+had not yet looked would be missing from the job's summary. While watching it writes progress.json
+every --progress-every seconds: when this rank last printed and last used CPU.
 
 Exit: 0 the workload ended (or never started), 3 hung, 2 bad arguments.
 """
@@ -346,6 +348,43 @@ def write_json(path: str, document: dict[str, Any]) -> None:
         pass
 
 
+@dataclass(frozen=True)
+class Peers:
+    """The other ranks of the job, as a cause's hold reads them: `<job_dir>/node_<r>/`."""
+
+    job_dir: str
+    ranks: int
+    hold: float
+
+    def accounted(self, rank: int, since: float) -> bool:
+        """Rank's watch has spoken (hang.json), its run ended (status.json), or its progress record
+        shows output or CPU after `since` (it is not waiting on the cause)."""
+        node_dir = os.path.join(self.job_dir, f"node_{rank}")
+        if any(os.path.exists(os.path.join(node_dir, name)) for name in ("hang.json", "status.json")):
+            return True
+        try:
+            with open(os.path.join(node_dir, "progress.json"), encoding="utf-8") as handle:
+                record = json.load(handle)
+            moved = max(float(record["last_output_epoch"]), float(record["last_cpu_epoch"]))
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            return False
+        return moved > since
+
+    def hold_stop(self, rank: int, since: float, poll: float, clock: Any = time.time) -> list[int]:
+        """Wait until every other rank is accounted for, at most `hold` seconds; the ranks that
+        were not. A SIGTERM (the job is being stopped anyway) ends the wait."""
+        pending = [other for other in range(self.ranks) if other != rank]
+        deadline = clock() + self.hold
+        try:
+            while True:
+                pending = [other for other in pending if not self.accounted(other, since)]
+                if not pending or clock() >= deadline:
+                    return pending
+                time.sleep(max(0.0, min(poll, deadline - clock())))
+        except Stopped:
+            return pending
+
+
 class Stopped(Exception):
     """SIGTERM from the run stage: the workload ended; leave the last progress record and go."""
 
@@ -362,6 +401,7 @@ def watch(
     diagnostics: str = "",
     start_wait: float = 120.0,
     clock: Any = time.time,
+    peers: Peers | None = None,
 ) -> int:
     """Watch until the workload ends (0) or is hung (EXIT_HUNG, hang.json written)."""
     try:
@@ -383,7 +423,7 @@ def watch(
     parent = os.getppid()
     try:
         return _watch_loop(target, state, output, timeout, node_dir, rank, node, poll, progress_every,
-                           diagnostics, clock, parent, last_poll, next_progress)  # fmt: skip
+                           diagnostics, clock, parent, last_poll, next_progress, peers)  # fmt: skip
     except Stopped:
         pass
     # The workload ended: its last word on progress (a short run ends before the first write).
@@ -396,7 +436,7 @@ def watch(
 def _watch_loop(
     target: Target, state: Progress, output: str, timeout: float, node_dir: str, rank: int, node: str,
     poll: float, progress_every: float, diagnostics: str, clock: Any, parent: int, last_poll: float,
-    next_progress: float,
+    next_progress: float, peers: Peers | None = None,
 ) -> int:  # fmt: skip
     while target.alive():
         time.sleep(poll)
@@ -421,6 +461,11 @@ def _watch_loop(
             write_json(os.path.join(node_dir, "progress.json"), progress_document(state, rank, node, now))
             if diagnostics:
                 snapshot(target, hang, diagnostics)
+            if peers and peers.ranks > 1 and peers.hold > 0 and hang["role"] == "cause":
+                held = clock()
+                hang["peers_unaccounted"] = peers.hold_stop(rank, now, poll, clock)
+                hang["held_seconds"] = round(clock() - held, 1)
+                write_json(os.path.join(node_dir, "hang.json"), hang)
             print(hang["state"], hang_line(hang), flush=True)  # the caller reads: STATE LINE
             return EXIT_HUNG
     raise Stopped
@@ -553,14 +598,19 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--poll", type=float, default=1.0)
     parser.add_argument("--progress-every", type=float, default=5.0)
     parser.add_argument("--docker", default="docker")
+    parser.add_argument("--job-dir", default="", help="the job dir holding every rank's node_<r>/")
+    parser.add_argument("--ranks", type=int, default=1, help="ranks in the job (node_0 … node_<n-1>)")
+    parser.add_argument("--hold", type=float, default=0.0,
+                        help="a cause waits up to this long for the other ranks' watches")  # fmt: skip
     args = parser.parse_args(argv)
-    if args.timeout <= 0 or args.poll <= 0:
-        parser.error("--timeout and --poll must be positive")
+    if args.timeout <= 0 or args.poll <= 0 or args.hold < 0 or args.ranks < 1:
+        parser.error("--timeout and --poll must be positive, --hold not negative, --ranks at least 1")
     target = Target(container=args.container or "", pid=args.pid or 0, docker=args.docker)
     try:
         node = args.node or os.uname().nodename
+        peers = Peers(args.job_dir, args.ranks, args.hold) if args.job_dir else None
         return watch(target, args.output, args.timeout, args.node_dir, args.rank, node,
-                     args.poll, args.progress_every, args.diagnostics)  # fmt: skip
+                     args.poll, args.progress_every, args.diagnostics, peers=peers)  # fmt: skip
     except KeyboardInterrupt:
         return 0
 
