@@ -48,8 +48,12 @@ def _floor_receiver(listener: socket.socket, conn: Any) -> None:
     conn.send(total)
 
 
-def tcp_floor(nbytes: int) -> float:
-    """Seconds to copy `nbytes` from one process to another over loopback TCP, nothing else."""
+def tcp_floor(nbytes: int) -> tuple[float, float]:
+    """(seconds, CPU seconds of both ends) to copy `nbytes` from one process to another over
+    loopback TCP, nothing else."""
+    import resource
+
+    before = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
     ctx = multiprocessing.get_context("fork")
     listener = socket.socket()
     listener.bind((LOOPBACK, 0))
@@ -71,11 +75,14 @@ def tcp_floor(nbytes: int) -> float:
             sock.shutdown(socket.SHUT_WR)
             if not parent.poll(60) or parent.recv() != nbytes:
                 raise RuntimeError("the floor's receiver did not get every byte")
-            return time.perf_counter() - start
+            seconds = time.perf_counter() - start
     finally:
         proc.join(5)
         if proc.is_alive():
             proc.kill()
+    after = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    cpu = sum((a.ru_utime - b.ru_utime) + (a.ru_stime - b.ru_stime) for a, b in zip(after, before))
+    return seconds, cpu
 
 
 def measure_chain(hops: int, nbytes: int) -> tuple[float, float]:
@@ -100,9 +107,12 @@ def run(
     samples: dict[int, list[float]] = {h: [] for h in hops}
     cpu: dict[int, list[float]] = {h: [] for h in hops}
     floor: list[float] = []
+    floor_cpu: list[float] = []
     for round_number in range(repeats):
         talk("relay", f"round {round_number + 1}/{repeats}: TCP floor and {', '.join(map(str, hops))} hop(s)")
-        floor.append(tcp_floor(nbytes))
+        seconds, used = tcp_floor(nbytes)
+        floor.append(seconds)
+        floor_cpu.append(used)
         for count in hops:
             seconds, used = measure_chain(count, nbytes)
             samples[count].append(seconds)
@@ -124,6 +134,25 @@ def run(
             extra={"hops": 1, "bytes": nbytes, "mb_per_s": nbytes / 1e6 / one, "cpus": cpus},
         )
     ]
+    longest = max(hops)
+    gb = nbytes / 1e9
+    per_hop = [used / (longest + 1) / gb for used in cpu[longest]]
+    per_end = [used / 2 / gb for used in floor_cpu]
+    rows.append(
+        make_row(
+            "relay CPU per GB per hop",
+            f"CPU seconds per GB of one relay process in the {longest}-hop chain (each frame's tag checked, "
+            "re-tagged per child, chained; the feeder and rank 0 count as one process)",
+            "CPU seconds per GB of one end of the plain TCP copy (sendall / recv_into, nothing else)",
+            per_hop,
+            per_end,
+            notes=(
+                f"relay {median(per_hop):.2f} CPU s/GB per process, TCP copy {median(per_end):.2f} CPU s/GB "
+                "per end (the relay's ratio is its whole per-byte cost: framing, one sha256 pass, forwarding)"
+            ),
+            extra={"hops": longest, "bytes": nbytes, "cpus": cpus},
+        )
+    )
     for count in hops:
         if count == 1:
             continue

@@ -223,7 +223,7 @@ image::ensure_on_rank0() {
 
 # ---- the relay: the image streamed node to node while rank 0 saves it ----------------------------
 # Rank 0 releases `relay+<id>`, then `docker save | tee -p <cache tmp> | slurm-multi relay send`;
-# every worker runs `slurm-multi relay recv | docker load` and forwards the bytes to the next node
+# every worker runs `slurm-multi relay recv -- docker load` and forwards the bytes to the next node
 # as they arrive (lib/../docs/relay.md). The tar still lands in the cache, atomically, for the next
 # job. A worker whose stream fails (short, corrupt, its upstream died) says so and falls back to
 # image::ensure_on_worker: the cache tar (it waits for rank 0's lock), else a rebuild.
@@ -337,7 +337,7 @@ image::relay_send() {
 # image::relay_recv ID: receive rank 0's stream, forward it, load it (or only forward it, when this
 # node already has ID). On failure IMAGE_RELAY_ERROR holds the relay's one-line reason.
 image::relay_recv() {
-  local want=$1 have rc=0 st=() errfile=${SM_SCRATCH}/relay.error bytes
+  local want=$1 have rc=0 errfile=${SM_SCRATCH}/relay.error bytes
   IMAGE_RELAY_ERROR=
   image::relay_argv recv
   rm -f "${errfile}" "${SM_SCRATCH}/relay.stats"
@@ -348,13 +348,12 @@ image::relay_recv() {
     log::cmd image "${SM_HOME}/bin/slurm-multi" "${IMAGE_RELAY_ARGV[@]}"
     { SM_ERROR_FILE=${errfile} util::sm "${IMAGE_RELAY_ARGV[@]}" >/dev/null; } || rc=$?
   else
-    # shellcheck disable=SC2016 # the inner bash's arguments
-    log::cmd image bash -c '"$@" | docker load -q' recv "${SM_HOME}/bin/slurm-multi" "${IMAGE_RELAY_ARGV[@]}"
+    # The relay runs docker load itself: every frame is checked before docker load reads it, and a
+    # stream that fails kills docker load before it could read a clean end (a cut tar never loads).
+    log::cmd image "${SM_HOME}/bin/slurm-multi" "${IMAGE_RELAY_ARGV[@]}" -- docker load -q
     timeline::event image_load_start
-    { SM_ERROR_FILE=${errfile} util::sm "${IMAGE_RELAY_ARGV[@]}" | docker load -q >/dev/null; st=("${PIPESTATUS[@]}"); } || true
-    rc=${st[0]}
-    timeline::event image_load_end status="$( ((st[1] == 0)) && echo ok || echo failed)"
-    ((rc != 0 || st[1] == 0)) || rc=1 IMAGE_RELAY_ERROR="docker load of the relayed stream failed (exit ${st[1]})"
+    { SM_ERROR_FILE=${errfile} util::sm "${IMAGE_RELAY_ARGV[@]}" -- docker load -q >/dev/null; } || rc=$?
+    timeline::event image_load_end status="$( ((rc == 0)) && echo ok || echo failed)"
   fi
   bytes=$(cut -d' ' -f1 "${SM_SCRATCH}/relay.stats" 2>/dev/null) || bytes=
   timeline::event image_stream_end ${bytes:+bytes="${bytes}"} status="$( ((rc == 0)) && echo ok || echo failed)"

@@ -20,22 +20,31 @@ Wire format (one TCP connection per parent -> child link; lines are ASCII and en
                       | DENY <reason>
     parent -> child   SM-RELAY/1 STREAM <purpose>                   (the header)
     child  -> parent  READY | FAIL <reason>                       (its whole subtree is connected)
-    parent -> child   frames: 1 type byte + 4-byte big-endian length + payload
-                        D  1..4 MiB of the stream (forwarded downstream byte for byte)
+    parent -> child   frames: 1 type byte + 4-byte big-endian length + 16-byte tag + payload
+                        D  1..4 MiB of the stream (the payload forwarded downstream byte for byte)
                         P  empty: rank 0's source is quiet but rank 0 is alive (keeps stall timers quiet)
-                        E  the trailer: total length (8 bytes BE) + sha256 of all payload (32 bytes) +
-                           mac(token, nonce_c, "end", total, sha256 hex) (64 hex characters)
+                        E  the trailer: total length (8 bytes BE) + the stream's chain digest (32 bytes)
                         A  abort: the first failure's one-line reason (UTF-8), forwarded unchanged
-    child  -> parent  WAIT (every few seconds while it streams or waits for its own subtree), then
-                      DONE <nodes verified in its subtree> | FAIL <reason>
+    child  -> parent  READY <tag> (its whole subtree is connected) | FAIL <reason>, then WAIT (every
+                      few seconds while it streams or waits for its own subtree), then
+                      DONE <nodes verified in its subtree> <tag> | FAIL <reason>
 
 The token (from $SM_BARRIER_TOKEN) never crosses the wire: both sides prove they hold it with
-slurm_multi.auth's challenge-response before any payload is trusted, and the trailer is MACed per
-link. A receiver checks the trailer's length and digest against what it received; a stream that
-ends without a trailer, an abort, or a mismatch fails the node with a one-line reason naming the
-upstream. A node whose upstream fails aborts its children at once, so the whole subtree fails
-within seconds; a parent that sends nothing for --stall-timeout seconds (or a child that takes
-nothing for that long) is given up on.
+slurm_multi.auth's challenge-response, and each link then has its own key,
+`mac(token, "link", nonce_p, nonce_c, rank_p, rank_c, purpose)`. Every frame's tag is
+HMAC-SHA256(link key, seq || type || length || sha256(payload)), cut to 16 bytes, with seq counting
+the link's frames from 0. A receiver checks it before the payload goes anywhere (stdout or a child),
+so a forged, altered, reordered or replayed frame (another link's, or this link's earlier one) is
+never written: the node fails naming its upstream. Each hop hashes each payload once (the digest
+the tags of every link are made from) and chains the digests, `chain = sha256(chain || digest)`;
+the trailer carries rank 0's chain and the total, so every node also checks that it got rank 0's
+stream, not only its parent's. The stream is authenticated, not encrypted: an image is not a
+secret on a cluster whose users share its registry and nodes, and encrypting would cost a second
+pass over every byte on every hop; docs/relay.md says so. A stream that ends without a trailer, an
+abort, or a mismatch fails the node with a one-line reason naming the upstream. A node whose
+upstream fails aborts its children at once, so the whole subtree fails within seconds; a parent that
+sends nothing for --stall-timeout seconds (or a child that takes nothing for that long) is given up
+on.
 
 Exit codes: 0 stream delivered and verified (rank 0: by every node), 1 runtime failure, 2 usage
 or rejected (wrong token, wrong purpose), 3 timeout (a peer never came, or stalled).
@@ -44,6 +53,7 @@ or rejected (wrong token, wrong purpose), 3 timeout (a peer never came, or stall
 from __future__ import annotations
 
 import hashlib
+import hmac
 import os
 import re
 import select
@@ -76,9 +86,13 @@ DEFAULT_TOKEN_ENV = "SM_BARRIER_TOKEN"
 PURPOSE_RE = re.compile(r"[a-z0-9][a-z0-9._:-]{0,63}")
 RANK_RE = re.compile(r"0|[1-9][0-9]{0,8}")
 
-FRAME = struct.Struct("!cI")  # type, payload length
+FRAME = struct.Struct("!cI16s")  # type, payload length, tag
+TAGGED = struct.Struct("!QcI")  # what a tag covers before the payload's digest: seq, type, length
+TAG_BYTES = 16
 DATA, PING, END, ABORT = b"D", b"P", b"E", b"A"
-TRAILER = struct.Struct("!Q32s64s")  # total length, sha256, MAC (hex)
+TRAILER = struct.Struct("!Q32s")  # total length, chain digest
+EMPTY_DIGEST = hashlib.sha256(b"").digest()
+CHAIN_START = bytes(32)
 CHUNK = 1 << 20  # what rank 0 puts in one frame
 MAX_FRAME = 4 << 20  # the most a receiver accepts in one frame
 MAX_LINE = 512  # bytes per protocol line, newline included
@@ -87,7 +101,9 @@ MAX_REASON = 400
 # Relay ports sit past anything the barrier may use (at most MAX_CANDIDATES, plus MASTER_PORT).
 RELAY_PORT_OFFSET = 2 * MAX_CANDIDATES
 DEFAULT_PORT_COUNT = 4
-HANDSHAKE_TIMEOUT = 10.0  # one peer's lines during the handshake
+HANDSHAKE_TIMEOUT = 10.0  # a child's wait for the stream header once its parent proved the token
+PROOF_TIMEOUT = 2.0  # a peer's greeting or proof: a squatter on a candidate port costs at most this
+MAX_PENDING = 64  # handshakes a parent keeps open at once
 ATTEMPT_TIMEOUT = 5.0  # one TCP connect
 BACKOFF_START, BACKOFF_MAX = 0.05, 1.0
 READY_GRACE = 10.0  # a parent waits this much longer than a child, so the child's reason arrives
@@ -251,10 +267,24 @@ def parse_header(line: bytes | str) -> str:
     return parts[2]
 
 
-def parse_status(line: bytes | str, verb: str) -> tuple[bool, int, str]:
-    """A child's READY / DONE <n> (ok, n, "") or FAIL <reason> (False, 0, reason)."""
+def status_line(key: bytes, verb: str, count: int = 0) -> bytes:
+    """READY <tag> or DONE <count> <tag>, tagged with the link key (a forged DONE would tell rank 0
+    that a node verified the stream when it did not)."""
+    if verb == "READY":
+        return f"READY {line_tag(key, 'ready')}\n".encode()
+    return f"DONE {count} {line_tag(key, 'done', str(count))}\n".encode()
+
+
+def parse_status(line: bytes | str, verb: str, key: bytes = b"") -> tuple[bool, int, str]:
+    """A child's READY / DONE <n> (ok, n, "") or FAIL <reason> (False, 0, reason); with `key`,
+    READY and DONE must carry the link's tag."""
     text = _decode(line)
     head, _, rest = text.partition(" ")
+    if key and head == verb:
+        rest, _, tag = rest.rpartition(" ") if verb == "DONE" else ("", "", rest)
+        want = line_tag(key, "ready") if verb == "READY" else line_tag(key, "done", rest)
+        if not hmac.compare_digest(tag.encode(), want.encode()):
+            raise ProtocolError(f"{verb} without the link's tag")
     if head == "FAIL":
         return False, 0, clean_reason(rest)
     if head != verb:
@@ -266,11 +296,11 @@ def parse_status(line: bytes | str, verb: str) -> tuple[bool, int, str]:
     return True, _rank(rest), ""
 
 
-def parse_frame_header(raw: bytes | bytearray | memoryview) -> tuple[bytes, int]:
-    """(type, length) of a frame header; lengths are checked against the type."""
+def parse_frame_header(raw: bytes | bytearray | memoryview) -> tuple[bytes, int, bytes]:
+    """(type, length, tag) of a frame header; lengths are checked against the type."""
     if len(raw) != FRAME.size:
         raise ProtocolError("short frame header")
-    kind, length = FRAME.unpack(raw)
+    kind, length, tag = FRAME.unpack(raw)
     if kind == DATA:
         if not 1 <= length <= MAX_FRAME:
             raise ProtocolError(f"data frame of {length} bytes (1..{MAX_FRAME})")
@@ -285,28 +315,42 @@ def parse_frame_header(raw: bytes | bytearray | memoryview) -> tuple[bytes, int]
             raise ProtocolError("abort reason too long")
     else:
         raise ProtocolError(f"unknown frame type 0x{kind[0]:02x}")
-    return kind, length
+    return kind, length, tag
 
 
-def trailer(token: str, nonce_c: str, total: int, digest: bytes) -> bytes:
-    """An END frame (header included) for the child whose nonce is `nonce_c`."""
-    proof = auth.mac(token, nonce_c, "end", str(total), digest.hex())
-    return FRAME.pack(END, TRAILER.size) + TRAILER.pack(total, digest, proof.encode())
+def link_key(token: str, nonce_p: str, nonce_c: str, rank_p: int, rank_c: int, purpose: str) -> bytes:
+    """The key of one parent -> child link: both nonces are fresh, so no two links share it."""
+    return bytes.fromhex(auth.mac(token, "link", nonce_p, nonce_c, str(rank_p), str(rank_c), purpose))
 
 
-def parse_trailer(payload: bytes | bytearray | memoryview) -> tuple[int, bytes, str]:
+def frame_tag(key: bytes, seq: int, kind: bytes, length: int, digest: bytes) -> bytes:
+    """The tag of frame `seq` on a link: HMAC-SHA256 over seq, type, length and the payload's
+    sha256, cut to 16 bytes."""
+    return hmac.digest(key, TAGGED.pack(seq, kind, length) + digest, "sha256")[:TAG_BYTES]
+
+
+def line_tag(key: bytes, *fields: str) -> str:
+    """The tag of a status line a child sends up (READY, DONE), as 32 hex characters."""
+    return hmac.digest(key, "|".join(fields).encode(), "sha256")[:TAG_BYTES].hex()
+
+
+def chain(previous: bytes, digest: bytes) -> bytes:
+    """The stream's digest so far: each frame's sha256 chained onto the previous value."""
+    return hashlib.sha256(previous + digest).digest()
+
+
+def trailer_payload(total: int, stream_digest: bytes) -> bytes:
+    return TRAILER.pack(total, stream_digest)
+
+
+def parse_trailer(payload: bytes | bytearray | memoryview) -> tuple[int, bytes]:
     if len(payload) != TRAILER.size:
         raise ProtocolError("bad trailer size")
-    total, digest, proof = TRAILER.unpack(payload)
-    try:
-        return total, digest, proof.decode("ascii")
-    except UnicodeDecodeError:
-        raise ProtocolError("bad trailer MAC") from None
+    return TRAILER.unpack(payload)
 
 
-def abort_frame(reason: str) -> bytes:
-    data = clean_reason(reason).encode("utf-8")
-    return FRAME.pack(ABORT, len(data)) + data
+def abort_payload(reason: str) -> bytes:
+    return clean_reason(reason).encode("utf-8")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -323,6 +367,14 @@ class Link:
     peer_nonce: str = ""
     buf: bytearray = field(default_factory=bytearray)
     failed: str = ""  # why this child was given up on
+    key: bytes = b""  # the link key (link_key), once both sides proved the token
+    seq: int = 0  # the next frame's number on this link (sent, or expected)
+    started: float = 0.0  # a pending handshake: when it was accepted
+
+    def tagged(self, frame: bytearray | memoryview, kind: bytes, length: int, digest: bytes) -> None:
+        """Put this link's tag for its next frame into `frame`'s header and count the frame."""
+        FRAME.pack_into(frame, 0, kind, length, frame_tag(self.key, self.seq, kind, length, digest))
+        self.seq += 1
 
     def send(self, data: bytes) -> None:
         self.sock.sendall(data)
@@ -463,7 +515,7 @@ class Plan:
 @dataclass
 class Result:
     total: int  # payload bytes
-    digest: str  # sha256 hex
+    digest: str  # the stream's chain digest (hex): the same on every node that verified it
     seconds: float  # first byte -> every node below has verified
     nodes: int  # nodes that verified the stream (rank 0: all receivers; others: self + subtree)
 
@@ -485,11 +537,13 @@ class Node:
         self.children: list[Link] = []
         self.listener: socket.socket | None = None
         self.refused: list[str] = []  # peers refused while gathering (shown if a child never comes)
+        self.met: dict[str, str] = {}  # candidate address -> what answered there that was not our parent
         self.heartbeat = max(0.05, min(5.0, plan.stall_timeout / 3))
         self._next_beat = 0.0
         self.buffer = bytearray(FRAME.size + MAX_FRAME)
         self.view = memoryview(self.buffer)
         self.fault = parse_fault(os.environ.get("SM_RELAY_FAULT", ""), plan.rank)
+        self._flip: int | None = None  # the fault hook's byte to flip in the frame being forwarded
 
     # -- errors ------------------------------------------------------------------------------------
 
@@ -562,10 +616,12 @@ class Node:
                     link = Link(sock, self.parent, pname, f"{address}:{port}")
                     try:
                         if self._handshake_as_child(link):
+                            self._say_met(link.where)
                             return link
-                        last_error = f"{link.where} is another rank's relay"
+                        last_error = f"{link.where} {self.met[link.where]}"
                     except (OSError, ProtocolError) as exc:
                         last_error = f"{link.where}: {_describe(exc)}"
+                        self.met[link.where] = _describe(exc)
                     except HelperError:
                         link.close()
                         raise
@@ -573,60 +629,82 @@ class Node:
             if time.monotonic() >= deadline:
                 span = f"{ports[0]}-{ports[-1]}" if len(ports) > 1 else str(ports[0])
                 shown = LOOPBACK if plan.loopback else host
+                met = "; ".join(f"{where}: {what}" for where, what in self.met.items())
+                hint = (
+                    "; every node must get the same job token ($SM_BARRIER_TOKEN or --token-env)"
+                    if "token" in met
+                    else "; is its relay running?"
+                )
                 raise timeout_error(
                     f"relay: {plan.me}: {pname} did not answer on {shown}:{span} within "
-                    f"{secs(plan.connect_timeout)} s (last error: {last_error}); is its relay running?"
+                    f"{secs(plan.connect_timeout)} s (last error: {last_error}"
+                    + (f"; met: {met}" if met else "")
+                    + f"){hint}"
                 )
             time.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
             backoff = min(backoff * 2, BACKOFF_MAX)
+
+    def _say_met(self, where: str) -> None:
+        """Name what answered on the candidates before our parent did (a squatter, a stale relay)."""
+        others = {w: what for w, what in self.met.items() if w != where}
+        if others:
+            self.plan.log(
+                "before our parent at "
+                + where
+                + ": "
+                + "; ".join(f"{w} {what}" for w, what in others.items())
+            )
 
     def _handshake_as_child(self, link: Link) -> bool:
         """True when `link` is our authenticated parent; False when it is another rank's relay."""
         plan = self.plan
         _keepalive(link.sock)
         try:
-            nonce_p = parse_hello(link.read_line(HANDSHAKE_TIMEOUT))
+            nonce_p = parse_hello(link.read_line(PROOF_TIMEOUT))
         except ProtocolError as exc:
             raise ProtocolError(f"not a relay ({exc})") from None
         link.own_nonce, link.peer_nonce = auth.new_nonce(), nonce_p
         link.send(auth_line(plan.token, nonce_p, plan.rank, plan.purpose, link.own_nonce))
-        verb, rank_p, text = parse_answer(link.read_line(HANDSHAKE_TIMEOUT))
+        verb, rank_p, text = parse_answer(link.read_line(PROOF_TIMEOUT))
         if verb == "DENY":
-            if text.startswith("not my child") or text.startswith("rank already connected"):
-                plan.log(f"{link.where} refused: {text}; trying the next candidate")
-                return False
-            raise usage_error(
-                f"relay: {plan.me}: {link.name} at {link.where} refused us: {text}"
-                + (
-                    "; every node must get the same job token ($SM_BARRIER_TOKEN or --token-env)"
-                    if "token" in text
-                    else ""
-                )
-            )
+            # Unsigned: our parent's word or anyone's on this port. Never the end: the next candidate.
+            self.met[link.where] = f"refused us: {text}"
+            return False
         if rank_p != self.parent:
+            self.met[link.where] = f"rank {rank_p}'s relay"
             return False
         if not auth.check(
             plan.token, text, link.own_nonce, nonce_p, str(rank_p), str(plan.rank), plan.purpose, "parent"
         ):
-            raise usage_error(
-                f"relay: {plan.me}: {link.name} at {link.where} could not prove it holds the job token "
-                "(a wrong token on that node, or not our job's relay); refusing its stream"
-            )
+            self.met[link.where] = "an OK without the job token's proof"
+            return False
+        link.key = link_key(plan.token, nonce_p, link.own_nonce, rank_p, plan.rank, plan.purpose)
         purpose = parse_header(link.read_line(HANDSHAKE_TIMEOUT))
         if purpose != plan.purpose:
             raise usage_error(f"relay: {plan.me}: {link.name} sends {purpose!r}, we expect {plan.purpose!r}")
         return True
 
-    def _handshake_as_parent(self, sock: socket.socket, where: str, waiting: dict[int, None]) -> Link | None:
-        plan = self.plan
-        link = Link(sock, -1, "an unknown peer", where)
-        nonce_p = auth.new_nonce()
+    def _greet(self, sock: socket.socket, where: str) -> Link | None:
+        """A fresh connection: our HELLO goes out at once; its AUTH is read when it comes."""
+        link = Link(sock, -1, "an unknown peer", where, own_nonce=auth.new_nonce(), started=time.monotonic())
         try:
             _keepalive(sock)
-            link.send(hello_line(nonce_p))
-            rank, purpose, nonce_c, given = parse_auth(link.read_line(HANDSHAKE_TIMEOUT))
-        except (OSError, ProtocolError) as exc:
-            self._refuse(link, f"no valid AUTH ({_describe(exc)})", f"bad handshake: {_describe(exc)}")
+            sock.settimeout(ABORT_SEND_TIMEOUT)
+            link.send(hello_line(link.own_nonce))
+        except OSError:
+            link.close()
+            return None
+        return link
+
+    def _handshake_as_parent(self, link: Link, line: bytes, waiting: dict[int, None]) -> Link | None:
+        """The peer's AUTH line: our child, with OK and the header sent; None when refused."""
+        plan, where, nonce_p = self.plan, link.where, link.own_nonce
+        try:
+            rank, purpose, nonce_c, given = parse_auth(line)
+        except ProtocolError as exc:
+            self._refuse(
+                link, f"no valid AUTH ({_describe(exc)})", f"bad handshake from {where}: {_describe(exc)}"
+            )
             return None
         if not auth.check(plan.token, given, nonce_p, str(rank), purpose, "child"):
             self._refuse(link, "wrong token", f"rank {rank} from {where} has a wrong token")
@@ -641,7 +719,8 @@ class Node:
             self._refuse(link, "rank already connected", f"a second rank {rank} from {where}")
             return None
         link.rank, link.name = rank, plan.name(rank)
-        link.own_nonce, link.peer_nonce = nonce_p, nonce_c
+        link.peer_nonce = nonce_c
+        link.key = link_key(plan.token, nonce_p, nonce_c, plan.rank, rank, plan.purpose)
         proof = parent_proof(plan.token, nonce_c, nonce_p, plan.rank, rank, plan.purpose)
         try:
             link.send(f"OK {plan.rank} {proof}\n".encode() + header_line(plan.purpose))
@@ -664,29 +743,65 @@ class Node:
             self.plan.log(f"refused a connection: {note}{hint}")
 
     def gather_children(self, deadline: float) -> None:
-        """Accept and authenticate every child, then wait until each reports its subtree READY."""
+        """Accept and authenticate every child, then wait until each reports its subtree READY.
+
+        Handshakes run side by side: a connection that sends no valid AUTH within PROOF_TIMEOUT is
+        dropped, so idle or slow connections (a squatter, a port scan) never keep a child out."""
         plan = self.plan
         assert self.listener is not None
         waiting = dict.fromkeys(self.child_ranks)
-        self.listener.settimeout(0.2)
-        while waiting:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                missing = ", ".join(plan.name(r) for r in waiting)
-                refused = f"; refused meanwhile: {'; '.join(self.refused[-3:])}" if self.refused else ""
-                raise timeout_error(
-                    f"relay: {plan.me}: {missing} did not connect within {secs(plan.connect_timeout)} s"
-                    f"{refused}; is its relay recv running with the same --nodes/--job-id/token?"
+        pending: dict[int, Link] = {}  # by file descriptor: greeted, AUTH not yet complete
+        self.listener.setblocking(False)
+
+        def drop(link: Link) -> None:
+            sel.unregister(link.sock)
+            del pending[link.sock.fileno()]
+
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.listener, selectors.EVENT_READ, None)
+            while waiting:
+                now = time.monotonic()
+                if now >= deadline:
+                    for link in pending.values():
+                        link.close()
+                    missing = ", ".join(plan.name(r) for r in waiting)
+                    refused = f"; refused meanwhile: {'; '.join(self.refused[-3:])}" if self.refused else ""
+                    raise timeout_error(
+                        f"relay: {plan.me}: {missing} did not connect within {secs(plan.connect_timeout)} s"
+                        f"{refused}; is its relay recv running with the same --nodes/--job-id/token?"
+                    )
+                for link in [link for link in pending.values() if now - link.started >= PROOF_TIMEOUT]:
+                    drop(link)
+                    self._refuse(
+                        link, "no AUTH in time", f"{link.where} sent no AUTH within {secs(PROOF_TIMEOUT)} s"
+                    )
+                wait = min(
+                    [deadline - now, 1.0] + [link.started + PROOF_TIMEOUT - now for link in pending.values()]
                 )
-            try:
-                sock, addr = self.listener.accept()
-            except (socket.timeout, TimeoutError, InterruptedError):
-                continue
-            link = self._handshake_as_parent(sock, f"{addr[0]}:{addr[1]}", waiting)
-            if link is not None:
-                del waiting[link.rank]
-                self.children.append(link)
-                plan.log(f"{link.name} connected from {link.where}")
+                for key, _ in sel.select(max(0.0, wait)):
+                    if key.data is None:
+                        self._accept_all(sel, pending)
+                        continue
+                    link = key.data
+                    try:
+                        alive = link.feed()
+                        line = link.take_line()
+                    except (OSError, ProtocolError) as exc:
+                        alive, line = False, None
+                        self.refused.append(f"bad handshake from {link.where}: {_describe(exc)}")
+                    if line is None and alive:
+                        continue
+                    drop(link)
+                    if line is None:
+                        link.close()
+                        continue
+                    child = self._handshake_as_parent(link, line, waiting)
+                    if child is not None:
+                        del waiting[child.rank]
+                        self.children.append(child)
+                        plan.log(f"{child.name} connected from {child.where}")
+            for link in pending.values():
+                link.close()
         self.listener.close()
         self.listener = None
         self.children.sort(key=lambda link: link.rank)
@@ -695,6 +810,29 @@ class Node:
             ok, _, why = statuses[link.rank]
             if not ok:
                 raise self.fail(f"{link.name} cannot take the stream: {why}")
+
+    def _accept_all(self, sel: selectors.BaseSelector, pending: dict[int, Link]) -> None:
+        """Every connection waiting on the listener, greeted; the oldest pending one goes when too
+        many are open at once (a flood costs the flood, not our file descriptors)."""
+        assert self.listener is not None
+        while True:
+            try:
+                sock, addr = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                self.refused.append(f"accept failed ({_describe(exc)})")
+                return
+            link = self._greet(sock, f"{addr[0]}:{addr[1]}")
+            if link is None:
+                continue
+            if len(pending) >= MAX_PENDING:
+                oldest = min(pending.values(), key=lambda other: other.started)
+                sel.unregister(oldest.sock)
+                del pending[oldest.sock.fileno()]
+                oldest.close()
+            pending[sock.fileno()] = link
+            sel.register(sock, selectors.EVENT_READ, link)
 
     def _collect(
         self,
@@ -767,7 +905,7 @@ class Node:
                 if line == b"WAIT\n" and quiet_for is not None:
                     until[link.rank] = time.monotonic() + quiet_for
                     continue
-                return parse_status(line, verb)
+                return parse_status(line, verb, link.key)
             except ProtocolError as exc:
                 return False, 0, f"protocol error ({exc})"
 
@@ -784,13 +922,22 @@ class Node:
 
     # -- streaming ---------------------------------------------------------------------------------
 
-    def _forward(self, frame: memoryview, sent_so_far: int) -> None:
-        """Send one frame to every live child; a child that fails is dropped, the others go on."""
+    def _forward(
+        self, frame: memoryview | bytearray, kind: bytes, length: int, digest: bytes, sent_so_far: int
+    ) -> None:
+        """Send one frame (header + payload, the header rewritten per child with that link's tag)
+        to every live child; a child that fails is dropped, the others go on."""
         for link in self.children:
             if link.failed:
                 continue
+            link.tagged(frame, kind, length, digest)
             try:
-                link.sock.sendall(frame)
+                if self._flip is not None and kind == DATA:
+                    copy = bytearray(frame)  # the fault hook: a bad link after the tag was made
+                    copy[FRAME.size + self._flip] ^= 0xFF
+                    link.sock.sendall(copy)
+                else:
+                    link.sock.sendall(frame)
             except OSError as exc:
                 if isinstance(exc, (socket.timeout, TimeoutError)):
                     why = (
@@ -798,18 +945,41 @@ class Node:
                         f"{size_text(sent_so_far)}: it is frozen, its output is blocked, or its link is down"
                     )
                 else:
-                    why = f"dropped the connection after {size_text(sent_so_far)} ({_describe(exc)})"
+                    said = self._failure_said(link)
+                    why = (
+                        f"failed after {size_text(sent_so_far)}: {said}"
+                        if said
+                        else f"dropped the connection after {size_text(sent_so_far)} ({_describe(exc)})"
+                    )
                 link.failed = why
                 link.close()
                 self.plan.log(f"{link.name} {why}; going on with the others")
+        self._flip = None
+
+    @staticmethod
+    def _failure_said(link: Link) -> str:
+        """The FAIL reason a child sent before it dropped the link (read without waiting)."""
+        try:
+            link.sock.setblocking(False)
+            while len(link.buf) < 64 * MAX_LINE and (chunk := link.sock.recv(MAX_LINE)):
+                link.buf += chunk
+        except OSError:
+            pass
+        for line in bytes(link.buf).splitlines():
+            if line.startswith(b"FAIL "):
+                return clean_reason(line[5:].decode("utf-8", "replace"))
+        return ""
 
     def _live(self) -> list[Link]:
         return [link for link in self.children if not link.failed]
 
     def _abort_children(self, reason: str) -> None:
-        frame = abort_frame(reason)
+        payload = abort_payload(reason)
+        frame = bytearray(FRAME.size) + payload
+        digest = hashlib.sha256(payload).digest()
         for link in self._live():
             try:
+                link.tagged(frame, ABORT, len(payload), digest)
                 link.sock.settimeout(ABORT_SEND_TIMEOUT)
                 link.sock.sendall(frame)
                 link.sock.shutdown(socket.SHUT_WR)
@@ -822,20 +992,20 @@ class Node:
                 pass
             link.close()
 
-    def _report_up(self, line: str) -> None:
+    def _report_up(self, line: str | bytes) -> None:
         if self.up is None:
             return
         try:
             self.up.sock.settimeout(ABORT_SEND_TIMEOUT)
-            self.up.send(f"{line}\n".encode())
+            self.up.send(line if isinstance(line, bytes) else f"{line}\n".encode())
         except OSError:
             pass
 
     def stream_from(self, source_fd: int) -> tuple[int, bytes, float]:
-        """Rank 0: frames from `source_fd` to the children; (total, digest, start time)."""
-        hasher = hashlib.sha256()
-        view, total = self.view, 0
-        ping = FRAME.pack(PING, 0)
+        """Rank 0: frames from `source_fd` to the children; (total, chain digest, start time)."""
+        sha256 = hashlib.sha256
+        view, total, stream = self.view, 0, CHAIN_START
+        ping = bytearray(FRAME.size)
         ping_every = max(0.05, min(5.0, self.plan.stall_timeout / 3))
         widen_pipe(source_fd)
         started = time.monotonic()
@@ -843,7 +1013,7 @@ class Node:
         while True:
             ready, _, _ = select.select([source_fd], [], [], ping_every)
             if not ready:
-                self._forward(memoryview(ping), total)
+                self._forward(ping, PING, 0, EMPTY_DIGEST, total)
                 self._check_children()
                 continue
             got = os.readv(source_fd, [payload[:CHUNK]])
@@ -855,12 +1025,12 @@ class Node:
                 if more == 0:
                     break
                 got += more
-            FRAME.pack_into(view, 0, DATA, got)
-            hasher.update(payload[:got])
+            digest = sha256(payload[:got]).digest()
+            stream = chain(stream, digest)
             total += got
-            self._forward(view[: FRAME.size + got], total)
+            self._forward(view[: FRAME.size + got], DATA, got, digest, total)
             self._check_children()
-        return total, hasher.digest(), started
+        return total, stream, started
 
     def _check_children(self) -> None:
         if self.children and not self._live():
@@ -868,11 +1038,12 @@ class Node:
             raise self.fail(f"no child left to send to: {failures}")
 
     def stream_through(self, out_fd: int | None) -> tuple[int, bytes, float]:
-        """A receiver: frames from the parent to `out_fd` and the children; verify the trailer."""
+        """A receiver: every frame's tag checked before its payload goes to `out_fd` or a child;
+        then the trailer against what arrived."""
         plan, up = self.plan, self.up
         assert up is not None
-        hasher = hashlib.sha256()
-        view, total = self.view, 0
+        sha256 = hashlib.sha256
+        view, total, stream = self.view, 0, CHAIN_START
         header = view[: FRAME.size]
         up.sock.settimeout(plan.stall_timeout)
         started = time.monotonic()
@@ -881,7 +1052,7 @@ class Node:
         while True:
             try:
                 up.read_into(header)
-                kind, length = parse_frame_header(header)
+                kind, length, tag = parse_frame_header(header)
                 body = view[FRAME.size : FRAME.size + length]
                 up.read_into(body)
             except (socket.timeout, TimeoutError):
@@ -897,12 +1068,19 @@ class Node:
                     f"stream from {up.name} ended after {size_text(total)} of an unfinished stream{cut}: "
                     f"{up.name.split(' (')[0]} died or its link broke"
                 ) from None
+            digest = sha256(body).digest() if length else EMPTY_DIGEST
+            if not hmac.compare_digest(tag, frame_tag(up.key, up.seq, kind, length, digest)):
+                raise self.fail(
+                    f"frame {up.seq} from {up.name} (after {size_text(total)}) does not match its tag "
+                    "(the sha256 digest of its bytes under the link key): changed on the way, forged, "
+                    "reordered or replayed; nothing of it was written or forwarded"
+                )
+            up.seq += 1
             if kind == DATA:
                 self._beat()
-                frame = view[: FRAME.size + length]
                 if self.fault is not None:
-                    frame = self._inject(frame, total, length)
-                self._forward(frame, total + length)
+                    self._inject(total, length)
+                self._forward(view[: FRAME.size + length], DATA, length, digest, total + length)
                 if out_fd is not None:
                     try:
                         write_all(out_fd, body)
@@ -911,62 +1089,64 @@ class Node:
                             f"cannot write the stream to stdout after {size_text(total)} ({_describe(exc)}); "
                             "did the reader (docker load) exit? see its error above"
                         ) from None
-                hasher.update(body)
+                stream = chain(stream, digest)
                 total += length
             elif kind == PING:
-                self._forward(view[: FRAME.size], total)
+                self._forward(view[: FRAME.size], PING, 0, EMPTY_DIGEST, total)
             elif kind == ABORT:
                 reason = clean_reason(bytes(body).decode("utf-8", "replace"))
                 raise self.fail(f"{up.name} aborted the stream after {size_text(total)}: {reason}")
             else:
-                return self._verify(body, total, hasher.digest(), started)
+                return self._verify(body, total, stream, started)
 
-    def _inject(self, frame: memoryview, total: int, length: int) -> memoryview:
+    def _inject(self, total: int, length: int) -> None:
         """The end-to-end tests' fault (SM_RELAY_FAULT=<rank>:corrupt|die:<offset>), on this rank
-        only, once the stream passes <offset>: `corrupt` flips one byte of what this node forwards
-        (its own copy stays intact, as after a bad link); `die` SIGKILLs this process."""
+        only, once the stream passes <offset>: `corrupt` flips one byte of what this node forwards,
+        after its tag was made (its own copy stays intact, as after a bad link); `die` SIGKILLs this
+        process."""
         kind, offset = self.fault  # type: ignore[misc]
         if total + length <= offset:
-            return frame
+            return
         self.fault = None
         if kind == "die":
             self.plan.log(f"SM_RELAY_FAULT: dying (SIGKILL) after {size_text(total)}")
             os.kill(os.getpid(), 9)
         self.plan.log(f"SM_RELAY_FAULT: flipping the byte at offset {offset} of what this node forwards")
-        copy = bytearray(frame)
-        copy[FRAME.size + max(0, offset - total)] ^= 0xFF
-        return memoryview(copy)
+        self._flip = max(0, offset - total)
 
     def _verify(
-        self, body: memoryview, total: int, digest: bytes, started: float
+        self, body: memoryview, total: int, stream: bytes, started: float
     ) -> tuple[int, bytes, float]:
-        plan, up = self.plan, self.up
+        up = self.up
         assert up is not None
         try:
-            their_total, their_digest, proof = parse_trailer(body)
+            their_total, their_stream = parse_trailer(body)
         except ProtocolError as exc:
             raise self.fail(f"bad trailer from {up.name}: {exc}") from None
-        if not auth.check(plan.token, proof, up.own_nonce, "end", str(their_total), their_digest.hex()):
-            raise self.fail(f"the trailer from {up.name} does not carry the job token's MAC; stream refused")
         if their_total != total:
             raise self.fail(
                 f"received {total} bytes from {up.name} but the stream had {their_total}: bytes were lost"
             )
-        if their_digest != digest:
+        if their_stream != stream:
             raise self.fail(
-                f"sha256 mismatch on the stream from {up.name} ({size_text(total)}): got "
-                f"{digest.hex()[:16]}..., sent {their_digest.hex()[:16]}...; "
-                "the data was corrupted on the way"
+                f"the stream from {up.name} ({size_text(total)}) is not rank 0's: chain digest "
+                f"{stream.hex()[:16]}..., rank 0 sent {their_stream.hex()[:16]}...; a node upstream "
+                "relayed other bytes"
             )
-        return total, digest, started
+        return total, stream, started
 
-    def finish(self, total: int, digest: bytes) -> int:
+    def finish(self, total: int, stream: bytes) -> int:
         """Send the trailer to each child and collect DONE; the nodes verified below us."""
+        payload = trailer_payload(total, stream)
+        frame = bytearray(FRAME.size) + payload
+        digest = hashlib.sha256(payload).digest()
         for link in self._live():
             try:
-                link.sock.sendall(trailer(self.plan.token, link.peer_nonce, total, digest))
+                link.tagged(frame, END, len(payload), digest)
+                link.sock.sendall(frame)
             except OSError as exc:
-                link.failed = f"dropped before the trailer ({_describe(exc)})"
+                said = self._failure_said(link)
+                link.failed = f"failed: {said}" if said else f"dropped before the trailer ({_describe(exc)})"
                 link.close()
         live = self._live()
         window = self.plan.stall_timeout
@@ -1018,7 +1198,7 @@ class Node:
                     link.sock.settimeout(plan.stall_timeout)
             if self.up is not None:
                 self.up.sock.settimeout(plan.stall_timeout)
-                self.up.send(b"READY\n")
+                self.up.send(status_line(self.up.key, "READY"))
             if self.parent is None:
                 if source_fd is None:
                     raise usage_error("relay: rank 0 needs a source")
@@ -1044,7 +1224,8 @@ class Node:
             self.close()
             raise
         seconds = time.monotonic() - started
-        self._report_up(f"DONE {below + 1}")
+        if self.up is not None:
+            self._report_up(status_line(self.up.key, "DONE", below + 1))
         self.close()
         return Result(total, digest.hex(), seconds, below if self.parent is None else below + 1)
 
@@ -1318,7 +1499,7 @@ def send_cmd(rank: int, stats_file: str | None, **options: object) -> None:
     write_stats(stats_file, result)
     plan.log(
         f"done: {size_text(result.total)} verified by all {result.nodes} receivers in {result.seconds:.1f} s "
-        f"({rate_text(result.total, result.seconds)}, sha256 {result.digest[:16]}...)"
+        f"({rate_text(result.total, result.seconds)}, chain digest {result.digest[:16]}...)"
     )
 
 
@@ -1340,28 +1521,76 @@ def _release_stdout() -> None:
 @click.option("--rank", type=click.IntRange(min=1), required=True, help="This node's rank (1..N-1).")
 @click.option("--parent-host", help="The parent's host name (wins over --nodes).")
 @_node_options
-def recv_cmd(rank: int, parent_host: str | None, stats_file: str | None, **options: object) -> None:
-    """A receiver: write the stream to stdout and forward it to this node's children.
+@click.argument("loader", nargs=-1, type=click.UNPROCESSED, metavar="[-- LOADER...]")
+def recv_cmd(
+    rank: int, parent_host: str | None, stats_file: str | None, loader: tuple[str, ...], **options: object
+) -> None:
+    """A receiver: forward the stream to this node's children and hand it to LOADER's stdin (or
+    write it to stdout). Every frame is checked before LOADER sees it; a stream that fails stops
+    LOADER before it sees the end, so a cut stream is never loaded as if it were whole.
 
     \b
     Example (rank R):
-      slurm-multi relay recv --rank "$SLURM_NODEID" --nodes "$NODES" | docker load
+      slurm-multi relay recv --rank "$SLURM_NODEID" --nodes "$NODES" -- docker load -q
     """
-    if os.isatty(1):
-        raise usage_error("relay: stdout is a terminal; pipe it into the reader: relay recv | docker load")
+    if not loader and os.isatty(1):
+        raise usage_error("relay: stdout is a terminal; give a loader: relay recv ... -- docker load")
     plan = _plan_from_options(rank, parent_host=parent_host, **options)  # type: ignore[arg-type]
     kids = children_of(rank, plan.fanout, plan.nnodes)
     plan.log(
         f"rank {rank} of {plan.nnodes}: from {plan.name((rank - 1) // plan.fanout)}"
         + (f", forwarding to {', '.join(plan.name(r) for r in kids)}" if kids else "")
     )
-    result = run_node(plan, out_fd=1, on_verified=_release_stdout)
+    if loader:
+        result = _recv_into(plan, list(loader))
+    else:
+        result = run_node(plan, out_fd=1, on_verified=_release_stdout)
     write_stats(stats_file, result)
     plan.log(
         f"done: {size_text(result.total)} received and verified in {result.seconds:.1f} s "
-        f"({rate_text(result.total, result.seconds)}, sha256 {result.digest[:16]}...)"
+        f"({rate_text(result.total, result.seconds)}, chain digest {result.digest[:16]}...)"
         + (f"; {result.nodes - 1} node(s) below verified it too" if kids else "")
     )
+
+
+def _recv_into(plan: Plan, argv: list[str]) -> Result:
+    """Receive into `argv`'s stdin. Its pipe closes once our copy is verified (it finishes while the
+    subtree does); on any failure before that, it is killed first, so it never reads a clean EOF."""
+    import subprocess
+
+    try:
+        loader = subprocess.Popen(argv, stdin=subprocess.PIPE)
+    except OSError as exc:
+        raise usage_error(f"relay: cannot start the loader {argv[0]!r}: {_describe(exc)}") from None
+    assert loader.stdin is not None
+    verified = False
+
+    def release() -> None:
+        nonlocal verified
+        verified = True
+        loader.stdin.close()  # type: ignore[union-attr]
+
+    try:
+        result = run_node(plan, out_fd=loader.stdin.fileno(), on_verified=release)
+    except BaseException as exc:
+        if not verified:
+            loader.kill()
+            loader.wait()
+            loader.stdin.close()
+            if isinstance(exc, HelperError):
+                raise HelperError(
+                    f"{exc.format_message()} ({argv[0]} stopped before the end)", exc.exit_code
+                ) from None
+        else:
+            loader.wait()
+        raise
+    code = loader.wait()
+    if code != 0:
+        raise HelperError(
+            f"relay: {plan.me}: the stream arrived and was verified, but {' '.join(argv)} exited {code}",
+            EXIT_FAILURE,
+        )
+    return result
 
 
 @cli.command("port", context_settings=CONTEXT)

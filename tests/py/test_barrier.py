@@ -24,6 +24,7 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import squatters
 from slurm_multi import auth, barrier
 from slurm_multi.barrier import (
     BarrierAborted,
@@ -917,41 +918,18 @@ def test_join_gives_up_on_a_peer_that_never_sends_a_challenge() -> None:
     )
 
 
-@contextlib.contextmanager
-def squatter(kind: str) -> Iterator[int]:
+def forged_go(sock: socket.socket) -> None:
+    """A fake CHALLENGE, then a GO that no token signed."""
+    sock.sendall(barrier.challenge_line(auth.new_nonce()))
+    sock.recv(512)
+    sock.sendall(f"GO {'0' * 64} 1 sha256:evil\n".encode())
+
+
+def squatter(kind: str) -> contextlib.AbstractContextManager[int]:
     """Something that is not our rank 0 on a port: silent, a banner, or a fake CHALLENGE + a forged GO."""
-    listener = socket.create_server((LOOPBACK, 0))
-    listener.settimeout(0.2)
-    stop = threading.Event()
-
-    def run() -> None:
-        conns = []
-        while not stop.is_set():
-            try:
-                sock, _ = listener.accept()
-            except OSError:
-                continue
-            conns.append(sock)
-            try:
-                if kind == "banner":
-                    sock.sendall(b"SSH-2.0-OpenSSH_9.2\n")
-                elif kind == "forged-go":
-                    sock.sendall(barrier.challenge_line(auth.new_nonce()))
-                    sock.recv(512)
-                    sock.sendall(f"GO {'0' * 64} 1 sha256:evil\n".encode())
-            except OSError:
-                pass
-        for sock in conns:
-            sock.close()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    try:
-        yield listener.getsockname()[1]
-    finally:
-        stop.set()
-        thread.join(5)
-        listener.close()
+    return squatters.squatter(
+        {"silent": squatters.silent, "banner": squatters.banner, "forged-go": forged_go}[kind]
+    )
 
 
 @pytest.mark.parametrize("kind", ["silent", "banner", "forged-go"])

@@ -246,9 +246,13 @@ def test_collect_bench_runs_in_process_and_through_the_cli() -> None:
 
 def test_relay_bench_measures_each_chain_against_one_hop_and_one_hop_against_tcp() -> None:
     rows = relay_bench.run(hops=[1, 3], nbytes=3_000_000, repeats=1, warmup=False)
-    assert [row["row"] for row in rows] == ["relay chain, 1 hop, 3 MB", "relay chain, 3 hops, 3 MB"]
+    assert [row["row"] for row in rows] == [
+        "relay chain, 1 hop, 3 MB", "relay CPU per GB per hop", "relay chain, 3 hops, 3 MB"
+    ]  # fmt: skip
     assert all(row["median_s"] > 0 and row["baseline_median_s"] > 0 for row in rows)
-    one, three = rows
+    one, cpu, three = rows
+    # CPU per GB per relay process of the longest chain against one end of the plain TCP copy.
+    assert cpu["hops"] == 3 and "plain TCP copy" in cpu["baseline"] and "CPU s/GB" in cpu["notes"]
     assert "plain TCP copy" in one["baseline"] and one["hops"] == 1 and one["bytes"] == 3_000_000
     assert three["baseline_median_s"] == one["median_s"]  # 3 hops are judged against 1 hop
     assert three["throughput_ratio"] == pytest.approx(one["median_s"] / three["median_s"])

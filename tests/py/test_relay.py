@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+import squatters
 from slurm_multi import EXIT_FAILURE, EXIT_TIMEOUT, EXIT_USAGE, auth, relay
 from slurm_multi.barrier import candidate_ports, read_local_port_range
 from slurm_multi.common import HelperError
@@ -142,10 +143,10 @@ def test_a_chain_of_four_delivers_identical_bytes_to_every_node(tmp_path):
     job = job_id()
     outcomes = run_ranks(tmp_path, source, 4, lambda r: make_plan(r, 4, job))
     assert all(isinstance(o, relay.Result) for o in outcomes.values()), outcomes
-    assert outcomes[0].nodes == 3 and outcomes[0].digest == digest and outcomes[0].total == 5_000_123
+    assert outcomes[0].nodes == 3 and outcomes[0].total == 5_000_123
     for rank in (1, 2, 3):
         assert hashlib.sha256((tmp_path / f"out{rank}").read_bytes()).hexdigest() == digest
-        assert outcomes[rank].digest == digest
+        assert outcomes[rank].digest == outcomes[0].digest  # rank 0's chain digest, on every node
     assert [outcomes[r].nodes for r in (1, 2, 3)] == [3, 2, 1]
 
 
@@ -163,7 +164,8 @@ def test_an_empty_stream_is_delivered_and_verified(tmp_path):
     source, digest = source_file(tmp_path, 0)
     job = job_id()
     outcomes = run_ranks(tmp_path, source, 2, lambda r: make_plan(r, 2, job))
-    assert outcomes[1].total == 0 and outcomes[1].digest == digest == hashlib.sha256(b"").hexdigest()
+    assert outcomes[1].total == 0 and outcomes[1].digest == outcomes[0].digest == relay.CHAIN_START.hex()
+    assert (tmp_path / "out1").read_bytes() == b"" and digest == hashlib.sha256(b"").hexdigest()
 
 
 # --------------------------------------------------------------------------------------------------
@@ -177,11 +179,12 @@ def test_a_child_with_a_wrong_token_is_refused_on_both_ends(tmp_path):
     def plan_for(rank: int) -> relay.Plan:
         if rank == 0:
             return make_plan(0, 2, job, connect_timeout=1.5, log=logs.append)
-        return make_plan(1, 2, job, token="not-the-job-token")
+        return make_plan(1, 2, job, token="not-the-job-token", connect_timeout=1.5)
 
     outcomes = run_ranks(tmp_path, source, 2, plan_for)
     child, parent = message(outcomes[1]), message(outcomes[0])
-    assert outcomes[1].exit_code == EXIT_USAGE
+    # An unsigned DENY could be anyone's on that port: the child tries on, and says what it met.
+    assert outcomes[1].exit_code == EXIT_TIMEOUT
     assert "rank 0 (node1)" in child and "refused us: wrong token" in child and "SM_BARRIER_TOKEN" in child
     assert outcomes[0].exit_code == EXIT_TIMEOUT
     assert "rank 1 (node2) did not connect" in parent and "wrong token" in parent
@@ -189,11 +192,34 @@ def test_a_child_with_a_wrong_token_is_refused_on_both_ends(tmp_path):
     assert all(TOKEN not in text and "not-the-job-token" not in text for text in (child, parent, *logs))
 
 
+class Speaker:
+    """The sending side of one link, written from the wire format in relay.py's docstring: every
+    frame tagged under the link key with its sequence number, data digests chained."""
+
+    def __init__(self, key: bytes) -> None:
+        self.key, self.seq, self.chain, self.total = key, 0, relay.CHAIN_START, 0
+
+    def frame(self, kind: bytes, payload: bytes = b"", seq: int | None = None) -> bytes:
+        digest = hashlib.sha256(payload).digest()
+        tag = relay.frame_tag(self.key, self.seq if seq is None else seq, kind, len(payload), digest)
+        self.seq += 1
+        if kind == relay.DATA:
+            self.chain, self.total = relay.chain(self.chain, digest), self.total + len(payload)
+        return relay.FRAME.pack(kind, len(payload), tag) + payload
+
+    def data(self, payload: bytes, size: int = 100_000) -> bytes:
+        return b"".join(self.frame(relay.DATA, payload[i : i + size]) for i in range(0, len(payload), size))
+
+    def trailer(self, total: int | None = None, chain: bytes | None = None) -> bytes:
+        total = self.total if total is None else total
+        return self.frame(relay.END, relay.trailer_payload(total, chain or self.chain))
+
+
 def fake_parent(
-    script: Callable[[socket.socket, str], None], token: str = TOKEN, proof: str | None = None
+    script: Callable[[socket.socket, Speaker], None], token: str = TOKEN, proof: str | None = None
 ) -> tuple[int, threading.Thread]:
     """A hand-written rank 0 on 127.0.0.1: handshake (with `proof` instead of the real one), then
-    `script(sock, child_nonce)`. Returns its port and thread."""
+    `script(sock, speaker)`. Returns its port and thread."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(1)
@@ -207,10 +233,11 @@ def fake_parent(
         rank, purpose, nonce_c, _given = relay.parse_auth(reader.readline())
         answer = proof or relay.parent_proof(token, nonce_c, nonce_p, 0, rank, purpose)
         sock.sendall(f"OK 0 {answer}\n".encode() + relay.header_line(purpose))
-        if proof is None:
-            assert reader.readline() == b"READY\n"
+        key = relay.link_key(token, nonce_p, nonce_c, 0, rank, purpose)
         try:
-            script(sock, nonce_c)
+            if proof is None:
+                assert relay.parse_status(reader.readline(), "READY", key) == (True, 0, "")
+            script(sock, Speaker(key))
             sock.shutdown(socket.SHUT_WR)  # a clean end: what was sent arrives before the EOF
             sock.settimeout(5)
             while sock.recv(4096):  # the child's WAITs, unread, would turn our close into a reset
@@ -225,13 +252,6 @@ def fake_parent(
     return listener.getsockname()[1], thread
 
 
-def data_frames(payload: bytes, size: int = 100_000) -> bytes:
-    return b"".join(
-        relay.FRAME.pack(relay.DATA, len(payload[i : i + size])) + payload[i : i + size]
-        for i in range(0, len(payload), size)
-    )
-
-
 def receive_from(port: int, tmp_path: Path, **overrides) -> relay.Result | HelperError:
     plan = make_plan(1, 2, 0, ports_of=lambda r: [port], **overrides)
     with open(tmp_path / "out1", "wb") as out:
@@ -241,28 +261,65 @@ def receive_from(port: int, tmp_path: Path, **overrides) -> relay.Result | Helpe
             return exc
 
 
-def test_a_parent_that_cannot_prove_the_token_is_refused_before_any_payload(tmp_path):
-    port, thread = fake_parent(lambda sock, nonce: sock.sendall(data_frames(b"x" * 1000)), proof="0" * 64)
-    outcome = receive_from(port, tmp_path)
+def test_a_parent_that_cannot_prove_the_token_is_skipped_and_nothing_is_written(tmp_path):
+    port, thread = fake_parent(lambda sock, out: sock.sendall(out.data(b"x" * 1000)), proof="0" * 64)
+    outcome = receive_from(port, tmp_path, connect_timeout=1.0)
     thread.join(5)
-    assert outcome.exit_code == EXIT_USAGE
+    assert outcome.exit_code == EXIT_TIMEOUT
     text = message(outcome)
-    assert "rank 0 (node1)" in text and "could not prove it holds the job token" in text
+    assert "rank 0 (node1)" in text and "an OK without the job token's proof" in text
     assert (tmp_path / "out1").read_bytes() == b""
 
 
-def test_a_trailer_without_the_job_tokens_mac_is_refused(tmp_path):
-    payload = os.urandom(5000)
-
-    def script(sock: socket.socket, nonce: str) -> None:
-        digest = hashlib.sha256(payload).digest()
-        sock.sendall(data_frames(payload) + relay.trailer("some-other-token", nonce, len(payload), digest))
-        time.sleep(0.5)
-
-    port, thread = fake_parent(script)
+def test_frames_under_another_links_key_are_refused_before_anything_is_written(tmp_path):
+    """Frames recorded on another link (its own nonces, so its own key) replayed on this one."""
+    other = Speaker(relay.link_key(TOKEN, auth.new_nonce(), auth.new_nonce(), 0, 1, "image"))
+    port, thread = fake_parent(
+        lambda sock, out: (sock.sendall(other.data(os.urandom(300_000))), time.sleep(0.5))
+    )
     outcome = receive_from(port, tmp_path)
     thread.join(5)
-    assert "does not carry the job token's MAC" in message(outcome)
+    assert outcome.exit_code == EXIT_FAILURE
+    assert "frame 0 from rank 0 (node1) (after 0 bytes) does not match its tag" in message(outcome)
+    assert (tmp_path / "out1").read_bytes() == b""
+
+
+def test_a_replayed_or_reordered_frame_is_refused_and_nothing_after_it_is_written(tmp_path):
+    first, second = os.urandom(50_000), os.urandom(50_000)
+
+    def replay_first(sock: socket.socket, out: Speaker) -> None:
+        frame = out.frame(relay.DATA, first)
+        sock.sendall(frame + frame)  # frame 0 again where frame 1 belongs
+        time.sleep(0.5)
+
+    port, thread = fake_parent(replay_first)
+    outcome = receive_from(port, tmp_path)
+    thread.join(5)
+    assert "frame 1 from rank 0 (node1) (after 50 kB) does not match its tag" in message(outcome)
+    assert (tmp_path / "out1").read_bytes() == first
+
+    def swap(sock: socket.socket, out: Speaker) -> None:
+        one, two = out.frame(relay.DATA, first), out.frame(relay.DATA, second)
+        sock.sendall(two + one)
+        time.sleep(0.5)
+
+    port, thread = fake_parent(swap)
+    outcome = receive_from(port, tmp_path)
+    thread.join(5)
+    assert "frame 0 from rank 0 (node1)" in message(outcome)
+    assert (tmp_path / "out1").read_bytes() == b""
+
+
+def test_an_abort_without_the_links_tag_is_not_believed(tmp_path):
+    stranger = Speaker(relay.link_key("not-the-token", auth.new_nonce(), auth.new_nonce(), 0, 1, "image"))
+    port, thread = fake_parent(
+        lambda sock, out: (sock.sendall(out.data(b"y" * 10) + stranger.frame(relay.ABORT, b"stop", seq=1)),
+                           time.sleep(0.5))
+    )  # fmt: skip
+    outcome = receive_from(port, tmp_path)
+    thread.join(5)
+    assert "frame 1" in message(outcome) and "does not match its tag" in message(outcome)
+    assert "aborted" not in message(outcome)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -270,7 +327,7 @@ def test_a_trailer_without_the_job_tokens_mac_is_refused(tmp_path):
 
 
 def test_a_truncated_stream_fails_naming_the_upstream(tmp_path):
-    port, thread = fake_parent(lambda sock, nonce: sock.sendall(data_frames(os.urandom(2_500_000))))
+    port, thread = fake_parent(lambda sock, out: sock.sendall(out.data(os.urandom(2_500_000))))
     started = time.monotonic()
     outcome = receive_from(port, tmp_path)
     thread.join(5)
@@ -280,21 +337,25 @@ def test_a_truncated_stream_fails_naming_the_upstream(tmp_path):
     assert "of an unfinished stream" in text and "rank 0 died or its link broke" in text
 
 
-def test_a_short_count_in_the_trailer_is_caught(tmp_path):
+@pytest.mark.parametrize(
+    ("trailer", "needle"),
+    [({"total": 10_001}, "received 10000 bytes from rank 0 (node1) but the stream had 10001"),
+     ({"chain": hashlib.sha256(b"other").digest()}, "is not rank 0's: chain digest")],
+)  # fmt: skip
+def test_a_trailer_that_disagrees_with_the_stream_is_caught(tmp_path, trailer, needle):
     payload = os.urandom(10_000)
 
-    def script(sock: socket.socket, nonce: str) -> None:
-        digest = hashlib.sha256(payload).digest()
-        sock.sendall(data_frames(payload) + relay.trailer(TOKEN, nonce, len(payload) + 1, digest))
+    def script(sock: socket.socket, out: Speaker) -> None:
+        sock.sendall(out.data(payload) + out.trailer(**trailer))
         time.sleep(0.5)
 
     port, thread = fake_parent(script)
     outcome = receive_from(port, tmp_path)
     thread.join(5)
-    assert "received 10000 bytes from rank 0 (node1) but the stream had 10001" in message(outcome)
+    assert needle in message(outcome)
 
 
-def test_a_corrupted_byte_in_transit_is_caught_by_the_digest(tmp_path):
+def test_a_corrupted_byte_in_transit_is_caught_by_the_frames_tag(tmp_path):
     source, _ = source_file(tmp_path, 3_000_000)
     job = job_id()
     upstream = relay.relay_ports(0, 29500, job)
@@ -348,17 +409,19 @@ def test_a_corrupted_byte_in_transit_is_caught_by_the_digest(tmp_path):
         return make_plan(rank, 2, job, ports_of=ports)
 
     outcomes = run_ranks(tmp_path, source, 2, plan_for)
-    assert "sha256 mismatch on the stream from rank 0 (node1)" in message(outcomes[1])
-    assert "corrupted on the way" in message(outcomes[1])
-    # Rank 0 hears it too: the child answers FAIL instead of DONE.
-    assert "failed for rank 1 (node2)" in message(outcomes[0]) and "sha256 mismatch" in message(outcomes[0])
+    assert "frame 0 from rank 0 (node1) (after 0 bytes) does not match its tag" in message(outcomes[1])
+    assert "changed on the way" in message(outcomes[1])
+    assert (tmp_path / "out1").read_bytes() == b""  # the bad frame was the first: nothing written
+    # Rank 0 hears it too: the child's FAIL (as its answer to the trailer, or read when the link
+    # broke under rank 0's next frame, whichever came first).
+    assert "rank 1 (node2)" in message(outcomes[0]) and "does not match its tag" in message(outcomes[0])
 
 
 def test_a_frozen_parent_trips_the_stall_timeout(tmp_path):
     release = threading.Event()
 
-    def script(sock: socket.socket, nonce: str) -> None:
-        sock.sendall(data_frames(os.urandom(300_000)))
+    def script(sock: socket.socket, out: Speaker) -> None:
+        sock.sendall(out.data(os.urandom(300_000)))
         release.wait(10)  # keeps the socket open and sends nothing
 
     port, thread = fake_parent(script)
@@ -384,11 +447,8 @@ def test_a_child_that_stops_reading_is_dropped_by_its_parent(tmp_path):
                 break
             except OSError:
                 time.sleep(0.05)
-        reader = sock.makefile("rb")
-        nonce_p = relay.parse_hello(reader.readline())
-        sock.sendall(relay.auth_line(TOKEN, nonce_p, 1, "image", auth.new_nonce()))
-        reader.readline(), reader.readline()
-        sock.sendall(b"READY\n")
+        key = child_handshake(sock)
+        sock.sendall(relay.status_line(key, "READY"))
         frozen.wait(10)  # never reads a frame
         sock.close()
 
@@ -436,7 +496,16 @@ def test_a_slow_reader_within_the_stall_timeout_is_waited_for(tmp_path):
     assert got.hexdigest() == digest
 
 
-def fake_child(port: int, after_trailer: Callable[[socket.socket], None]) -> threading.Thread:
+def child_handshake(sock: socket.socket) -> bytes:
+    """A hand-written rank 1's handshake with rank 0; the link key."""
+    reader = sock.makefile("rb")
+    nonce_p, nonce_c = relay.parse_hello(reader.readline()), auth.new_nonce()
+    sock.sendall(relay.auth_line(TOKEN, nonce_p, 1, "image", nonce_c))
+    reader.readline(), reader.readline()
+    return relay.link_key(TOKEN, nonce_p, nonce_c, 0, 1, "image")
+
+
+def fake_child(port: int, after_trailer: Callable[[socket.socket, bytes], None]) -> threading.Thread:
     """A hand-written rank 1: handshake, READY, read every frame up to the trailer, then `after_trailer`."""
 
     def run() -> None:
@@ -446,17 +515,15 @@ def fake_child(port: int, after_trailer: Callable[[socket.socket], None]) -> thr
                 break
             except OSError:
                 time.sleep(0.02)
+        key = child_handshake(sock)
+        sock.sendall(relay.status_line(key, "READY"))
         reader = sock.makefile("rb")
-        nonce_p = relay.parse_hello(reader.readline())
-        sock.sendall(relay.auth_line(TOKEN, nonce_p, 1, "image", auth.new_nonce()))
-        reader.readline(), reader.readline()
-        sock.sendall(b"READY\n")
         while True:
-            kind, length = relay.parse_frame_header(reader.read(relay.FRAME.size))
+            kind, length, _tag = relay.parse_frame_header(reader.read(relay.FRAME.size))
             reader.read(length)
             if kind == relay.END:
                 break
-        after_trailer(sock)
+        after_trailer(sock, key)
         sock.close()
 
     thread = threading.Thread(target=run, daemon=True)
@@ -468,11 +535,11 @@ def test_a_lagging_subtree_that_sends_wait_is_waited_for_past_the_stall_timeout(
     source, _ = source_file(tmp_path, 100_000)
     job = job_id()
 
-    def lagging(sock: socket.socket) -> None:  # its own subtree is still busy for 1.5 s
+    def lagging(sock: socket.socket, key: bytes) -> None:  # its own subtree is still busy for 1.5 s
         for _ in range(8):
             sock.sendall(b"WAIT\n")
             time.sleep(0.2)
-        sock.sendall(b"DONE 5\n")
+        sock.sendall(relay.status_line(key, "DONE", 5))
 
     child = fake_child(relay.relay_ports(0, 29500, job)[0], lagging)
     plan = make_plan(0, 2, job, stall_timeout=0.6)
@@ -484,7 +551,7 @@ def test_a_lagging_subtree_that_sends_wait_is_waited_for_past_the_stall_timeout(
 def test_a_subtree_silent_after_the_trailer_is_given_up_on(tmp_path):
     source, _ = source_file(tmp_path, 100_000)
     job = job_id()
-    child = fake_child(relay.relay_ports(0, 29500, job)[0], lambda sock: time.sleep(2))
+    child = fake_child(relay.relay_ports(0, 29500, job)[0], lambda sock, key: time.sleep(2))
     started = time.monotonic()
     plan = make_plan(0, 2, job, stall_timeout=0.6)
     outcome = run_ranks(tmp_path, source, 2, lambda r: plan, [0])[0]
@@ -620,40 +687,65 @@ def test_the_header_parser_names_an_unsupported_version():
 @pytest.mark.parametrize(
     "raw",
     [b"D\x00\x00\x00\x00", b"D" + (relay.MAX_FRAME + 1).to_bytes(4, "big"), b"P\x00\x00\x00\x01",
-     b"E\x00\x00\x00\x10", b"X\x00\x00\x00\x01", b"A\x00\x01\x00\x00", b"D\x00\x00"],
+     b"E\x00\x00\x00\x10", b"X\x00\x00\x00\x01", b"A\x00\x01\x00\x00"],
 )  # fmt: skip
 def test_the_frame_parser_rejects_garbage(raw):
     with pytest.raises(relay.ProtocolError):
-        relay.parse_frame_header(raw)
+        relay.parse_frame_header(raw + bytes(relay.TAG_BYTES))
+    with pytest.raises(relay.ProtocolError, match="short frame header"):
+        relay.parse_frame_header(b"D\x00\x00\x00\x01" + bytes(relay.TAG_BYTES - 1))
 
 
 def test_the_trailer_round_trips_and_rejects_a_wrong_size():
-    digest = hashlib.sha256(b"abc").digest()
-    frame = relay.trailer(TOKEN, NONCE, 3, digest)
-    kind, length = relay.parse_frame_header(frame[: relay.FRAME.size])
-    assert (kind, length) == (relay.END, relay.TRAILER.size)
-    total, got, proof = relay.parse_trailer(frame[relay.FRAME.size :])
-    assert (total, got) == (3, digest) and auth.check(TOKEN, proof, NONCE, "end", "3", digest.hex())
-    for bad in (b"", frame[relay.FRAME.size : -1], b"\xff" * relay.TRAILER.size):
+    stream = relay.chain(relay.CHAIN_START, hashlib.sha256(b"abc").digest())
+    payload = relay.trailer_payload(3, stream)
+    assert relay.parse_trailer(payload) == (3, stream)
+    for bad in (b"", payload[:-1], payload + b"x"):
         with pytest.raises(relay.ProtocolError):
             relay.parse_trailer(bad)
 
 
+def test_a_tag_covers_the_sequence_the_type_the_length_and_the_payload():
+    key, digest = b"k" * 32, hashlib.sha256(b"abc").digest()
+    tag = relay.frame_tag(key, 7, relay.DATA, 3, digest)
+    assert len(tag) == relay.TAG_BYTES
+    assert tag != relay.frame_tag(key, 8, relay.DATA, 3, digest)
+    assert tag != relay.frame_tag(key, 7, relay.ABORT, 3, digest)
+    assert tag != relay.frame_tag(key, 7, relay.DATA, 4, digest)
+    assert tag != relay.frame_tag(key, 7, relay.DATA, 3, hashlib.sha256(b"abd").digest())
+    assert tag != relay.frame_tag(b"K" * 32, 7, relay.DATA, 3, digest)
+    # Each link's key is its own: the same token with other nonces or ranks gives another key.
+    one = relay.link_key(TOKEN, NONCE, "b" * 32, 0, 1, "image")
+    assert one != relay.link_key(TOKEN, NONCE, "c" * 32, 0, 1, "image")
+    assert one != relay.link_key(TOKEN, NONCE, "b" * 32, 1, 2, "image")
+    assert one != relay.link_key("other", NONCE, "b" * 32, 0, 1, "image")
+
+
 def test_a_receiver_given_an_unknown_frame_type_fails_with_a_protocol_error(tmp_path):
-    port, thread = fake_parent(lambda sock, nonce: (sock.sendall(b"Z\x00\x00\x00\x05hello"), time.sleep(0.5)))
+    port, thread = fake_parent(
+        lambda sock, out: (
+            sock.sendall(b"Z\x00\x00\x00\x05" + bytes(relay.TAG_BYTES) + b"hello"),
+            time.sleep(0.5),
+        )
+    )
     outcome = receive_from(port, tmp_path)
     thread.join(5)
     assert "protocol error from rank 0 (node1) after 0 bytes: unknown frame type 0x5a" in message(outcome)
 
 
 def test_status_lines_and_abort_reasons_are_cleaned():
-    assert relay.parse_status(b"READY\n", "READY") == (True, 0, "")
-    assert relay.parse_status(b"DONE 7\n", "DONE") == (True, 7, "")
-    assert relay.parse_status(b"FAIL it  broke\n", "DONE") == (False, 0, "it broke")
+    key = b"k" * 32
+    assert relay.parse_status(relay.status_line(key, "READY"), "READY", key) == (True, 0, "")
+    assert relay.parse_status(relay.status_line(key, "DONE", 7), "DONE", key) == (True, 7, "")
+    assert relay.parse_status(b"FAIL it  broke\n", "DONE", key) == (False, 0, "it broke")
+    # A READY or DONE without this link's tag (forged by whoever sits on the link) is no status.
+    for forged in (b"READY\n", b"DONE 7\n", relay.status_line(b"x" * 32, "DONE", 7), b"DONE 8 "
+                   + relay.status_line(key, "DONE", 7).split(b" ")[2]):  # fmt: skip
+        with pytest.raises(relay.ProtocolError):
+            relay.parse_status(forged, forged.split(b" ")[0].strip().decode(), key)
     with pytest.raises(relay.ProtocolError):
         relay.parse_status(b"DONE x\n", "DONE")
-    frame = relay.abort_frame("line one\nline\x07two " + "y" * 1000)
-    reason = frame[relay.FRAME.size :].decode()
+    reason = relay.abort_payload("line one\nline\x07two " + "y" * 1000).decode()
     assert "\n" not in reason and "\x07" not in reason and len(reason) <= relay.MAX_REASON
 
 
@@ -757,3 +849,130 @@ def test_the_corrupt_fault_on_a_middle_rank_is_caught_by_the_next_rank_only(tmp_
     assert isinstance(outcomes[2], HelperError)
     assert "rank 2" in message(outcomes[2]) and "rank 1 (node2)" in message(outcomes[2])
     assert isinstance(outcomes[0], HelperError)
+
+
+# --------------------------------------------------------------------------------------------------
+# Squatters: whatever holds a candidate port without the token costs a node seconds, never the job
+
+
+def greet_then(answer: bytes) -> Callable[[socket.socket], None]:
+    """A squatter that greets like a relay, reads the AUTH, then answers `answer` (unsigned)."""
+
+    def reply(sock: socket.socket) -> None:
+        sock.sendall(relay.hello_line(auth.new_nonce()))
+        sock.recv(1024)
+        sock.sendall(answer + relay.header_line("image"))
+
+    return reply
+
+
+SQUATTERS = {
+    "silent": squatters.silent,
+    "banner": squatters.banner,
+    "deny": greet_then(b"DENY wrong token\n"),
+    "forged-ok": greet_then(f"OK 0 {'e' * 64}\n".encode()),
+}
+
+
+@pytest.mark.parametrize("behaviour", ["silent", "banner", "deny", "forged-ok"])
+def test_a_squatter_on_the_parents_first_port_is_skipped_and_named(tmp_path, behaviour):
+    source, digest = source_file(tmp_path, 2_000_000)
+    job, logs = job_id(), []
+    ports = relay.relay_ports(0, 29500, job)
+    with squatters.squatter(SQUATTERS[behaviour], ports[0]):
+        # Both ranks' budgets are short: the old child gave up on the first DENY or bad OK (exit 2)
+        # and sat out 10 s on a silent port, longer than this whole budget.
+        outcomes = run_ranks(
+            tmp_path, source, 2,
+            lambda r: make_plan(r, 2, job, connect_timeout=8.0, log=logs.append if r else (lambda _m: None)),
+        )  # fmt: skip
+    assert all(isinstance(o, relay.Result) for o in outcomes.values()), outcomes
+    assert hashlib.sha256((tmp_path / "out1").read_bytes()).hexdigest() == digest
+    met = [line for line in logs if line.startswith("before our parent at ")]
+    assert met and f"127.0.0.1:{ports[0]}" in met[0], logs
+    expected = {"silent": "timed out", "banner": "not a relay", "deny": "refused us: wrong token",
+                "forged-ok": "an OK without the job token's proof"}[behaviour]  # fmt: skip
+    assert expected in met[0]
+
+
+def test_idle_connections_to_a_parent_do_not_keep_its_child_out(tmp_path):
+    """Three connections that never send AUTH, made before the real child: the parent greets
+    them all at once and drops each after the proof timeout; its child is taken meanwhile."""
+    source, digest = source_file(tmp_path, 1_000_000)
+    job, logs = job_id(), []
+    port = relay.relay_ports(0, 29500, job)[0]
+    idle: list[socket.socket] = []
+    outcomes: dict[int, object] = {}
+
+    def parent() -> None:
+        outcomes.update(run_ranks(tmp_path, source, 2, lambda r: make_plan(0, 2, job, connect_timeout=6.0,
+                                                                          log=logs.append), [0]))  # fmt: skip
+
+    first = threading.Thread(target=parent, daemon=True)
+    first.start()
+    deadline = time.monotonic() + 5
+    while len(idle) < 3 and time.monotonic() < deadline:
+        try:
+            idle.append(socket.create_connection(("127.0.0.1", port)))
+        except OSError:
+            time.sleep(0.02)
+    assert len(idle) == 3
+    # The old parent handshook one connection at a time, 10 s each: 30 s before it read our child.
+    outcomes.update(run_ranks(tmp_path, source, 2, lambda r: make_plan(1, 2, job, connect_timeout=6.0), [1]))
+    first.join(10)
+    for sock in idle:
+        sock.close()
+    assert isinstance(outcomes[0], relay.Result) and isinstance(outcomes[1], relay.Result), outcomes
+    assert hashlib.sha256((tmp_path / "out1").read_bytes()).hexdigest() == digest
+
+
+# --------------------------------------------------------------------------------------------------
+# The loader (`relay recv -- CMD`): never sees a clean end of a stream that failed
+
+
+def recv_with_loader(port: int, tmp_path: Path, loader: Sequence[str] = ()) -> subprocess.CompletedProcess:
+    """`relay recv` as the image stage runs it; by default its loader a script that marks a clean EOF."""
+    loader = loader or ["sh", "-c", 'cat >"$1" && echo clean >"$1.eof"', "loader", str(tmp_path / "loaded")]
+    env = {**os.environ, "PYTHONPATH": str(REPO / "py"), "SM_BARRIER_TOKEN": TOKEN}
+    argv = [sys.executable, "-m", "slurm_multi.relay", "recv", "--rank", "1", "--parent-host", "127.0.0.1",
+            "--nnodes", "2", "--port", str(port), "--count", "1", "--connect-timeout", "5"]  # fmt: skip
+    return subprocess.run(
+        [*argv, "--", *loader], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def test_a_cut_stream_never_reaches_the_loader_as_a_clean_end(tmp_path):
+    payload = os.urandom(300_000)
+    port, thread = fake_parent(lambda sock, out: sock.sendall(out.data(payload)))  # no trailer: cut
+    proc = recv_with_loader(port, tmp_path)
+    thread.join(5)
+    assert proc.returncode == EXIT_FAILURE, proc.stderr
+    assert (
+        "ended after 300 kB of an unfinished stream" in proc.stderr
+        and "sh stopped before the end" in proc.stderr
+    )
+    assert not (tmp_path / "loaded.eof").exists()  # the loader was killed, never saw an EOF
+    assert payload.startswith((tmp_path / "loaded").read_bytes())
+
+
+def test_a_verified_stream_ends_the_loader_cleanly_and_its_failure_is_ours(tmp_path):
+    payload = os.urandom(300_000)
+
+    def whole(sock: socket.socket, out: Speaker) -> None:
+        sock.sendall(out.data(payload) + out.trailer())
+        time.sleep(1)
+
+    port, thread = fake_parent(whole)
+    proc = recv_with_loader(port, tmp_path)
+    thread.join(5)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "loaded").read_bytes() == payload and (tmp_path / "loaded.eof").exists()
+    # A loader that fails on a verified stream fails the relay, naming it.
+    port, thread = fake_parent(whole)
+    proc = recv_with_loader(port, tmp_path, ["sh", "-c", "cat >/dev/null; exit 4"])
+    thread.join(5)
+    assert (
+        proc.returncode == EXIT_FAILURE
+        and "was verified, but sh -c" in proc.stderr
+        and "exited 4" in proc.stderr
+    )
