@@ -143,3 +143,41 @@ assert_timeline() {
   assert_output --regexp "rank 2 of 3: from rank 0 \(node1\)"
   assert_equal "$(e2e::image_id node3)" "$(e2e::image_id node1)"
 }
+
+@test "squatters without the token on the barrier's and the relay's first ports: SUCCESS, one image ID, the logs name them" {
+  cd "${BATS_FILE_TMPDIR}"
+  local job bport rport sq1 sq2 t0
+  job=$(sbatch --parsable --hold -N3 -o "${BATS_FILE_TMPDIR}/job-%j.out" "${REPO_ROOT}/sbatch/multi.sbatch" \
+    --out "${BATS_FILE_TMPDIR}/out" --manifest "${TOY_MANIFEST}" --image-transport relay --master-port 29500)
+  bport=$(PYTHONPATH=${REPO_ROOT}/py "${SM_PYTHON}" -m slurm_multi barrier port --master-port 29500 --job-id "${job}" | head -1)
+  rport=$(PYTHONPATH=${REPO_ROOT}/py "${SM_PYTHON}" -m slurm_multi relay port --rank 1 --master-port 29500 --job-id "${job}" | head -1)
+  # Rank 0's barrier candidate on node1, rank 1's relay candidate on node2: taken before the job starts.
+  "${REPO_ROOT}/tests/cluster/exec" node1 python3 "${REPO_ROOT}/tests/e2e/data/squat.py" barrier "${bport}" \
+    >"${BATS_FILE_TMPDIR}/squat1.out" 2>&1 &
+  sq1=$!
+  "${REPO_ROOT}/tests/cluster/exec" node2 python3 "${REPO_ROOT}/tests/e2e/data/squat.py" relay "${rport}" \
+    >"${BATS_FILE_TMPDIR}/squat2.out" 2>&1 &
+  sq2=$!
+  local tries=100
+  until [[ $(cat "${BATS_FILE_TMPDIR}"/squat[12].out 2>/dev/null | grep -c listening) -eq 2 ]] || ((--tries == 0)); do
+    sleep 0.1
+  done
+  assert [ "${tries}" -gt 0 ]
+  t0=${SECONDS}
+  scontrol release "${job}"
+  e2e::wait_job "${job}"
+  echo "# squatted cold 3-node relay job: $((SECONDS - t0)) s" >&3
+  pkill -f "tests/e2e/data/squat.py" || true
+  wait "${sq1}" "${sq2}" 2>/dev/null || true
+  JOB_DIR=${BATS_FILE_TMPDIR}/out/toy_model/${job}
+  assert_equal "${JOB_RC}" 0
+  assert_equal "$(e2e::json "${JOB_DIR}/summary.json" 'd["verdict"]')" SUCCESS
+  assert_equal "$(e2e::image_id node2)" "$(e2e::image_id node1)"
+  assert_equal "$(e2e::image_id node3)" "$(e2e::image_id node1)"
+  # Each node that met a squatter says so, naming the port and what answered there.
+  run cat "${JOB_DIR}/node_2/node.log"
+  assert_output --regexp "relay: before our parent at [0-9.]+:[0-9]+: [0-9.]+:${rport} refused us: wrong token"
+  run cat "${JOB_DIR}"/node_[12]/node.log
+  assert_output --regexp ":${bport} is not our rank 0 \("
+  refute_output --partial "falling back"
+}
