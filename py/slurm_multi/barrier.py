@@ -24,7 +24,8 @@ direction, so a signed request can never pass for a reply (or the other way roun
 
 A line whose MAC does not verify (wrong token, or signed for another connection's S: a replay)
 gets `ERR bad token`. A client trusts GO/ABORT/OK only with a valid MAC over its own C, so a fake
-rank 0 cannot forge or replay them; `ERR` is not signed (it only ever makes a client give up).
+rank 0 cannot forge or replay them; `ERR` is not signed, so a client only ever moves on from the
+port that sent it to its next candidate.
 
 `image` READYs are answered as soon as the image is released (a worker learns the image ID to load);
 `start` READYs are answered once every rank 1..nnodes-1 holds a live `start` connection and the image
@@ -1262,6 +1263,12 @@ def _no_candidate_error(dialer: _Dialer) -> HelperError:
 BAD_TOKEN_MET = "it rejected our token (ERR bad token)"
 
 
+def _err_met(reason: str) -> str:
+    """What an ERR other than `bad token` says about its port: ERR is unsigned, so it may be
+    anyone's; the port is skipped and the final error quotes it."""
+    return f"it answered ERR {reason[:120]!r}, unsigned"
+
+
 def _bad_token_error(dialer: _Dialer) -> HelperError:
     return HelperError(
         f"barrier: rank 0 on {dialer.host}:{','.join(str(p) for p in sorted(dialer.skip))} "
@@ -1349,9 +1356,9 @@ def join(
             dialer.reject(port, BAD_TOKEN_MET)
             continue
         if reply.kind == "ERR":
-            raise usage_error(
-                f"barrier: rank 0 at {host}:{port} rejected READY from rank {rank}: {reply.reason}"
-            )
+            # Unsigned: our rank 0's word or anyone's on that port; never the end of the join.
+            dialer.reject(port, _err_met(reply.reason))
+            continue
         raise HelperError(f"barrier: unexpected {reply.kind} reply from {host}:{port}")
 
 
@@ -1404,7 +1411,8 @@ def control(
             dialer.reject(port, BAD_TOKEN_MET)
             continue
         if reply.kind == "ERR":
-            raise usage_error(f"barrier: rank 0 at {host}:{port} refused: {reply.reason}")
+            dialer.reject(port, _err_met(reply.reason))
+            continue
         raise HelperError(f"barrier: unexpected {reply.kind} reply from {host}:{port}")
 
 

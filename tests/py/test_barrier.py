@@ -925,14 +925,28 @@ def forged_go(sock: socket.socket) -> None:
     sock.sendall(f"GO {'0' * 64} 1 sha256:evil\n".encode())
 
 
+def unsigned_err(sock: socket.socket) -> None:
+    """A fake CHALLENGE, then an ERR (unsigned, as every ERR is): the old join ended on it, exit 2."""
+    sock.sendall(barrier.challenge_line(auth.new_nonce()))
+    sock.recv(512)
+    sock.sendall(b"ERR rank out of range\n")
+
+
+SQUATTERS = {
+    "silent": squatters.silent,
+    "banner": squatters.banner,
+    "forged-go": forged_go,
+    "err": unsigned_err,
+}
+
+
 def squatter(kind: str) -> contextlib.AbstractContextManager[int]:
-    """Something that is not our rank 0 on a port: silent, a banner, or a fake CHALLENGE + a forged GO."""
-    return squatters.squatter(
-        {"silent": squatters.silent, "banner": squatters.banner, "forged-go": forged_go}[kind]
-    )
+    """Something that is not our rank 0 on a port: silent, a banner, a fake CHALLENGE + a forged GO,
+    or a fake CHALLENGE + an ERR."""
+    return squatters.squatter(SQUATTERS[kind])
 
 
-@pytest.mark.parametrize("kind", ["silent", "banner", "forged-go"])
+@pytest.mark.parametrize("kind", ["silent", "banner", "forged-go", "err"])
 def test_a_squatter_on_the_first_candidate_costs_a_join_seconds_not_the_job(kind: str) -> None:
     def go(challenge: str, msg: barrier.Message) -> bytes:
         return barrier.reply_line(TOKEN, "GO", challenge, msg.nonce, "1", "sha256:abc")
@@ -955,6 +969,12 @@ def test_a_controller_skips_a_squatter_and_a_join_names_what_it_met_on_every_can
     ):
         barrier.control(LOOPBACK, [first, rank0.port], TOKEN, "RELEASE", "sha256:abc", log=lambda m: None)
     assert [(m.kind, m.image_id) for _, m in rank0.seen] == [("RELEASE", "sha256:abc")]
+    with (
+        squatter("err") as first,
+        impostor(lambda c, m: barrier.reply_line(TOKEN, "OK", c, m.nonce)) as rank0,
+    ):
+        barrier.control(LOOPBACK, [first, rank0.port], TOKEN, "ABORT", "stop", log=lambda m: None)
+    assert [m.kind for _, m in rank0.seen] == ["ABORT"]
     with squatter("banner") as a, squatter("forged-go") as b:
         with pytest.raises(HelperError) as err:
             join(LOOPBACK, [a, b], TOKEN, 1, connect_timeout=30, wait_timeout=30, log=lambda m: None)
