@@ -98,17 +98,32 @@ run::hang_watch() {
       run::diagnose "$2" "${line}"
       run::stop_hung_container "$2" "${state}"
     else
-      case ${state} in frozen | stopped) run::kill_tree KILL "$2" ;; *) run::kill_tree TERM "$2" ;; esac
-      run::kill_tree CONT "$2"
+      case ${state} in frozen | stopped) run::kill_tree KILL "$2" "${RUN_WORKLOAD_TICKS:-}" ;; *) run::kill_tree TERM "$2" "${RUN_WORKLOAD_TICKS:-}" ;; esac
+      run::kill_tree CONT "$2" "${RUN_WORKLOAD_TICKS:-}"
     fi
   ) &
   RUN_HANG_PID=$!
 }
 
-# run::kill_tree SIGNAL PID: PID and every descendant (children first). A bare-metal workload is a
-# tree (sh -c '… sleep …'); signalling only its top would orphan the rest, still holding the log.
+# run::start_ticks PID: when PID started (clock ticks since boot, /proc/PID/stat field 22). With the
+# PID it names one process: a PID the kernel reused belongs to a process with another start time.
+run::start_ticks() {
+  local stat fields=()
+  stat=$(<"/proc/$1/stat") 2>/dev/null || return 1
+  read -r -a fields <<<"${stat##*) }"
+  printf '%s' "${fields[19]:-}"
+}
+
+# run::kill_tree SIGNAL PID [TICKS]: PID and every descendant (children first). A bare-metal
+# workload is a tree (sh -c '… sleep …'); signalling only its top would orphan the rest, still
+# holding the log. With TICKS (run::start_ticks at launch), nothing is signalled unless PID is still
+# that process: the workload may have ended and been reaped, and its PID reused, since the watch
+# looked.
 run::kill_tree() {
-  local sig=$1 pid=$2 child
+  local sig=$1 pid=$2 ticks=${3:-} child
+  if [[ -n ${ticks} && $(run::start_ticks "${pid}" || true) != "${ticks}" ]]; then
+    return 0
+  fi
   for child in $(pgrep -P "${pid}" 2>/dev/null); do run::kill_tree "${sig}" "${child}"; done
   kill "-${sig}" "${pid}" 2>/dev/null || true
 }
@@ -216,6 +231,7 @@ run::bare() {
   ) </dev/null &
   pid=$!
   RUN_DOCKER_PID=${pid}
+  RUN_WORKLOAD_TICKS=$(run::start_ticks "${pid}" || true)
   timeline::event container_start
   rm -f "${SM_SCRATCH}/run-done"
   run::hang_watch --pid "${pid}"

@@ -76,6 +76,12 @@ class Thread:
     wchan: str = ""
 
 
+def _start_ticks(pid: int) -> str:
+    """When `pid` started, in clock ticks since boot ("" when it is gone)."""
+    parsed = _stat_fields(_read(f"/proc/{pid}/stat") or "")
+    return parsed[1][19] if parsed and len(parsed[1]) > 19 else ""
+
+
 def _stat_fields(text: str) -> tuple[str, list[str]] | None:
     """(comm, fields after comm) of a /proc/<pid>/stat line; comm may hold spaces and parens."""
     start, end = text.find("("), text.rfind(")")
@@ -223,12 +229,14 @@ class Target:
     docker: str = "docker"
     init_pid: int = 0
     cgroup: dict[str, str] = field(default_factory=dict)  # controller -> path of its cgroup dir
+    start_ticks: str = ""  # init_pid's start time (/proc stat field 22): a reused PID has another
 
     def start(self, wait_seconds: float, parent: int = 0) -> bool:
         """Find the container's init process (it may not have started yet); False if it never ran
         (or the process that started this watch went away meanwhile)."""
         if not self.container:
             self.init_pid = self.pid
+            self.start_ticks = _start_ticks(self.pid)
             return self.alive()
         deadline = time.monotonic() + wait_seconds
         while time.monotonic() < deadline and (not parent or os.getppid() == parent):
@@ -236,6 +244,7 @@ class Target:
             fields = out.split()
             if len(fields) == 2 and fields[1] == "true" and fields[0].isdigit() and fields[0] != "0":
                 self.init_pid = int(fields[0])
+                self.start_ticks = _start_ticks(self.init_pid)
                 self._find_cgroups()
                 return True
             time.sleep(0.2)
@@ -263,9 +272,12 @@ class Target:
                     self.cgroup.setdefault(name, mounts[name] + path)
 
     def alive(self) -> bool:
-        """The workload's first process exists and has not exited (a zombie counts as ended)."""
+        """The workload's first process exists and has not exited (a zombie counts as ended), and
+        it is still the process that started (not another that got its PID)."""
         parsed = _stat_fields(_read(f"/proc/{self.init_pid}/stat") or "") if self.init_pid > 0 else None
-        return bool(parsed and parsed[1] and parsed[1][0] not in ("Z", "X"))
+        if not (parsed and len(parsed[1]) > 19 and parsed[1][0] not in ("Z", "X")):
+            return False
+        return not self.start_ticks or parsed[1][19] == self.start_ticks
 
     def pids(self) -> list[int]:
         return process_tree(self.init_pid) if self.init_pid else []
@@ -457,6 +469,8 @@ def _watch_loop(
             write_json(os.path.join(node_dir, "progress.json"), progress_document(state, rank, node, now))
         if now - state.last >= timeout and target.alive():
             hang = hang_document(target, state, rank, node, timeout, now)
+            if not target.alive():
+                break  # it ended while it was looked at: an ending, not a hang
             write_json(os.path.join(node_dir, "hang.json"), hang)
             write_json(os.path.join(node_dir, "progress.json"), progress_document(state, rank, node, now))
             if diagnostics:

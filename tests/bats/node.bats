@@ -337,3 +337,18 @@ EOF
   run ls -A "${BATS_TEST_TMPDIR}/elsewhere"
   assert_output ""
 }
+
+@test "run::kill_tree signals a workload only while its PID is still that process (start time)" {
+  # shellcheck source=/dev/null
+  for lib in log util run; do source "${REPO_ROOT}/lib/${lib}.sh"; done
+  sleep 60 &
+  local pid=$! ticks
+  ticks=$(run::start_ticks "${pid}")
+  [[ ${ticks} =~ ^[0-9]+$ ]]
+  # A PID the kernel gave to another process since: a different start time, nothing is signalled.
+  run::kill_tree TERM "${pid}" "$((ticks + 1))"
+  kill -0 "${pid}"
+  run::kill_tree TERM "${pid}" "${ticks}"
+  run wait "${pid}"
+  assert_equal "${status}" 143
+}

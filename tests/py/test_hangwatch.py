@@ -278,3 +278,32 @@ def test_a_waiter_never_holds(procs: list, tmp_path: Path) -> None:
     finally:
         server.close()
     assert result == hangwatch.EXIT_HUNG and hang["role"] == "waiter" and "held_seconds" not in hang
+
+
+def test_a_pid_another_process_got_is_not_the_workload(procs: list, tmp_path: Path) -> None:
+    proc = start(procs, ["sleep", "30"], tmp_path / "node.log")
+    target = Target(pid=proc.pid)
+    assert target.start(1.0) and target.alive() and target.start_ticks
+    target.start_ticks = str(int(target.start_ticks) + 1)  # as if the PID had been reused
+    assert not target.alive()
+
+
+class EndsWhileLookedAt(Target):
+    """A workload that exits the moment the watch samples its threads."""
+
+    def threads(self) -> list[Thread]:
+        os.kill(self.pid, signal.SIGKILL)
+        time.sleep(0.2)
+        return super().threads()
+
+
+def test_a_workload_that_ends_while_it_is_classified_is_not_recorded_as_hung(
+    procs: list, tmp_path: Path
+) -> None:
+    out = tmp_path / "node.log"
+    proc = start(procs, ["sh", "-c", "echo started; exec sleep 60"], out)
+    code = hangwatch.watch(
+        EndsWhileLookedAt(pid=proc.pid), str(out), 0.5, str(tmp_path), 0, "node1",
+        poll=0.1, progress_every=0.2,
+    )  # fmt: skip
+    assert code == 0 and not (tmp_path / "hang.json").exists()
