@@ -13,8 +13,11 @@ computing, or chatty but idle, is not hung.
 One stuck rank soon makes every other rank wait in its collective, so several ranks go quiet
 within moments of each other. When the timeout is reached the watch tells the cause from the
 waiters by the processes' state: frozen (docker pause, cgroup freezer), stopped (SIGSTOP), in
-uninterruptible sleep, spinning, or merely sleeping: a cause; every other process asleep and at
-least one thread blocked in a socket or poll wait: a waiter. It then writes hang.json into the
+uninterruptible sleep, spinning, or merely sleeping: a cause; every process asleep and a main
+thread blocked in a socket or poll wait: a waiter; asleep with only helper threads in network waits
+(every main thread on a lock or a condition): unclear, since a rank waiting in gloo and a rank
+deadlocked on a lock while a helper polls look alike; collect makes it a waiter when another rank
+is clearly the cause, and names it a suspect otherwise. It then writes hang.json into the
 node dir, snapshots diagnostics (processes with state and wait channel, kernel stacks where
 readable, open sockets, py-spy dumps when the image has py-spy), and exits 3. The caller stops the
 workload. A cause first holds that stop (up to --hold seconds) until every other rank is accounted
@@ -49,6 +52,7 @@ SOCKET_WAITS = (
 )  # fmt: skip
 INIT_COMMANDS = ("docker-init", "tini", "tini-static")  # docker run --init: not the workload
 CAUSE_STATES = ("frozen", "stopped", "disk-sleep", "spinning", "sleeping")
+ROLES = ("cause", "waiter", "unclear")  # unclear: a waiter if another rank is clearly the cause
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -191,9 +195,22 @@ def classify(threads: Sequence[Thread], frozen: bool, frozen_detail: str = "") -
         return "cause", "disk-sleep", f"uninterruptible sleep: {names('D')}"
     if any(t.state == "R" for t in work):
         return "cause", "spinning", f"running without CPU progress: {names('R')}"
-    waiting = sorted({t.wchan for t in work if t.wchan and any(w in t.wchan for w in SOCKET_WAITS)})
-    if waiting:
+    on_net = [t for t in work if t.wchan and any(w in t.wchan for w in SOCKET_WAITS)]
+    waiting = sorted({t.wchan for t in on_net})
+    if any(t.tid == t.pid for t in on_net):
         return "waiter", "socket-wait", "blocked in a socket wait (" + ", ".join(waiting[:3]) + ")"
+    if waiting:
+        # Only helper threads wait on the network; every main thread sleeps elsewhere (a lock, a
+        # condition). That is a rank waiting in gloo (its main thread waits on the worker that waits
+        # on the socket) or a rank deadlocked on a lock while a helper polls: not told apart from
+        # here. Collect decides: a waiter when another rank is clearly the cause, else a suspect.
+        mains = ", ".join(sorted({t.wchan or "?" for t in work if t.tid == t.pid and t not in on_net})[:3])
+        helpers = ", ".join(waiting[:3])
+        return (
+            "unclear",
+            "lock-wait",
+            f"main thread asleep off the network ({mains}); helpers wait on it ({helpers})",
+        )
     known = sorted({t.wchan for t in work if t.wchan})
     if known:
         return "cause", "sleeping", "asleep, not on the network (" + ", ".join(known[:3]) + ")"
@@ -525,6 +542,10 @@ def hang_line(hang: dict[str, Any]) -> str:
     quiet = f"no output and no CPU for {hang['quiet_seconds']:.0f} s since {since}"
     if hang["role"] == "waiter":
         return f"waiting on another rank: {quiet} ({hang['state']}: {hang['detail']})"
+    if hang["role"] == "unclear":
+        return (
+            f"hung or waiting on another rank (not told apart): {quiet} ({hang['state']}: {hang['detail']})"
+        )
     return f"hung: {quiet} ({hang['state']}: {hang['detail']})"
 
 

@@ -98,13 +98,13 @@ def test_a_stopped_rank_is_the_cause(procs: list, tmp_path: Path) -> None:
     assert "SIGSTOP" in hang["detail"] and f"[{proc.pid}]" in hang["detail"]
 
 
-def test_a_rank_blocked_on_a_socket_is_a_waiter(procs: list, tmp_path: Path) -> None:
+def watch_connected(procs: list, tmp_path: Path, body: str) -> dict:
+    """Watch a Python workload connected to a socket of ours (`s`) that runs `body`; its hang.json."""
     out = tmp_path / "node.log"
     server = socket.create_server(("127.0.0.1", 0))
-    port = server.getsockname()[1]
-    code = f"import socket\ns = socket.create_connection(('127.0.0.1', {port}))\n"
-    code += "print('connected', flush=True)\ns.recv(1)"
-    proc = start(procs, [sys.executable, "-c", code], out)
+    code = "import select, socket, threading\n"
+    code += f"s = socket.create_connection(('127.0.0.1', {server.getsockname()[1]}))\n"
+    proc = start(procs, [sys.executable, "-c", code + body], out)
     conn, _ = server.accept()
     try:
         assert run_watch(proc.pid, out, tmp_path, 1.0) == hangwatch.EXIT_HUNG
@@ -114,6 +114,11 @@ def test_a_rank_blocked_on_a_socket_is_a_waiter(procs: list, tmp_path: Path) -> 
     hang = json.loads((tmp_path / "hang.json").read_text())
     if not any(p["wchan"] for p in hang["processes"]):
         pytest.fail(f"wait channels unreadable for our own child: {hang['processes']}")
+    return hang
+
+
+def test_a_rank_blocked_on_a_socket_is_a_waiter(procs: list, tmp_path: Path) -> None:
+    hang = watch_connected(procs, tmp_path, "print('connected', flush=True)\ns.recv(1)")
     assert (hang["role"], hang["state"]) == ("waiter", "socket-wait"), hang
     assert hang_line(hang).startswith("waiting on another rank: no output and no CPU for ")
 
@@ -129,6 +134,7 @@ def test_a_workload_that_ends_is_not_watched_further(procs: list, tmp_path: Path
 
 
 def threads(*rows: tuple[str, str, str]) -> list[Thread]:
+    """One single-threaded process per row."""
     return [Thread(100 + i, 100 + i, state, comm, wchan) for i, (comm, state, wchan) in enumerate(rows)]
 
 
@@ -189,9 +195,10 @@ def test_a_thread_is_spinning_only_when_runnable_in_every_look() -> None:
     assert (merged[1].state, merged[1].wchan) == ("S", "futex_wait_queue")
     assert (merged[2].state, merged[2].wchan) == ("S", "ep_poll")
     assert merged[3].state == "R"
-    # Briefly runnable threads of a waiter do not make it the cause.
+    # Briefly runnable threads of a waiter do not make it spinning (its main thread on a futex, a
+    # helper in epoll: unclear until collect compares the ranks).
     waiter = [[t for t in look if t.tid != 3] for look in looks]
-    assert classify(hangwatch.merge_samples(waiter), False)[:2] == ("waiter", "socket-wait")
+    assert classify(hangwatch.merge_samples(waiter), False)[:2] == ("unclear", "lock-wait")
     assert classify(hangwatch.merge_samples(looks), False)[:2] == ("cause", "spinning")
     # A thread seen only in some looks (it came and went) is not spinning either.
     assert hangwatch.merge_samples([[Thread(1, 9, "R", "py", "")], []])[0].state == "S"
@@ -307,3 +314,27 @@ def test_a_workload_that_ends_while_it_is_classified_is_not_recorded_as_hung(
         poll=0.1, progress_every=0.2,
     )  # fmt: skip
     assert code == 0 and not (tmp_path / "hang.json").exists()
+
+
+def test_main_threads_decide_between_waiter_and_unclear() -> None:
+    """Threads of one process (pid 7): a main thread in a socket wait makes a waiter; a main thread
+    on a lock with only a helper on the network is unclear (a gloo waiter, or a deadlock)."""
+    on_lock = [Thread(7, 7, "S", "python3", "futex_do_wait"), Thread(7, 8, "S", "python3", "do_select")]
+    assert classify(on_lock, False)[:2] == ("unclear", "lock-wait")
+    reading = [Thread(7, 7, "S", "python3", "sk_wait_data"), Thread(7, 8, "S", "python3", "futex_do_wait")]
+    assert classify(reading, False)[:2] == ("waiter", "socket-wait")
+
+
+def test_a_rank_deadlocked_on_a_lock_while_a_helper_polls_a_socket_is_not_a_waiter(
+    procs: list, tmp_path: Path
+) -> None:
+    """Its main thread blocks on a lock it holds; a helper thread sits in select() on a socket.
+    The old watch called it a waiter because one thread polled a socket."""
+    hang = watch_connected(
+        procs, tmp_path,
+        "threading.Thread(target=lambda: select.select([s], [], []), daemon=True).start()\n"
+        "lock = threading.Lock(); lock.acquire()\nprint('deadlocked', flush=True)\nlock.acquire()\n",
+    )  # fmt: skip
+    assert (hang["role"], hang["state"]) == ("unclear", "lock-wait"), hang
+    assert "main thread asleep off the network (futex" in hang["detail"]
+    assert hang_line(hang).startswith("hung or waiting on another rank (not told apart): ")

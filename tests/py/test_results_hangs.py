@@ -276,9 +276,9 @@ def test_a_cause_line_without_times_or_state_still_reads():
         ("not json", "node_1/hang.json: not valid JSON ("),
         (b"\xff\xfe{}", "node_1/hang.json: not valid JSON ("),
         ("[1, 2]", "node_1/hang.json: not a JSON object; ignored"),
-        ('{"role": "boss"}', "node_1/hang.json: role 'boss' is neither cause nor waiter; ignored"),
-        ('{"role": ["cause"]}', "node_1/hang.json: role ['cause'] is neither cause nor waiter; ignored"),
-        ('{"state": "frozen"}', "node_1/hang.json: role None is neither cause nor waiter; ignored"),
+        ('{"role": "boss"}', "node_1/hang.json: role 'boss' is not cause, waiter or unclear; ignored"),
+        ('{"role": ["cause"]}', "node_1/hang.json: role ['cause'] is not cause, waiter or unclear; ignored"),
+        ('{"state": "frozen"}', "node_1/hang.json: role None is not cause, waiter or unclear; ignored"),
         ("[" * 100_000, "node_1/hang.json: not valid JSON ("),
     ],
 )
@@ -339,3 +339,38 @@ def test_hang_files_that_are_directories_or_in_a_missing_node_never_crash(tmp_pa
     summary = collect(jobdir)
     assert summary.warnings == ["node_0/hang.json: unreadable (Is a directory); ignored"]
     assert summary.hang is None
+
+
+# ----------------------------------------------------------------------------- unclear ranks
+
+LOCK = "main thread asleep off the network (futex_do_wait); helpers wait on it (do_epoll_wait)"
+
+
+def test_an_unclear_rank_waits_when_another_rank_is_clearly_the_cause(tmp_path: Path):
+    """gloo: every waiter's main thread waits on a futex while its loop thread is in epoll."""
+    hangs = {
+        0: hang(0, "unclear", "lock-wait", LOCK, T + 1),
+        1: hang(1, "cause", "frozen", "docker pause (cgroup frozen)", T),
+        2: hang(2, "unclear", "lock-wait", LOCK, T + 1.5),
+    }
+    summary = collect(make_job(tmp_path / "88", 3, hangs=hangs))
+    assert summary.reasons[:2] == [
+        CAUSE_LINE,
+        "waiting (not the cause): node1 (rank 0), node3 (rank 2): asleep on a lock or condition while helper "
+        "threads wait on the network since 12:03:08",
+    ]
+
+
+def test_an_unclear_rank_is_the_suspect_when_the_others_wait_on_the_network(tmp_path: Path):
+    """A rank deadlocked on a lock while a helper polls, its peers blocked reading from it."""
+    hangs = {
+        0: hang(0, "waiter", "socket-wait", "python3[4242] in sk_wait_data", T + 1),
+        1: hang(1, "unclear", "lock-wait", LOCK, T),
+        2: hang(2, "waiter", "socket-wait", "python3[4250] in sk_wait_data", T + 1.5),
+    }
+    summary = collect(make_job(tmp_path / "88", 3, hangs=hangs))
+    assert summary.reasons[0] == (
+        f"hung: node2 (rank 1), no output and no CPU for 120 s since 12:03:07 (lock-wait: {LOCK})"
+    )
+    assert summary.reasons[1] == WAITERS_LINE
+    assert [e.rank for e in summary.hang.causes] == [1] and [e.rank for e in summary.hang.waiters] == [0, 2]

@@ -27,7 +27,7 @@ from slurm_multi.results.shared import json_error, rank_label, read_json, short,
 
 PROGRESS_FILE = "progress.json"
 HANG_FILE = "hang.json"
-ROLES = ("cause", "waiter")
+ROLES = ("cause", "waiter", "unclear")  # hangwatch.ROLES
 # How each state reads in the waiters' line (`blocked in a socket wait since 12:03:08`).
 STATE_WORDS = {
     "frozen": "frozen",
@@ -36,6 +36,7 @@ STATE_WORDS = {
     "spinning": "spinning without output",
     "sleeping": "sleeping",
     "socket-wait": "blocked in a socket wait",
+    "lock-wait": "asleep on a lock or condition while helper threads wait on the network",
 }
 MAX_LISTED = 10  # ranks named in one line; a 1,000-rank job's waiters would fill a screen
 MAX_EPOCH = 253_402_300_799.0  # 9999-12-31T23:59:59Z: past it time.gmtime raises
@@ -47,7 +48,7 @@ class HangEntry:
 
     rank: int
     node: str
-    role: str  # "cause" or "waiter"
+    role: str  # "cause", "waiter" or "unclear" (as the watch said; read_hangs decides the unclear)
     state: str | None = None
     detail: str | None = None
     quiet_seconds: float | None = None
@@ -180,7 +181,7 @@ def read_hang_entry(path: str, name: str, node: NodeReport, warnings: list[str])
         return None
     role = data.get("role")
     if role not in ROLES:
-        warnings.append(f"{name}: role {short(repr(role), 40)} is neither cause nor waiter; ignored")
+        warnings.append(f"{name}: role {short(repr(role), 40)} is not cause, waiter or unclear; ignored")
         return None
     fields = _fields(data, HANG_FIELDS, name, warnings)
     last_progress = fields["last_progress_epoch"]
@@ -210,8 +211,12 @@ def read_hangs(root: Path, nodes: Sequence[NodeReport], warnings: list[str]) -> 
                 node.last_progress = entry.last_progress
     if not entries:
         return None
-    causes = sorted((e for e in entries if e.role == "cause"), key=_by_progress)
-    waiters = sorted((e for e in entries if e.role == "waiter"), key=lambda e: e.rank)
+    # An unclear rank (only helper threads on the network) waits on another when some rank is
+    # clearly stuck by itself; with none, it is a suspect: a deadlocked rank looks just like it.
+    definite = any(e.role == "cause" for e in entries)
+    as_cause = {"cause"} if definite else {"cause", "unclear"}
+    causes = sorted((e for e in entries if e.role in as_cause), key=_by_progress)
+    waiters = sorted((e for e in entries if e.role not in as_cause), key=lambda e: e.rank)
     return Hang(causes, waiters)
 
 
