@@ -349,6 +349,7 @@ EOF
   run::kill_tree TERM "${pid}" "$((ticks + 1))"
   kill -0 "${pid}"
   run::kill_tree TERM "${pid}" "${ticks}"
-  run wait "${pid}"
-  assert_equal "${status}" 143
+  local rc=0
+  wait "${pid}" || rc=$?
+  assert_equal "${rc}" 143
 }
