@@ -19,6 +19,7 @@ direction, so a signed request can never pass for a reply (or the other way roun
                   mac = mac(token, "to-rank0", "READY", S, C, rank, phase)
     controller -> RELEASE <mac> <C> <image-id>  |  ABORT <mac> <C> <reason>
                   mac = mac(token, "to-rank0", verb, S, C, image-id | reason)
+    rank 0     -> WAIT <mac> <rank>   (at once, to a READY it keeps waiting; then, later, one of:)
     rank 0     -> GO <mac> <rank> <image-id>  |  ABORT <mac> <reason>  |  OK <mac>  |  ERR <reason>
                   mac = mac(token, "from-rank0", verb, S, C, rank, image-id | reason | nothing)
 
@@ -197,7 +198,7 @@ class Message:
 
 @dataclass(frozen=True)
 class Reply:
-    kind: str  # GO | ABORT | ERR | OK
+    kind: str  # GO | ABORT | ERR | OK | WAIT
     rank: int = 0
     image_id: str = ""
     reason: str = ""
@@ -326,7 +327,7 @@ def parse_reply(line: bytes | str, token: str, challenge: str, nonce: str) -> Re
     verb, _, rest = text.partition(" ")
     if verb == "ERR":
         return Reply("ERR", reason=rest.replace(token, "***") or "unspecified")
-    if verb not in ("GO", "ABORT", "OK"):
+    if verb not in ("GO", "ABORT", "OK", "WAIT"):
         raise ProtocolError("unexpected reply")
     given, _, rest = rest.partition(" ")
     fields = _signed_fields(verb, rest)
@@ -338,6 +339,10 @@ def parse_reply(line: bytes | str, token: str, challenge: str, nonce: str) -> Re
         return Reply("OK")
     if verb == "ABORT":
         return Reply("ABORT", reason=rest.replace(token, "***").strip() or "no reason given")
+    if verb == "WAIT":
+        if len(fields) != 1 or not RANK_RE.fullmatch(fields[0]):
+            raise ProtocolError("malformed WAIT")
+        return Reply("WAIT", rank=int(fields[0]))
     if len(fields) != 2 or not RANK_RE.fullmatch(fields[0]) or not IMAGE_ID_RE.fullmatch(fields[1]):
         raise ProtocolError("malformed GO")
     return Reply("GO", rank=int(fields[0]), image_id=fields[1])
@@ -1052,6 +1057,10 @@ class BarrierServer:
             older.kind = "done"
             self._close(older)
         waiting[msg.rank] = conn
+        # Signed at once, so a worker knows within seconds that this is our rank 0, and a port
+        # where something greets like us but never answers is one it leaves in seconds, not hours.
+        conn.out += reply_line(self.token, "WAIT", conn.challenge, conn.nonce, str(msg.rank))
+        self._flush(conn)
         self._note(f"rank {msg.rank} ready ({msg.phase}) from {conn.peer}")
         if msg.phase == "start":
             self._maybe_release()
@@ -1222,6 +1231,14 @@ def _read_line(sock: socket.socket, deadline: float, buf: bytearray) -> bytes | 
     return line
 
 
+class _NoAnswer(ProtocolError):
+    """The peer greeted like our rank 0 but sent no signed answer to our line within the proof
+    window: our rank 0 answers every line at once (WAIT, then GO later, for a READY it keeps)."""
+
+    def __init__(self, verb: str, seconds: float) -> None:
+        super().__init__(f"it sent a CHALLENGE but no signed answer to {verb} within {_seconds(seconds)} s")
+
+
 class _NoChallenge(ProtocolError):
     """The peer accepted the connection but never greeted us with CHALLENGE within the proof window:
     not our rank 0, which greets at once."""
@@ -1245,8 +1262,25 @@ def _exchange(sock: socket.socket, deadline: float, token: str, verb: str, *fiel
     challenge = parse_challenge(greeting)
     nonce = auth.new_nonce()
     sock.sendall(request_line(token, verb, challenge, nonce, *fields))
+    asked = time.monotonic()
+    try:
+        line = _read_line(sock, min(deadline, asked + PROOF_TIMEOUT), buf)
+    except (socket.timeout, TimeoutError):
+        if deadline <= asked + PROOF_TIMEOUT:
+            raise
+        raise _NoAnswer(verb, time.monotonic() - asked) from None
+    if line is None:
+        return None
+    reply = parse_reply(line, token, challenge, nonce)
+    if reply.kind != "WAIT":
+        return reply
     line = _read_line(sock, deadline, buf)
-    return None if line is None else parse_reply(line, token, challenge, nonce)
+    if line is None:
+        return None
+    reply = parse_reply(line, token, challenge, nonce)
+    if reply.kind == "WAIT":
+        raise ProtocolError("a second WAIT")
+    return reply
 
 
 def _no_candidate_error(dialer: _Dialer) -> HelperError:

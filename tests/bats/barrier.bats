@@ -98,6 +98,11 @@ conn.close()
   nonce=$(openssl rand -hex 16)
   printf 'READY %s %s 1 start\n' "$(barrier_mac to-rank0 READY "${challenge}" "${nonce}" 1 start)" "${nonce}" >&"${fd}"
   IFS= read -r -t 10 line <&"${fd}"
+  # Rank 0 acknowledges a READY it keeps at once, signed: WAIT <mac> 1; the GO follows.
+  if [[ ${line} == "WAIT "* ]]; then
+    [[ "${line}" == "WAIT $(barrier_mac from-rank0 WAIT "${challenge}" "${nonce}" 1) 1" ]]
+    IFS= read -r -t 10 line <&"${fd}"
+  fi
   exec {fd}<&-
   image_id=${line##* }
   [[ "${image_id}" == sha256:abc ]]

@@ -88,6 +88,8 @@ class Conn:
     sock: socket.socket
     challenge: str
     nonce: str = ""
+    buf: bytes = b""  # what arrived after the last line read
+    waits: int = 0  # rank 0's signed WAIT acks read (and checked) so far
 
     def sendall(self, data: bytes) -> None:
         self.sock.sendall(data)
@@ -126,37 +128,63 @@ def ready(port: int, rank: int | str, phase: str | None = None, token: str = TOK
     return conn
 
 
-def read_line(sock: socket.socket | Conn, timeout: float = 5.0) -> str:
-    """One reply line without its newline; '' when the server closed without one. On a Conn, a
-    GO/ABORT/OK must carry rank 0's MAC over our nonces, and is shown without it (`GO 1 sha256:x`)."""
-    raw = sock.sock if isinstance(sock, Conn) else sock
+def _next_line(raw: socket.socket, buf: bytes, timeout: float) -> tuple[str | None, bytes]:
+    """(one line without its newline, what is left); None with what arrived when the server closed."""
     raw.settimeout(timeout)
-    buf = b""
     while b"\n" not in buf:
         try:
             chunk = raw.recv(512)
         except ConnectionResetError:
-            return ""
+            return None, b""
         if not chunk:
-            return buf.decode()
+            return None, buf
         buf += chunk
-    line = buf.split(b"\n", 1)[0].decode()
-    if not isinstance(sock, Conn) or line.split(" ")[0] not in ("GO", "ABORT", "OK"):
-        return line
-    parse_reply(line, TOKEN, sock.challenge, sock.nonce)  # ProtocolError unless rank 0 signed it
-    verb, _, rest = line.partition(" ")
-    return " ".join([verb, *rest.split(" ", 1)[1:]])
+    line, _, rest = buf.partition(b"\n")
+    return line.decode(), rest
+
+
+def read_line(sock: socket.socket | Conn, timeout: float = 5.0) -> str:
+    """One reply line without its newline; '' when the server closed without one. On a Conn, a
+    GO/ABORT/OK must carry rank 0's MAC over our nonces, and is shown without it (`GO 1 sha256:x`);
+    rank 0's WAIT acknowledgement (checked the same way) is counted and skipped."""
+    if not isinstance(sock, Conn):
+        line, rest = _next_line(sock, b"", timeout)
+        return rest.decode() if line is None else line
+    while True:
+        line, sock.buf = _next_line(sock.sock, sock.buf, timeout)
+        if line is None:
+            return sock.buf.decode()
+        if line.split(" ")[0] not in ("GO", "ABORT", "OK", "WAIT"):
+            return line
+        parse_reply(line, TOKEN, sock.challenge, sock.nonce)  # ProtocolError unless rank 0 signed it
+        if line.startswith("WAIT "):
+            sock.waits += 1
+            continue
+        verb, _, rest = line.partition(" ")
+        return " ".join([verb, *rest.split(" ", 1)[1:]])
 
 
 def silent_for(sock: socket.socket | Conn, seconds: float) -> bool:
-    """True when nothing (not even EOF) arrives within `seconds`."""
+    """True when nothing (not even EOF) arrives within `seconds` (on a Conn: but rank 0's WAIT)."""
     raw = sock.sock if isinstance(sock, Conn) else sock
-    raw.settimeout(seconds)
-    try:
-        raw.recv(512)
-    except (socket.timeout, TimeoutError):
-        return True
-    return False
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        raw.settimeout(left)
+        try:
+            chunk = raw.recv(512)
+        except (socket.timeout, TimeoutError):
+            return True
+        if not isinstance(sock, Conn) or not chunk:
+            return False
+        sock.buf += chunk
+        while b"\n" in sock.buf:
+            line, _, sock.buf = sock.buf.partition(b"\n")
+            if not line.startswith(b"WAIT "):
+                sock.buf = line + b"\n" + sock.buf
+                return False
+            parse_reply(line, TOKEN, sock.challenge, sock.nonce)
+            sock.waits += 1
+    return True
 
 
 def wait_for(predicate, timeout: float = 5.0) -> None:  # noqa: ANN001
@@ -648,6 +676,8 @@ def test_all_workers_get_go_with_the_released_image_id() -> None:
         workers = {rank: ready(b.port, rank) for rank in (1, 2, 3)}
         wait_for(lambda: logged(b, "rank 3 ready"))
         assert silent_for(workers[1], 0.2)  # all ranks there, but no image yet
+        # ...and each READY was acknowledged at once with rank 0's signed WAIT.
+        assert all(silent_for(w, 0.05) and w.waits == 1 for w in workers.values())
         assert control_line(b.port, "RELEASE", "sha256:abc") == "OK"
         for rank, sock in workers.items():
             assert read_line(sock) == f"GO {rank} sha256:abc"
@@ -932,11 +962,18 @@ def unsigned_err(sock: socket.socket) -> None:
     sock.sendall(b"ERR rank out of range\n")
 
 
+def greets_then_silent(sock: socket.socket) -> None:
+    """A CHALLENGE (anyone can send one), then nothing: the old join waited its whole budget."""
+    sock.sendall(barrier.challenge_line(auth.new_nonce()))
+    sock.recv(512)
+
+
 SQUATTERS = {
     "silent": squatters.silent,
     "banner": squatters.banner,
     "forged-go": forged_go,
     "err": unsigned_err,
+    "greets-then-silent": greets_then_silent,
 }
 
 
@@ -946,7 +983,7 @@ def squatter(kind: str) -> contextlib.AbstractContextManager[int]:
     return squatters.squatter(SQUATTERS[kind])
 
 
-@pytest.mark.parametrize("kind", ["silent", "banner", "forged-go", "err"])
+@pytest.mark.parametrize("kind", ["silent", "banner", "forged-go", "err", "greets-then-silent"])
 def test_a_squatter_on_the_first_candidate_costs_a_join_seconds_not_the_job(kind: str) -> None:
     def go(challenge: str, msg: barrier.Message) -> bytes:
         return barrier.reply_line(TOKEN, "GO", challenge, msg.nonce, "1", "sha256:abc")
@@ -969,12 +1006,13 @@ def test_a_controller_skips_a_squatter_and_a_join_names_what_it_met_on_every_can
     ):
         barrier.control(LOOPBACK, [first, rank0.port], TOKEN, "RELEASE", "sha256:abc", log=lambda m: None)
     assert [(m.kind, m.image_id) for _, m in rank0.seen] == [("RELEASE", "sha256:abc")]
-    with (
-        squatter("err") as first,
-        impostor(lambda c, m: barrier.reply_line(TOKEN, "OK", c, m.nonce)) as rank0,
-    ):
-        barrier.control(LOOPBACK, [first, rank0.port], TOKEN, "ABORT", "stop", log=lambda m: None)
-    assert [m.kind for _, m in rank0.seen] == ["ABORT"]
+    for kind in ("err", "greets-then-silent"):
+        with (
+            squatter(kind) as first,
+            impostor(lambda c, m: barrier.reply_line(TOKEN, "OK", c, m.nonce)) as rank0,
+        ):
+            barrier.control(LOOPBACK, [first, rank0.port], TOKEN, "ABORT", "stop", log=lambda m: None)
+        assert [m.kind for _, m in rank0.seen] == ["ABORT"]
     with squatter("banner") as a, squatter("forged-go") as b:
         with pytest.raises(HelperError) as err:
             join(LOOPBACK, [a, b], TOKEN, 1, connect_timeout=30, wait_timeout=30, log=lambda m: None)

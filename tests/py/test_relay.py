@@ -365,22 +365,28 @@ def test_a_corrupted_byte_in_transit_is_caught_by_the_frames_tag(tmp_path):
     flip_at = 500_000  # deep inside the first data frame (the handshake is a few hundred bytes)
 
     def pump(src: socket.socket, dst: socket.socket, flip: int | None) -> None:
-        seen = 0
+        """One direction of a well-behaved link, but for the flipped byte: once `dst` is gone the
+        rest of `src` is read and dropped, and `dst` is half-closed at the end, so nothing the
+        other direction still carries (the child's FAIL) is cut off."""
+        seen, open_ = 0, True
         try:
             while chunk := src.recv(65536):
                 if flip is not None and seen <= flip < seen + len(chunk):
                     chunk = bytearray(chunk)
                     chunk[flip - seen] ^= 0x01
                 seen += len(chunk)
-                dst.sendall(chunk)
+                if open_:
+                    try:
+                        dst.sendall(chunk)
+                    except OSError:
+                        open_ = False
         except OSError:
             pass
         finally:
-            for sock in (src, dst):
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            try:
+                dst.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
 
     def run_proxy() -> None:
         child, _ = proxy.accept()
