@@ -174,6 +174,10 @@ def drive_clients(
                     continue
                 client.buf += chunk
                 newline = client.buf.find(b"\n")
+                # Rank 0's WAIT (its signed "I have your READY") comes before the GO: read past it.
+                while newline >= 0 and client.greeted and client.buf.startswith(b"WAIT "):
+                    del client.buf[: newline + 1]
+                    newline = client.buf.find(b"\n")
                 if newline < 0:
                     continue
                 reply = bytes(client.buf[:newline])
