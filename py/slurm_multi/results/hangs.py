@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from slurm_multi.hangwatch import ROLES
 from slurm_multi.results.jobdir import NodeReport
 from slurm_multi.results.shared import json_error, rank_label, read_json, short, utc_iso
 
 PROGRESS_FILE = "progress.json"
 HANG_FILE = "hang.json"
-ROLES = ("cause", "waiter", "unclear")  # hangwatch.ROLES
 # How each state reads in the waiters' line (`blocked in a socket wait since 12:03:08`).
 STATE_WORDS = {
     "frozen": "frozen",
