@@ -53,7 +53,10 @@ SKIP_REGEX='^(git clone |python3 -m venv |export SM_HOME=|make test$|make bench$
       assert_success
     else
       run bash -c "cd '${REPO_ROOT}' && ${cmd}"
-      assert_success
+      # A long command (make test-unit) that fails names its failing tests first: the whole output
+      # is hundreds of lines, and a CI log that shows only its ends would hide them.
+      ((status == 0)) || fail "$(printf 'README command failed (exit %s): %s\n' "${status}" "${cmd}"
+        grep -E -A25 '^(not ok|FAILED|E  |ERROR|make.*Error)' <<<"${output}" | head -120)"
     fi
     count=$((count + 1))
   done < <(readme_commands)
