@@ -475,6 +475,13 @@ REJECTED = [
     ("RELEASE {sig}", "bad image id"),
     ("RELEASE {sig} a b", "bad image id"),
     ("RELEASE {sig} -rf", "bad image id"),
+    # A controller's RELEASE or ABORT whose MAC is not the token's is refused like a READY's.
+    ("RELEASE wrong " + C + " sha256:abc", "bad token"),
+    ("RELEASE " + "0" * 64 + " " + C + " sha256:abc", "bad token"),
+    ("RELEASE {t} " + C + " sha256:abc", "bad token"),
+    ("ABORT " + "0" * 64 + " " + C + " disk full", "bad token"),
+    ("ABORT wrong " + C + " disk full", "bad token"),
+    ("ABORT {sig}x disk full", "bad token"),
     ("READY {sig} " + "1" * 300, "line too long"),
 ]
 

@@ -95,23 +95,27 @@ def append_perf_csv(
 
 
 def _hint(target: Path) -> str:
-    return f"is {target.parent} writable?"
+    return f"is {os.path.abspath(target.parent)} writable?"
 
 
 def check_target(path: PathLike) -> Path:
     """The real file to append to (a symlink's target), after the checks that need no lock."""
+    # Only a symlink is resolved: a relative path stays relative, so a directory whose parents the
+    # user may not search (a job dir under another user's tree) still works from inside it.
+    if "\0" in os.fsdecode(path):
+        raise usage_error(f"{AREA}: --perf-csv {path!r}: a path holds no NUL byte")
     try:
-        target = Path(os.path.realpath(path))
+        target = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
+        if target.name == ENTRY_NAME:
+            raise usage_error(
+                f"{AREA}: --perf-csv {path}: {ENTRY_NAME} is the per-run copy; name the shared file"
+            )
+        if target.is_dir():
+            raise usage_error(f"{AREA}: --perf-csv {path} is a directory; pass the perf.csv file")
+        if not target.parent.is_dir():
+            raise usage_error(f"{AREA}: --perf-csv {path}: directory {target.parent} does not exist")
     except (OSError, ValueError) as exc:
-        raise usage_error(f"{AREA}: --perf-csv {path}: {exc}") from None
-    if target.name == ENTRY_NAME:
-        raise usage_error(
-            f"{AREA}: --perf-csv {path}: {ENTRY_NAME} is the per-run copy; name the shared file"
-        )
-    if target.is_dir():
-        raise usage_error(f"{AREA}: --perf-csv {path} is a directory; pass the perf.csv file")
-    if not target.parent.is_dir():
-        raise usage_error(f"{AREA}: --perf-csv {path}: directory {target.parent} does not exist")
+        raise usage_error(f"{AREA}: --perf-csv {path}: {getattr(exc, 'strerror', None) or exc}") from None
     return target
 
 
