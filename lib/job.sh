@@ -233,7 +233,9 @@ job::teardown() {
   if settings::truthy "${SM_COLLECT}"; then
     rc=0
     # Collect reads job.json (written by the plan), never the manifest.
-    local cargs=("${SM_JOBDIR}")
+    # No timeline.png here: matplotlib's import and the drawing would hold the allocation a second
+    # after the verdict is known; bin/sm-collect draws it on request.
+    local cargs=("${SM_JOBDIR}" --no-picture)
     [[ -z ${SM_PERF_CSV:-} ]] || cargs+=(--perf-csv "${SM_PERF_CSV}")
     util::sm_logged multi results collect "${cargs[@]}" || rc=$?
     log::info multi "verdict: $( ((rc == 0)) && echo SUCCESS || echo FAILURE) (${SM_JOBDIR}/summary.json)"

@@ -424,6 +424,23 @@ def test_without_matplotlib_timeline_txt_is_written_and_one_line_says_what_the_p
     assert bars[1].endswith("RRRR|") and "PIII" in bars[0]  # capitals: the critical path
 
 
+def test_no_picture_draws_nothing_and_says_how_to_draw_it_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    # The batch step's collect: the verdict without matplotlib's import or the drawing.
+    def never(*_: Any) -> bytes:
+        raise AssertionError("drawn although --no-picture")
+
+    monkeypatch.setattr(timelinedraw, "timeline_png", never)
+    jobdir = make_job(tmp_path / "57", PLANS)
+    result = CliRunner().invoke(group, ["results", "collect", str(jobdir), "--no-picture"])
+    assert result.exit_code == 0, result.output
+    assert not (jobdir / "timeline.png").exists()
+    assert (jobdir / "timeline.json").is_file() and (jobdir / "summary.json").is_file()
+    later = f"timeline.png: bin/sm-collect {jobdir} draws it"
+    assert f"  timeline: {jobdir / 'timeline.json'}, timeline.txt; {later}\n" in result.stderr
+
+
 def test_more_nodes_than_the_png_can_show_get_no_png(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(timelinedraw, "MAX_PNG_LANES", 2)
     jobdir = make_job(tmp_path / "57", PLANS)

@@ -50,9 +50,10 @@ def collect(
     model: str | None = None,
     error_patterns: Sequence[ErrorPattern] | None = None,
     write: bool = True,
+    picture: bool = True,
 ) -> Summary:
     """Judge a job directory and (by default) write JOBDIR/perf.csv, JOBDIR/summary.json and the
-    timeline (timeline.json, timeline.txt, and timeline.png with matplotlib).
+    timeline (timeline.json, timeline.txt, and timeline.png with matplotlib unless not `picture`).
 
     manifest: a build_manifest.json for job directories whose job.json lacks the model's metadata
     (written before job.json had it); job.json wins wherever it has a value.
@@ -94,7 +95,7 @@ def collect(
     if write:
         write_outputs(root, summary)
         title = f"job {job_id} ({model_name}, {nnodes} node{'s' if nnodes != 1 else ''})"
-        summary.timeline.picture = write_timeline(root, summary.timeline, title)
+        summary.timeline.picture = write_timeline(root, summary.timeline, title, picture)
     return summary
 
 

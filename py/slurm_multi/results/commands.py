@@ -89,6 +89,13 @@ def pick_command(csv_paths: tuple[str, ...], as_json: bool) -> None:
     "write them to perf_entry.csv beside it.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print summary.json on stdout too.")
+@click.option(
+    "--picture/--no-picture",
+    default=True,
+    show_default=True,
+    help="Draw timeline.png (matplotlib). The batch step passes --no-picture: drawing costs a second "
+    "of the job's time after the verdict; bin/sm-collect JOBDIR draws it later.",
+)
 def collect_command(
     jobdir: Path,
     manifest: Path | None,
@@ -97,6 +104,7 @@ def collect_command(
     no_default_patterns: bool,
     perf_csv: str | None,
     as_json: bool,
+    picture: bool,
 ) -> None:
     """Judge JOBDIR and write JOBDIR/perf.csv and JOBDIR/summary.json; exit 0 SUCCESS, 1 FAILURE.
 
@@ -115,7 +123,7 @@ def collect_command(
     if perf_csv is not None:
         check_target(perf_csv)
     patterns = compile_patterns(error_patterns, defaults=not no_default_patterns)
-    summary = collect(jobdir, manifest, model, patterns)
+    summary = collect(jobdir, manifest, model, patterns, picture=picture)
     talk_warnings(summary.warnings)
     if as_json:
         click.echo(summary_json_text(summary), nl=False)

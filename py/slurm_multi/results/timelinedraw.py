@@ -251,8 +251,9 @@ def timeline_png(timeline: Timeline, title: str) -> bytes:
 # ----------------------------------------------------------------------------- writing
 
 
-def write_timeline(root: Path, timeline: Timeline, title: str) -> str:
-    """JOBDIR/timeline.json and timeline.txt, and timeline.png when matplotlib is importable.
+def write_timeline(root: Path, timeline: Timeline, title: str, picture: bool = True) -> str:
+    """JOBDIR/timeline.json and timeline.txt, and timeline.png when `picture` and matplotlib is
+    importable (without `picture` the line says how to draw it later).
 
     Returns the line the summary prints after `timeline:`. Never raises: the timeline is
     information, and a job directory it cannot be written to has already failed summary.json.
@@ -266,7 +267,9 @@ def write_timeline(root: Path, timeline: Timeline, title: str) -> str:
     except HelperError as exc:
         return f"not written: {exc}"
     note = ""
-    if len(timeline.lanes) > MAX_PNG_LANES:
+    if not picture:
+        note = f"{TIMELINE_PNG}: bin/sm-collect {root} draws it"
+    elif len(timeline.lanes) > MAX_PNG_LANES:
         note = f"{TIMELINE_PNG} is not drawn for more than {MAX_PNG_LANES} nodes"
     else:
         try:
