@@ -94,7 +94,7 @@ image_rows() {
   local repeats=$1 out=$2 work=$3 pad_mb=${BENCH_PAD_MB:-200}
   "${ROOT}/examples/toy/build-image" --node node1 --tag "${BENCH_IMAGE}" --pad-mb "${pad_mb}" >/dev/null
   sed "s#\"toy/model:local\"#\"${BENCH_IMAGE}\"#" "${ROOT}/examples/toy/build_manifest.json" >"${work}/manifest.json"
-  local cache=${work}/cache-image cold=() warm=() saveload=() rebuild=() i job node t dir
+  local cache=${work}/cache-image cold=() warm=() nocache=() saveload=() rebuild=() i job node t dir
   for ((i = 0; i < repeats; i++)); do
     # Cold: image on node1 only, empty cache: rank 0 saves once, workers load in parallel.
     for node in node2 node3; do "${EXEC}" "${node}" docker image rm -f "${BENCH_IMAGE}" >/dev/null 2>&1 || true; done
@@ -110,6 +110,12 @@ image_rows() {
     [[ $(wait_job "${job}") == 0 ]] || log::die bench "warm job ${job} did not succeed; see ${work}/out" 1
     dir=$(find "${work}/out" -mindepth 2 -maxdepth 2 -name "${job}" | head -n 1)
     warm+=("$(stage_max "${dir}" image)")
+    # Warm without --image-cache: every worker tells rank 0 it holds the image; nothing moves.
+    job=$(cd "${work}" && sbatch --parsable -N3 -o /dev/null "${ROOT}/sbatch/multi.sbatch" --manifest "${work}/manifest.json" \
+      --out "${work}/out" --collect false -- sh -c 'true')
+    [[ $(wait_job "${job}") == 0 ]] || log::die bench "warm job ${job} without a cache did not succeed; see ${work}/out" 1
+    dir=$(find "${work}/out" -mindepth 2 -maxdepth 2 -name "${job}" | head -n 1)
+    nocache+=("$(stage_max "${dir}" image)")
     # Baseline 1: one docker save plus one docker load, by hand.
     "${EXEC}" node2 docker image rm -f "${BENCH_IMAGE}" >/dev/null 2>&1 || true
     t=$(now)
@@ -140,6 +146,12 @@ image_rows() {
     --baseline "the cold image stage, same run" \
     --samples "$(join "${warm[@]}")" --baseline-samples "$(join "${cold[@]}")" --target "<= 0.1x" \
     --out "${out}/image-warm-vs-cold.json"
+  row --row "image distribution, warm without --image-cache vs cold" \
+    --what "image stage (slowest node) when every node already has the image and there is no cache" \
+    --baseline "the cold image stage, same run" \
+    --samples "$(join "${nocache[@]}")" --baseline-samples "$(join "${cold[@]}")" --target "<= 0.05x" \
+    --notes "workers say what they hold in their first READY; rank 0 releases at once" \
+    --out "${out}/image-warm-nocache-vs-cold.json"
   for node in node1 node2 node3; do "${EXEC}" "${node}" docker image rm -f "${BENCH_IMAGE}" >/dev/null 2>&1 || true; done
   rm -f "${ROOT}"/examples/toy/pad/*.bin
 }

@@ -41,7 +41,9 @@ job::run() {
   [[ -n ${SM_BARRIER_TOKEN:-} ]] || SM_BARRIER_TOKEN=$(util::generate_token)
   export SM_BARRIER_TOKEN
   job::plan --write
-  export SM_JOBDIR SM_BATCH_LOG=${SM_JOBDIR}/batch.log
+  # JOB_IMAGE (the plan's image): a worker's barrier tells rank 0 which ID of it the node holds
+  # before prepare has resolved SM_IMAGE again on the node.
+  export SM_JOBDIR SM_BATCH_LOG=${SM_JOBDIR}/batch.log JOB_IMAGE
   # The logger ignores SIGTERM (scancel signals the whole batch step): teardown must still be heard.
   exec > >(trap '' TERM INT HUP; util::redact | tee -a "${SM_BATCH_LOG}") 2>&1
   log::enable_debug

@@ -202,7 +202,12 @@ node::stage_image() {
     [[ -n ${SM_BARRIER_PID} ]] || node::serve_barrier
     if id=$(IMAGE_NO_SAVE=1 image::ensure_on_rank0); then
       export SM_IMAGE_ID=${id}
-      if [[ $(image::transport "${id}") == relay ]]; then
+      if node::workers_hold "${id}"; then
+        # A warm job moves nothing, with or without --image-cache: no save, no stream, no load.
+        log::info image "every worker already holds ${SM_IMAGE} ${id:7:12}: nothing to save, stream or load"
+        node::barrier_say "RELEASE ${id}"
+        timeline::event release
+      elif [[ $(image::transport "${id}") == relay ]]; then
         # Released first: the workers dial in and load while this node saves.
         log::info image "relaying ${SM_IMAGE} ${id:7:12} to the workers while it is saved (--image-transport ${SM_IMAGE_TRANSPORT:-auto})"
         node::barrier_say "RELEASE relay+${id}"
@@ -289,6 +294,29 @@ node::image_pyxis() {
   export SM_IMAGE_SQSH=${IMAGE_SQSH}
 }
 
+# node::workers_hold ID: every worker said, in its image READY, that it already holds ID (the
+# server appends `<rank> <id or ->` to barrier.holds as they come). Workers dial in beside prepare,
+# so they have usually said it by now; rank 0 waits up to NODE_HOLDS_WAIT s for the others (a relay
+# could not start streaming to them before they dial in either).
+node::workers_hold() {
+  local want=$1 file=${SM_SCRATCH}/barrier.holds workers=$((${SM_NTASKS:-${NNODES}} - 1)) deadline said=0 holding=0
+  [[ ${SM_RUNTIME:-docker} == docker ]] && ((workers > 0)) || return 1
+  deadline=$((SECONDS + ${NODE_HOLDS_WAIT:-10}))
+  while :; do
+    # The last line of a rank counts (a worker that reconnects says it again).
+    read -r said holding < <(awk -v want="${want}" '{ h[$1] = $2 } END { n = 0; m = 0; for (r in h) { n++; if (h[r] == want) m++ } print n, m }' "${file}" 2>/dev/null) || { said=0 holding=0; }
+    ((said < workers)) || break
+    if ((SECONDS >= deadline)); then
+      log::info image "$((workers - said)) worker(s) did not say within ${NODE_HOLDS_WAIT:-10} s which image they hold; moving the image"
+      return 1
+    fi
+    sleep 0.1
+  done
+  if ((holding == workers)); then return 0; fi
+  log::info image "${holding} of ${workers} worker(s) already hold ${want:7:12}"
+  return 1
+}
+
 # node::await_release: a worker reads the ID rank 0 released (its join helper prints it) into
 # NODE_RELEASED; the helper's own reason is the stage's when it fails.
 node::await_release() {
@@ -306,6 +334,7 @@ node::await_release() {
 node::serve_barrier() {
   local argv=(barrier serve "${BARRIER_ARGS[@]}" --timeout "${SM_BARRIER_TIMEOUT}"
     --image-timeout "${SM_IMAGE_TIMEOUT}" --control-stdin)
+  [[ ${SM_RUNTIME:-docker} != docker ]] || argv+=(--holds-file "${SM_SCRATCH}/barrier.holds")
   log::cmd barrier "${SM_HOME}/bin/slurm-multi" "${argv[@]}"
   log::info barrier "(its stdin is a pipe from this task: it gets 'RELEASE <image-id>' or 'ABORT <reason>')"
   exec {BARRIER_CTL}> >(trap - ERR; SM_ERROR_FILE=${SM_SCRATCH}/barrier.error util::sm "${argv[@]}")
@@ -319,6 +348,10 @@ node::serve_barrier() {
 node::join_image_phase() {
   local argv=(barrier join --rank "${SM_RANK}" "${BARRIER_ARGS[@]}" --phase both
     --connect-timeout "${SM_BARRIER_TIMEOUT}" --wait-timeout "$((SM_IMAGE_TIMEOUT + SM_BARRIER_TIMEOUT))")
+  # It tells rank 0 which ID of the image this node holds: rank 0 moves nothing to a holder. (It
+  # starts beside prepare, before SM_IMAGE is resolved here: the plan's JOB_IMAGE is the same.)
+  local ref=${SM_IMAGE:-${JOB_IMAGE:-}}
+  [[ ${SM_RUNTIME:-docker} != docker || -z ${ref} ]] || argv+=(--holds-image "${ref}")
   log::cmd image "${SM_HOME}/bin/slurm-multi" "${argv[@]}"
   log::info image "(its stdout is a pipe to this task; SIGUSR1 from this task starts its start phase)"
   # Not util::py: the process substitution must BE the helper (exec), so SIGUSR1 reaches Python.

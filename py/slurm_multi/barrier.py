@@ -15,8 +15,9 @@ the client picks its own nonce C, and each side signs its line with `auth.mac(to
 direction, so a signed request can never pass for a reply (or the other way round).
 
     rank 0     -> CHALLENGE <S>                                         (on accept)
-    worker     -> READY <mac> <C> <rank> [image|start]                  (phase defaults to `start`)
-                  mac = mac(token, "to-rank0", "READY", S, C, rank, phase)
+    worker     -> READY <mac> <C> <rank> [image [<held-id>]|start]      (phase defaults to `start`)
+                  mac = mac(token, "to-rank0", "READY", S, C, rank, phase[, held-id])
+                  (held-id: the image ID this node already holds; serve --holds-file records it)
     controller -> RELEASE <mac> <C> <image-id>  |  ABORT <mac> <C> <reason>
                   mac = mac(token, "to-rank0", verb, S, C, image-id | reason)
     rank 0     -> WAIT <mac> <rank>   (at once, to a READY it keeps waiting; then, later, one of:)
@@ -82,6 +83,8 @@ TOKEN_RE = re.compile(r"[!-~]{1,64}")
 TO_RANK0, FROM_RANK0 = "to-rank0", "from-rank0"
 RANK_RE = re.compile(r"0|[1-9][0-9]{0,8}")  # ASCII only: `\d` would accept unicode digits
 IMAGE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,159}")
+# What an image READY may say the worker holds: a local image ID, nothing else.
+HELD_ID_RE = re.compile(r"sha256:[0-9a-f]{64}")
 
 ATTEMPT_TIMEOUT = 5.0  # one TCP connect attempt
 # Our rank 0 greets every connection with its CHALLENGE at once; a candidate port that does not
@@ -194,6 +197,7 @@ class Message:
     image_id: str = ""
     reason: str = ""
     nonce: str = ""  # the client's nonce C: rank 0 signs its reply over it
+    holds: str = ""  # an image READY's: the image ID the worker already has (`sha256:…`), if any
 
 
 @dataclass(frozen=True)
@@ -312,12 +316,15 @@ def parse_line(line: bytes | str, token: str, nnodes: int, challenge: str) -> Me
         if not IMAGE_ID_RE.fullmatch(rest):
             raise ProtocolError("bad image id")
         return Message("RELEASE", image_id=rest, nonce=nonce)
-    if len(fields) != 2:
+    if len(fields) not in (2, 3):
         raise ProtocolError("malformed READY")
     rank = parse_rank(fields[0], nnodes)
     if fields[1] not in PHASES:
         raise ProtocolError("bad phase")
-    return Message("READY", rank=rank, phase=fields[1], nonce=nonce)
+    holds = fields[2] if len(fields) == 3 else ""
+    if holds and (fields[1] != "image" or not HELD_ID_RE.fullmatch(holds)):
+        raise ProtocolError("bad held image id")
+    return Message("READY", rank=rank, phase=fields[1], nonce=nonce, holds=holds)
 
 
 def parse_reply(line: bytes | str, token: str, challenge: str, nonce: str) -> Reply:
@@ -621,7 +628,10 @@ class BarrierServer:
         control_fd: int | None = None,
         image_timeout: float | None = None,
         barrier_timeout: float | None = None,
+        holds_fd: int | None = None,
     ) -> None:
+        """holds_fd: an O_APPEND file that gets `<rank> <image-id or ->` for every image READY
+        before the release (what each worker already holds: rank 0 moves nothing to a holder)."""
         if nnodes < 1:
             raise usage_error("barrier: --nnodes must be at least 1")
         self.token = token
@@ -649,6 +659,7 @@ class BarrierServer:
         self._told_abort: set[int] = set()  # ranks that got ABORT: linger ends once all have
         self._stop_reason: str | None = None
         self._released_all = False
+        self._holds_fd = holds_fd
         self._closed = False
         self._listen_paused_until = 0.0
         self._notes_left, self._notes_reset, self._notes_dropped = NOTE_BUDGET, 0.0, 0
@@ -1057,6 +1068,12 @@ class BarrierServer:
             older.kind = "done"
             self._close(older)
         waiting[msg.rank] = conn
+        if msg.phase == "image" and self._holds_fd is not None:
+            try:  # one short write to an O_APPEND file: whole lines, whoever reads it meanwhile
+                os.write(self._holds_fd, f"{msg.rank} {msg.holds or '-'}\n".encode())
+            except OSError as exc:
+                self._log(f"cannot record what rank {msg.rank} holds ({_describe(exc)}); it gets the image")
+                self._holds_fd = None
         # Signed at once, so a worker knows within seconds that this is our rank 0, and a port
         # where something greets like us but never answers is one it leaves in seconds, not hours.
         conn.out += reply_line(self.token, "WAIT", conn.challenge, conn.nonce, str(msg.rank))
@@ -1324,17 +1341,22 @@ def join(
     rank: int,
     *,
     phase: str = "start",
+    holds: str = "",
     connect_timeout: float = 600.0,
     wait_timeout: float = 600.0,
     log: Log = _talk,
     sleep: Callable[[float], None] = time.sleep,
 ) -> str:
-    """Send READY to rank 0 and return the image ID from its GO.
+    """Send READY to rank 0 and return the image ID from its GO. `holds` (image phase only): the
+    image ID this node already has, so that rank 0 moves no image to a node that holds its own.
 
     Raises BarrierAborted (exit 1) on ABORT, HelperError exit 2 on an ERR reply, exit 3 when rank 0
     does not answer within `connect_timeout` or GO does not come within `wait_timeout` (a separate
     budget that starts at the first connection: rank 0 may spend a long time building first).
     """
+    if holds and (phase != "image" or not HELD_ID_RE.fullmatch(holds)):
+        raise usage_error(f"barrier: holds {holds!r}: not an image ID (sha256:<64 hex>) of the image phase")
+    ready = [str(rank), phase, *([holds] if holds else [])]
     dialer = _Dialer(host, list(ports), log=log, sleep=sleep)
     started = time.monotonic()
     deadline = started + connect_timeout
@@ -1364,7 +1386,7 @@ def join(
         dialer.preferred = port
         try:
             with sock:
-                reply = _exchange(sock, wait_deadline, token, "READY", str(rank), phase)
+                reply = _exchange(sock, wait_deadline, token, "READY", *ready)
         except ProtocolError as exc:  # (no CHALLENGE in time included): not our rank 0
             dialer.reject(port, str(exc))
             continue
@@ -1576,6 +1598,12 @@ def _write_ready_file(path: Path, address: str, port: int) -> None:
 )
 @click.option("--line-timeout", type=click.FloatRange(min=0.01), default=10, show_default=True)
 @click.option("--ready-file", type=click.Path(dir_okay=False, path_type=Path), help="Write 'ADDR PORT' here.")
+@click.option(
+    "--holds-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Append '<rank> <image-id>' (or '<rank> -') here for each worker's image READY before the "
+    "release: what it already holds (join --holds-image), so rank 0 can skip moving the image.",
+)
 def serve_cmd(
     nnodes: int,
     master_addr: str | None,
@@ -1593,6 +1621,7 @@ def serve_cmd(
     linger: float,
     line_timeout: float,
     ready_file: Path | None,
+    holds_file: Path | None,
 ) -> None:
     """Rank 0: serve the barrier until every worker is ready and the image is released.
 
@@ -1618,6 +1647,13 @@ def serve_cmd(
         if choice.why:
             _talk(choice.why)
     raise_nofile_limit()
+    holds_fd = None
+    if holds_file is not None:
+        try:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_NOFOLLOW
+            holds_fd = os.open(holds_file, flags, 0o600)
+        except OSError as exc:
+            raise usage_error(f"barrier: --holds-file {holds_file}: {exc.strerror}") from None
     server = BarrierServer(
         token,
         nnodes,
@@ -1629,6 +1665,7 @@ def serve_cmd(
         control_fd=0 if control_stdin else None,
         image_timeout=image_timeout,
         barrier_timeout=timeout,
+        holds_fd=holds_fd,
     )
     budgets = f"barrier timeout {_seconds(timeout)} s" + (
         f", image timeout {_seconds(image_timeout)} s" if image_timeout is not None else ""
@@ -1795,6 +1832,12 @@ def abort_cmd(
     show_default=True,
     help="Seconds to wait for GO once connected (a separate budget).",
 )
+@click.option(
+    "--holds-image",
+    metavar="REF",
+    help="Image phase: tell rank 0 the ID of REF on this node's docker engine (DOCKER_HOST), so that "
+    "rank 0 moves no image to a node that already holds its own.",
+)
 @_token_option
 def join_cmd(
     rank: int,
@@ -1808,6 +1851,7 @@ def join_cmd(
     phase: str,
     connect_timeout: float,
     wait_timeout: float,
+    holds_image: str | None,
     token_env: str,
 ) -> None:
     """Worker: wait for rank 0's GO and print its image ID on stdout.
@@ -1830,12 +1874,19 @@ def join_cmd(
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
     token = read_token(token_env)
     candidates = candidate_ports(ports, master_port, job_id, override, count)
+    holds = ""
+    if holds_image and phase != "start":
+        from slurm_multi import dockerapi
+
+        holds = dockerapi.image_id(os.environ, holds_image)
+        _talk(f"rank {rank} holds {holds_image} {holds[7:19] or '(none)'}; telling rank 0")
     image_id = join(
         master_addr,
         candidates,
         token,
         rank,
         phase="image" if phase == "both" else phase,
+        holds=holds,
         connect_timeout=connect_timeout,
         wait_timeout=wait_timeout,
     )

@@ -253,25 +253,23 @@ def _routable_ifname() -> str | None:
 def check_docker_engine(env: Mapping[str, str], node: str, timeout: float = 20.0) -> None:
     """The node's docker engine answers `GET /_ping` on its socket (what `docker version` would
     ask, without starting the docker CLI). A tcp:// DOCKER_HOST is left to the docker CLI."""
-    host = env.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
-    if not host.startswith("unix://"):
+    from slurm_multi import dockerapi
+
+    path = dockerapi.socket_path(env)
+    if path is None:
         return
-    path = host[len("unix://") :]
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(timeout)
-            sock.connect(path)
-            sock.sendall(b"GET /_ping HTTP/1.0\r\nHost: docker\r\n\r\n")
-            reply = sock.recv(256)
-    except OSError as exc:
-        why = exc.strerror or type(exc).__name__
+        reply = dockerapi.get(path, "/_ping", timeout, limit=256)
+    except dockerapi.EngineError as exc:
+        unreachable = f"{AREA}: docker engine not reachable on {node}"
+        if exc.errno == 0:  # it answered, but not HTTP
+            raise HelperError(f"{unreachable}: {path} {exc.strerror}") from None
         raise HelperError(
-            f"{AREA}: docker engine not reachable on {node}: cannot talk to {path} ({why}); "
+            f"{AREA}: docker engine not reachable on {node}: cannot talk to {path} ({exc.strerror}); "
             "is dockerd running there, and may this user use it (the docker group)?"
         ) from None
-    if not reply.startswith(b"HTTP/") or b" 200 " not in reply.split(b"\r\n", 1)[0]:
-        first = reply.split(b"\r\n", 1)[0].decode("ascii", "replace")
-        raise HelperError(f"{AREA}: docker engine not reachable on {node}: {path} answered {first!r}")
+    if reply.status != 200:
+        raise HelperError(f"{AREA}: docker engine not reachable on {node}: {path} answered {reply.line!r}")
 
 
 def prepare(

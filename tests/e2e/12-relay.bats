@@ -71,6 +71,35 @@ assert_timeline() {
   assert_timeline 3
 }
 
+@test "warm without --image-cache: every worker already holds rank 0's image ID, so no byte is saved, streamed or loaded" {
+  e2e::run_job -N3 -- --manifest "${TOY_MANIFEST}"  # cold: the relay puts the image on node2 and node3
+  assert_equal "${JOB_RC}" 0
+  e2e::run_job -N3 -- --manifest "${TOY_MANIFEST}"  # warm, still no cache
+  assert_equal "${JOB_RC}" 0
+  run cat "${JOB_DIR}/node_0/node.log"
+  assert_output --partial "every worker already holds toy/model:local $(e2e::image_id node1 | cut -c8-19): nothing to save, stream or load"
+  refute_output --partial "relay"
+  refute_output --partial "docker save"
+  local r
+  for r in 1 2; do
+    run cat "${JOB_DIR}/node_${r}/node.log"
+    assert_output --partial "rank ${r} holds toy/model:local"
+    assert_output --partial "already present with rank 0's ID"
+    refute_output --partial "docker load"
+  done
+  # Not one image event on any node's timeline: nothing moved.
+  run grep -h -o '"event":"image_[a-z_]*"' "${JOB_DIR}"/node_*/events.jsonl
+  assert_output ""
+  # One worker without it: the image moves again (the holder forwards without loading).
+  "${REPO_ROOT}/tests/cluster/exec" node3 docker image rm -f toy/model:local >/dev/null
+  e2e::run_job -N3 -- --manifest "${TOY_MANIFEST}"
+  assert_equal "${JOB_RC}" 0
+  run cat "${JOB_DIR}/node_0/node.log"
+  assert_output --partial "1 of 2 worker(s) already hold"
+  assert_output --partial "relayed toy/model:local to every node"
+  assert_equal "$(e2e::image_id node3)" "$(e2e::image_id node1)"
+}
+
 @test "pipelined with the cache: workers load while rank 0 saves, the tar lands in the cache, the re-run is a hit" {
   e2e::run_job -N3 -- --manifest "${TOY_MANIFEST}" --image-cache "${E2E_CACHE}"
   assert_equal "${JOB_RC}" 0

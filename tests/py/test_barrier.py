@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import hmac
+import json
 import os
 import secrets
 import signal
@@ -25,7 +26,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import squatters
-from slurm_multi import auth, barrier
+from slurm_multi import auth, barrier, dockerapi
 from slurm_multi.barrier import (
     BarrierAborted,
     BarrierServer,
@@ -459,7 +460,11 @@ REJECTED = [
     ("READY {sig} 0x1", "bad rank"),
     ("READY {sig} ", "bad rank"),
     ("READY {sig} 1 later", "bad phase"),
-    ("READY {sig} 1 start extra", "malformed READY"),
+    ("READY {sig} 1 start extra", "bad held image id"),  # only an image READY says what it holds
+    ("READY {sig} 1 image sha256:" + "a" * 63, "bad held image id"),
+    ("READY {sig} 1 image sha256:" + "A" * 64, "bad held image id"),
+    ("READY {sig} 1 image toy/model:local", "bad held image id"),  # an ID, never a name
+    ("READY {sig} 1 image sha256:" + "a" * 64 + " x", "malformed READY"),
     ("READY {sig}\t1", "unprintable character"),
     ("READY {sig} 1\x00", "unprintable character"),
     ("READY {t} 1", "bad token"),  # the old clear-text token is no MAC
@@ -526,6 +531,20 @@ def test_the_mac_is_hmac_sha256_over_the_documented_fields() -> None:
     assert barrier.reply_line("k3y", "GO", s, c, "1", "sha256:abc") == f"GO {go_mac} 1 sha256:abc\n".encode()
     assert barrier.reply_line("k3y", "OK", s, c) == f"OK {hmac_hex(f'from-rank0|OK|{s}|{c}')}\n".encode()
     assert barrier.challenge_line(s) == f"CHALLENGE {s}\n".encode()
+
+
+def test_an_image_ready_says_which_image_id_the_worker_holds_under_the_mac() -> None:
+    held = "sha256:" + "0123456789abcdef" * 4
+    msg = parse_line(from_template(f"READY {{sig}} 2 image {held}"), TOKEN, 4, S)
+    assert (msg.kind, msg.rank, msg.phase, msg.holds) == ("READY", 2, "image", held)
+    assert parse_line(from_template("READY {sig} 2 image"), TOKEN, 4, S).holds == ""
+    # The held ID is signed: another one in its place is a bad token.
+    line = from_template(f"READY {{sig}} 2 image {held}").decode().replace(held, "sha256:" + "f" * 64)
+    with pytest.raises(ProtocolError, match="bad token"):
+        parse_line(line.encode(), TOKEN, 4, S)
+    assert barrier.request_line(TOKEN, "READY", S, C, "2", "image", held) == from_template(
+        f"READY {{sig}} 2 image {held}\n"
+    )
 
 
 def test_parse_line_controller_messages() -> None:
@@ -714,6 +733,81 @@ def test_image_phase_is_answered_as_soon_as_the_image_is_released() -> None:
         assert read_line(start1) == "GO 1 toy/model:local"
         assert read_line(start2) == "GO 2 toy/model:local"
         assert b.outcome().exit_code == 0
+
+
+def test_what_each_worker_holds_is_appended_to_the_holds_file_until_the_release(tmp_path: Path) -> None:
+    held = "sha256:" + "ab" * 32
+    path = tmp_path / "barrier.holds"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        with running_barrier(4, holds_fd=fd) as b:
+            one = ready(b.port, 1, f"image {held}")
+            two = ready(b.port, 2, "image")  # an old worker, or one that holds nothing
+            three = ready(b.port, 3, "start")  # a start READY says nothing of images
+            wait_for(lambda: logged(b, "rank 3 ready (start)") and path.read_text().count("\n") == 2)
+            assert sorted(path.read_text().splitlines()) == [f"1 {held}", "2 -"]
+            again = ready(b.port, 1, "image")  # rank 1 reconnects: its last word counts (node.sh)
+            wait_for(lambda: path.read_text().count("\n") == 3)
+            assert path.read_text().splitlines()[-1] == "1 -"
+            assert control_line(b.port, "RELEASE", held) == "OK"
+            assert read_line(again) == f"GO 1 {held}" and read_line(two) == f"GO 2 {held}"
+            late = ready(b.port, 2, f"image {held}")  # after the release nothing is recorded
+            assert read_line(late) == f"GO 2 {held}"
+            assert path.read_text().count("\n") == 3
+            for conn in (one, three):
+                conn.close()
+    finally:
+        os.close(fd)
+
+
+def test_join_tells_rank_0_the_id_its_docker_engine_has_of_the_image(tmp_path: Path) -> None:
+    held = "sha256:" + "cd" * 32
+    sock_path = tmp_path / "docker.sock"
+    asked: list[bytes] = []
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(sock_path))
+    server.listen(4)
+
+    def engine() -> None:  # dockerd's answer to GET /images/<ref>/json, HTTP/1.0: close at the end
+        for _ in range(2):
+            conn, _ = server.accept()
+            with conn:
+                request = conn.recv(4096)
+                asked.append(request.split(b"\r\n", 1)[0])
+                found = b"/images/toy/model:local/json" in request
+                body = json.dumps({"Id": held, "RepoTags": ["toy/model:local"]}).encode() if found else b"{}"
+                status = b"200 OK" if found else b"404 Not Found"
+                conn.sendall(b"HTTP/1.0 " + status + b"\r\nContent-Type: application/json\r\n\r\n" + body)
+
+    thread = threading.Thread(target=engine, daemon=True)
+    thread.start()
+    env = {"DOCKER_HOST": f"unix://{sock_path}"}
+    try:
+        assert dockerapi.image_id(env, "toy/model:local") == held
+        assert dockerapi.image_id(env, "other:tag") == ""
+    finally:
+        thread.join(5)
+        server.close()
+    assert asked == [b"GET /images/toy/model:local/json HTTP/1.0", b"GET /images/other:tag/json HTTP/1.0"]
+    assert dockerapi.image_id({"DOCKER_HOST": f"unix://{tmp_path}/none.sock"}, "toy/model:local") == ""
+    assert dockerapi.image_id({"DOCKER_HOST": "tcp://127.0.0.1:1"}, "toy/model:local") == ""
+    with running_barrier(2) as b:
+        box: dict[str, str] = {}
+        worker = threading.Thread(
+            target=lambda: box.update(
+                id=join(
+                    LOOPBACK, [b.port], TOKEN, 1, phase="image", holds=held, connect_timeout=5, wait_timeout=5
+                )
+            ),  # fmt: skip
+            daemon=True,
+        )
+        worker.start()
+        wait_for(lambda: logged(b, "rank 1 ready (image)"))
+        assert control_line(b.port, "RELEASE", held) == "OK"
+        worker.join(5)
+        assert box == {"id": held}
+    with pytest.raises(HelperError, match="not an image ID"):
+        join(LOOPBACK, [1], TOKEN, 1, phase="start", holds=held, connect_timeout=0.1)
 
 
 def test_wrong_token_gets_err_and_never_counts() -> None:

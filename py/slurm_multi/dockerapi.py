@@ -1,0 +1,70 @@
+"""The node's docker engine asked directly on its unix socket (HTTP/1.0, one request a connection):
+what `docker version` or `docker image inspect` would ask, without starting the docker CLI, whose
+start costs a node more CPU than the answer. A tcp:// DOCKER_HOST is left to the docker CLI."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Mapping
+from typing import NamedTuple
+from urllib.parse import quote
+
+DEFAULT_HOST = "unix:///var/run/docker.sock"
+MAX_REPLY = 4 << 20  # an inspect of an image with hundreds of layers is well under this
+
+
+class EngineError(OSError):
+    """The engine could not be asked (no socket, refused, timed out, a reply that is not HTTP)."""
+
+
+def socket_path(env: Mapping[str, str]) -> str | None:
+    """The engine's unix socket, or None when DOCKER_HOST is not a unix:// one."""
+    host = env.get("DOCKER_HOST") or DEFAULT_HOST
+    return host[len("unix://") :] if host.startswith("unix://") else None
+
+
+class Reply(NamedTuple):
+    status: int
+    line: str  # the status line, e.g. `HTTP/1.1 500 Internal Server Error`
+    body: bytes
+
+
+def get(path: str, url: str, timeout: float, limit: int = MAX_REPLY) -> Reply:
+    """The reply to `GET url` on the engine's socket at `path`. EngineError when there is none."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout)
+            sock.connect(path)
+            sock.sendall(f"GET {url} HTTP/1.0\r\nHost: docker\r\n\r\n".encode("ascii"))
+            chunks, size = [], 0
+            while size <= limit:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+    except OSError as exc:
+        raise EngineError(exc.errno, exc.strerror or type(exc).__name__) from None
+    reply = b"".join(chunks)
+    head, _, body = reply.partition(b"\r\n\r\n")
+    status_line = head.split(b"\r\n", 1)[0]
+    fields = status_line.split(b" ")
+    if not status_line.startswith(b"HTTP/") or len(fields) < 2 or not fields[1].isdigit():
+        raise EngineError(0, f"answered {status_line[:80].decode('ascii', 'replace')!r}")
+    return Reply(int(fields[1]), status_line.decode("ascii", "replace"), body)
+
+
+def image_id(env: Mapping[str, str], ref: str, timeout: float = 5.0) -> str:
+    """The ID (`sha256:...`) of image `ref` on this node's engine; "" when it has no such image or
+    cannot say (a worker that cannot tell what it holds is one that holds nothing)."""
+    path = socket_path(env)
+    if path is None or not ref:
+        return ""
+    try:
+        reply = get(path, f"/images/{quote(ref, safe='/:@')}/json", timeout)
+        found = json.loads(reply.body) if reply.status == 200 else {}
+    except (EngineError, ValueError, RecursionError):
+        return ""
+    value = found.get("Id") if isinstance(found, dict) else None
+    return value if isinstance(value, str) and value.startswith("sha256:") else ""
