@@ -21,6 +21,8 @@
 PROFILE_PLAYBOOK_OPTIONS=(-t 'cuda-sw,nvtx,python-gil' --cuda-graph-trace=graph --sample=none --cpuctxsw=none)
 # One report per rank, named by what nsys expands from the profiled process's environment.
 PROFILE_REPORT_NAME='%q{SLURM_JOB_ID}_%q{SLURMD_NODENAME}_rank%q{SLURM_PROCID}'
+# The batch step's flush records its outcome here, in the job dir: the verdict's profile section.
+PROFILE_FLUSH_FILE=profile-flush.json
 # Where --nsys-host-path is mounted inside the container.
 PROFILE_NSYS_MOUNT=/opt/slurm-multi/bin/nsys
 # A profiled container's default stop grace: the flush's settle window plus this many seconds.
@@ -522,10 +524,12 @@ profile::_signal_step() {
 }
 
 # profile::wait_reports DIR EXPECT SETTLE TIMEOUT [PATTERN]: slurm-multi reports wait, logged,
-# counting only reports new or changed since the job's baseline snapshot.
+# counting only reports new or changed since the job's baseline snapshot. The batch step's flush
+# sets PROFILE_STATE_FILE: the outcome, per report, that the verdict reads (results.profile).
 profile::wait_reports() {
   local baseline argv=(reports wait "$1" --pattern "${5:-*.nsys-rep}" --expect "$2" --settle-seconds "$3"
     --timeout-seconds "$4")
+  [[ -z ${PROFILE_STATE_FILE:-} ]] || argv+=(--state-file "${PROFILE_STATE_FILE}")
   baseline=$(profile::baseline_file)
   if [[ -f ${baseline} ]]; then
     argv+=(--since-file "${baseline}")
@@ -553,7 +557,7 @@ profile::flush_nsys() {
     step=$(job::step_id)
     [[ -z ${step} ]] || profile::_signal_step "${step}"
   fi
-  if profile::wait_reports "${dir}" "${expect}" "$(profile::_settle_seconds)" "$(profile::_timeout_seconds)"; then
+  if PROFILE_STATE_FILE=${SM_JOBDIR}/${PROFILE_FLUSH_FILE} profile::wait_reports "${dir}" "${expect}" "$(profile::_settle_seconds)" "$(profile::_timeout_seconds)"; then
     log::info profile "flush: ${expect} report(s) settled in ${dir}"
   else
     log::warn profile "flush: not every report settled within ${SM_FLUSH_TIMEOUT_SECONDS} s (see above); going on"
@@ -643,7 +647,7 @@ profile::flush_nsight() {
   expect=$(profile::_expected_nsight_reports)
   if ((expect == 0)); then
     log::warn profile "flush: no rank started under the connector; no reports to wait for"
-  elif profile::wait_reports "${direct}" "${expect}" "$(profile::_settle_seconds)" "$(profile::_timeout_seconds)"; then
+  elif PROFILE_STATE_FILE=${SM_JOBDIR}/${PROFILE_FLUSH_FILE} profile::wait_reports "${direct}" "${expect}" "$(profile::_settle_seconds)" "$(profile::_timeout_seconds)"; then
     log::info profile "flush: ${expect} report(s) settled in ${direct}"
   else
     log::warn profile "flush: not every report settled within ${SM_FLUSH_TIMEOUT_SECONDS} s (see above); going on"

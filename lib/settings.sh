@@ -37,6 +37,7 @@ SETTINGS_TABLE=(
   "SM_NVTX_INJECTION_PATH|--nvtx-injection-path PATH||NVTX_INJECTION64_PATH for the workers"
   "SM_FLUSH_SETTLE_SECONDS|--flush-settle-seconds S|60|a report counts once its byte size is unchanged this long"
   "SM_FLUSH_TIMEOUT_SECONDS|--flush-timeout-seconds S|600|stop waiting for reports after this long"
+  "SM_PROFILE_OPTIONAL|--profile-optional true|false|false|a profiled job whose reports are missing, empty or unsettled still succeeds (the summary says INCOMPLETE); by default it fails"
   "SM_PROFILE_STOP_GRACE|--profile-stop-grace SECONDS||docker stop grace for a profiled container (default: flush settle + 15; never below the settle window)"
   "SM_COLLECT|--collect true|false|true|aggregate results at the end of the job (alias MAD_COLLECT_METRICS)"
   "SM_PERF_CSV|--perf-csv PATH||also append this job's rows to a madengine perf.csv kept across runs (locked)"
@@ -130,6 +131,9 @@ settings::validate() {
     { log::error settings "--relay-fanout '${SM_RELAY_FANOUT}': expected a whole number >= 1"; return 2; }
   case ${SM_COLLECT,,} in true | false | 1 | 0 | yes | no) ;; *)
     log::error settings "--collect '${SM_COLLECT}': expected true or false"; return 2 ;;
+  esac
+  case ${SM_PROFILE_OPTIONAL,,} in true | false | 1 | 0 | yes | no) ;; *)
+    log::error settings "--profile-optional '${SM_PROFILE_OPTIONAL}': expected true or false"; return 2 ;;
   esac
   if [[ -n ${SM_MANIFEST:-} && ! -r ${SM_MANIFEST} ]]; then
     log::error settings "--manifest ${SM_MANIFEST}: no such readable file"

@@ -376,6 +376,38 @@ class WaitResult:
     waited: float
     lines: list[str]
     summary: str
+    # What every new report was doing when the wait ended: path -> (bytes, EMPTY|GROWING|...), and
+    # the .qdstrm left: what `--state-file` records for the verdict (results.profile).
+    files: dict[str, tuple[int, str]] = field(default_factory=dict)
+    qdstrm: list[str] = field(default_factory=list)
+
+
+STATE_KIND = "slurm-multi reports state"
+STATE_VERSION = 1
+
+
+def state_document(result: WaitResult, directory: str, pattern: str, expect: int, settle: float) -> dict:
+    """The `--state-file` JSON: the wait's outcome and each report's bytes and state."""
+    return {
+        "kind": STATE_KIND,
+        "version": STATE_VERSION,
+        "directory": os.path.abspath(directory),
+        "pattern": pattern,
+        "expect": expect,
+        "settle_seconds": settle,
+        "waited_seconds": round(result.waited, 1),
+        "ok": result.ok,
+        "summary": result.summary,
+        "reports": [
+            {"path": os.path.abspath(path), "bytes": size, "state": state}
+            for path, (size, state) in sorted(result.files.items())
+        ],
+        "qdstrm": [os.path.abspath(path) for path in result.qdstrm],
+    }
+
+
+def _files(settler: Settler, now: float) -> dict[str, tuple[int, str]]:
+    return {path: (tracked.size, settler.kind(path, now)) for path, tracked in settler.files.items()}
 
 
 def wait_for_reports(
@@ -417,7 +449,7 @@ def wait_for_reports(
             if settler.done(now):
                 settled = settler.settled(now)
                 say(f"{len(settled)}/{settler.target} settled after {waited:.0f} s")
-                return WaitResult(True, settled, waited, [], "")
+                return WaitResult(True, settled, waited, [], "", _files(settler, now), settler.qdstrm)
         if waited >= timeout_seconds:
             break
         if now - last_progress >= progress_every:
@@ -438,7 +470,15 @@ def wait_for_reports(
         f"reports: timed out after {timeout_seconds:g} s waiting for {pattern} in {directory}: "
         f"{settler.shortfall(now)}{old_clause}"
     )
-    return WaitResult(False, settler.settled(now), waited, settler.state_lines(now, directory), summary)
+    return WaitResult(
+        False,
+        settler.settled(now),
+        waited,
+        settler.state_lines(now, directory),
+        summary,
+        _files(settler, now),
+        settler.qdstrm,
+    )
 
 
 @click.group("reports", context_settings={"help_option_names": ["-h", "--help"]})
@@ -493,6 +533,13 @@ def cli() -> None:
 @click.option(
     "--recursive/--no-recursive", default=False, show_default=True, help="Also look in subdirectories."
 )
+@click.option(
+    "--state-file",
+    metavar="FILE",
+    default=None,
+    help="Also write the outcome as JSON: every new report's bytes and state (settled, growing, "
+    "settling, empty) and the .qdstrm left; the job's verdict reads it.",
+)
 def wait_command(
     directory: str,
     pattern: str,
@@ -503,6 +550,7 @@ def wait_command(
     poll_seconds: float,
     recursive: bool,
     since_file: str | None,
+    state_file: str | None,
 ) -> None:
     """Exit 0 once baseline+expect non-empty reports in DIR have kept their byte size for the settle
     window and no *.qdstrm is left; print the settled report paths on stdout.
@@ -527,6 +575,9 @@ def wait_command(
         recursive=recursive,
         since=since,
     )
+    if state_file is not None:
+        document = state_document(result, directory, pattern, expect, settle_seconds)
+        write_atomic(state_file, json.dumps(document, indent=1) + "\n")
     for path in result.settled:
         click.echo(path)
     if not result.ok:

@@ -304,6 +304,10 @@ EOF
     SM_RUNTIME=docker SM_COLLECT=true SM_IMAGE=x run settings::validate
   assert_failure 2
   assert_output --partial "--master-port '70000' is not a TCP port"
+  SM_TIMEOUT=1 SM_HANG_TIMEOUT=1 SM_IMAGE_TIMEOUT=1 SM_BARRIER_TIMEOUT=1 SM_STOP_GRACE=1 SM_PEER_GRACE=1 SM_PROFILE=nsys \
+    SM_RUNTIME=docker SM_COLLECT=true SM_IMAGE=x SM_IMAGE_TRANSPORT=auto SM_RELAY_FANOUT=1 SM_PROFILE_OPTIONAL=maybe run settings::validate
+  assert_failure 2
+  assert_output --partial "--profile-optional 'maybe': expected true or false"
 }
 
 @test "a node whose docker engine does not answer fails prepare with one line naming it, no container starts" {

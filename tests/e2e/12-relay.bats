@@ -116,7 +116,7 @@ assert_timeline() {
   e2e::run_job -N3 -- --manifest "${TOY_MANIFEST}" --image-cache "${E2E_CACHE}"
   assert_equal "${JOB_RC}" 0
   run cat "${JOB_DIR}/node_0/node.log" "${JOB_DIR}/node_1/node.log" "${JOB_DIR}/node_2/node.log"
-  assert_output --partial "cache hit:"
+  assert_output --partial "every worker already holds toy/model:local"
   refute_output --partial "relay send"
   refute_output --partial "docker load"
   assert_timeline 3

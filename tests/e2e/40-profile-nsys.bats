@@ -48,6 +48,10 @@ node_of() { e2e::json "${JOB_DIR}/node_$1/status.json" 'd["node"]'; }
   assert_output ""
   run cat "${JOB_DIR}/batch.log"
   assert_output --partial "profile: flush: 2 report(s) settled in ${JOB_DIR}/profile"
+  # The verdict knows the reports: both there, settled, their bytes counted.
+  run cat "${JOB_OUT}"
+  assert_output --regexp "profile: 2 of 2 reports \([0-9.]+ kB\)"
+  assert_equal "$(e2e::json "${JOB_DIR}/summary.json" '[r["settled"] for r in d["profile"]["ranks"]]')" "[True, True]"
 }
 
 @test "nsys, scancelled mid-run: every rank's report is complete, flushed before the steps were killed" {
@@ -85,4 +89,39 @@ node_of() { e2e::json "${JOB_DIR}/node_$1/status.json" 'd["node"]'; }
   # the step had not ended by itself by then).
   run grep -e 'profile: flush: 2 report(s) settled' -e 'multi: + scancel --signal=TERM' "${JOB_DIR}/batch.log"
   assert_line --index 0 --partial 'profile: flush: 2 report(s) settled'
+}
+
+@test "nsys, rank 1's report stays empty: the job FAILS naming it, rows still written; --profile-optional true lets it pass" {
+  local manifest=${BATS_FILE_TMPDIR}/nsys_fail_manifest.json args=()
+  "${SM_PYTHON}" - "${NSYS_MANIFEST}" "${manifest}" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1]))
+m["context"]["docker_env_vars"]["NSYS_FAKE_FAIL_RANKS"] = "1"
+json.dump(m, open(sys.argv[2], "w"), indent=2)
+PY
+  mapfile -d '' args < <(nsys_job_args)
+  args=("${args[@]/#${NSYS_MANIFEST}/${manifest}}")
+  e2e::run_job -N2 -- "${args[@]}" --flush-timeout-seconds 10
+  assert_equal "${JOB_RC}" 1
+  local node1
+  node1=$(node_of 1)
+  assert_file_exists "${JOB_DIR}/profile/${JOB_ID}_${node1}_rank1.nsys-rep"
+  assert_equal "$(stat -c %s "${JOB_DIR}/profile/${JOB_ID}_${node1}_rank1.nsys-rep")" 0
+  run cat "${JOB_OUT}"
+  assert_output --partial "profile: INCOMPLETE, 1 of 2: ${node1} (rank 1): empty report (0 bytes)"
+  assert_output --partial "reason: profile incomplete: 1 of 2 reports"
+  assert_output --partial "verdict: FAILURE"
+  assert_equal "$(e2e::json "${JOB_DIR}/summary.json" 'd["profile"]["complete"]')" False
+  assert_equal "$(e2e::json "${JOB_DIR}/summary.json" '[r["settled"] for r in d["profile"]["ranks"]]')" "[True, False]"
+  # Every rank ran and was measured: the performance rows are written.
+  run e2e::json "${JOB_DIR}/summary.json" 'd["perf_rows"]'
+  refute_output 0
+  run grep -c "toy_model" "${JOB_DIR}/perf.csv"
+  refute_output 0
+  # The same job, the profile declared optional: said, and the verdict is the run's.
+  e2e::run_job -N2 -- "${args[@]}" --flush-timeout-seconds 10 --profile-optional true
+  assert_equal "${JOB_RC}" 0
+  run cat "${JOB_OUT}"
+  assert_output --partial "profile: INCOMPLETE, 1 of 2: $(node_of 1) (rank 1): empty report (0 bytes) (--profile-optional: the verdict stands)"
+  assert_output --partial "verdict: SUCCESS"
 }

@@ -32,6 +32,7 @@ from slurm_multi.results.jobdir import (
 from slurm_multi.results.logmetrics import combine_metric, parse_perf_lines
 from slurm_multi.results.logscan import DEFAULT_ERROR_PATTERNS, ErrorPattern
 from slurm_multi.results.pick import Candidate, choose, no_candidate_message, score
+from slurm_multi.results.profile import check_profile
 from slurm_multi.results.rows import PERF_COLUMNS, cell, common_row, csv_perf_rows, log_perf_rows
 from slurm_multi.results.shared import AREA, PathLike, is_path, os_error
 from slurm_multi.results.stragglers import find_stragglers
@@ -91,6 +92,11 @@ def collect(
         meta["image_id"] = rank0_image_id(root, found.get(0))
     results_csv = Path(cell(meta.get("results_csv"))).name or None
     summary = judge(root, meta, job_id, model_name, nnodes, results_csv, nodes, warnings, hang)
+    # The profile is part of the verdict: the rows stay (the performance was measured), the job fails.
+    summary.profile = check_profile(root, job_json, nodes)
+    if summary.profile is not None and summary.profile.reasons():
+        summary.reasons.extend(summary.profile.reasons())
+        summary.verdict = "FAILURE"
     summary.timeline = build_timeline(root, nodes, summary.stragglers, warnings, job_json.get("started"))
     if write:
         write_outputs(root, summary)

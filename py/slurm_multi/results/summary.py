@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from slurm_multi.results.hangs import Hang
 from slurm_multi.results.jobdir import NodeReport, stage_order
 from slurm_multi.results.pick import Candidate
+from slurm_multi.results.profile import ProfileCheck
 from slurm_multi.results.shared import AREA, write_atomic
 from slurm_multi.results.stragglers import Straggler
 from slurm_multi.results.values import format_number
@@ -46,6 +47,7 @@ class Summary:
     stragglers: list[Straggler] = field(default_factory=list)  # information, never a reason
     timeline: Timeline | None = None  # where the time went (information, never a reason)
     world: WorldCheck | None = None  # the launcher's one world, when the job asked for one
+    profile: ProfileCheck | None = None  # a profiled job's reports, one per rank
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -63,6 +65,7 @@ class Summary:
             "hang": self.hang.to_dict() if self.hang else None,
             "stragglers": [s.to_dict() for s in self.stragglers],
             "world": self.world.to_dict() if self.world else None,
+            "profile": self.profile.to_dict() if self.profile else None,
             "time": self.timeline.text if self.timeline else None,
             "warnings": list(self.warnings),
             "perf_rows": len(self.perf_rows),
@@ -191,6 +194,8 @@ def summary_table(summary: Summary, root: Path) -> list[str]:
         lines.append(f"  reason: +{len(summary.reasons) - MAX_TABLE_REASONS} more (see summary.json)")
     if summary.world is not None:
         lines.append(f"  {summary.world.describe()}")
+    if summary.profile is not None:
+        lines.append(f"  {summary.profile.describe()}")
     lines += [f"  straggler: {straggler.describe()}" for straggler in summary.stragglers]
     if summary.timeline is not None:
         if summary.timeline.text:

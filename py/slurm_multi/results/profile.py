@@ -1,0 +1,165 @@
+"""The profile is part of the verdict: every rank of a profiled job must leave one complete report.
+
+The batch step's flush (lib/profile.sh) ends every profiler session and waits for the reports with
+`slurm-multi reports wait --state-file JOBDIR/profile-flush.json`, which records each new report's
+bytes and state (settled, growing, settling, empty) and the `.qdstrm` left. Collect maps those
+reports to ranks by their name (`<job>_<node>_rank<R>.nsys-rep`, lib/profile.sh's
+PROFILE_REPORT_NAME) and judges each rank: one settled, non-empty report, no `.qdstrm` left.
+
+A profiled job with a rank whose report is missing, empty or unsettled is a FAILURE (its
+performance rows are still written) unless the job ran with `--profile-optional true`; then the
+summary says INCOMPLETE and the verdict stands. srtctl's users lost whole profiling campaigns to
+teardowns that killed nsys mid-write: the point of `--profile` is the reports.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from slurm_multi.reports import EMPTY, SETTLED, STATE_KIND, human_bytes
+from slurm_multi.results.jobdir import NodeReport
+from slurm_multi.results.shared import rank_label
+
+FLUSH_FILE = "profile-flush.json"  # lib/profile.sh's PROFILE_FLUSH_FILE (a test keeps them equal)
+RANK_RE = re.compile(r"_rank(\d{1,9})\.nsys-rep$")
+TRUE_WORDS = ("true", "1", "yes")
+
+
+@dataclass
+class RankProfile:
+    rank: int
+    node: str
+    reports: list[str] = field(default_factory=list)
+    bytes: int = 0
+    settled: bool = False
+    reason: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "node": self.node,
+            "report": self.reports[0] if len(self.reports) == 1 else (self.reports or None),
+            "bytes": self.bytes,
+            "settled": self.settled,
+            "reason": self.reason or None,
+        }
+
+
+@dataclass
+class ProfileCheck:
+    kind: str  # nsys | nsight-slurm
+    optional: bool
+    ranks: list[RankProfile]
+    flush: str  # what the flush said (its summary), or why there is no record of it
+
+    @property
+    def complete(self) -> bool:
+        return all(r.settled for r in self.ranks)
+
+    @property
+    def missing(self) -> list[RankProfile]:
+        return [r for r in self.ranks if not r.settled]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(r.bytes for r in self.ranks)
+
+    def describe(self) -> str:
+        """`profile: 4 of 4 reports (1.2 GB)` or `profile: INCOMPLETE, 3 of 4: rank 2 (node3): …`."""
+        good = len(self.ranks) - len(self.missing)
+        if self.complete:
+            return f"profile: {good} of {len(self.ranks)} reports ({human_bytes(self.total_bytes)})"
+        what = "; ".join(f"{rank_label(r.node, r.rank)}: {r.reason}" for r in self.missing[:4])
+        more = f"; and {len(self.missing) - 4} more" if len(self.missing) > 4 else ""
+        tail = " (--profile-optional: the verdict stands)" if self.optional else ""
+        return f"profile: INCOMPLETE, {good} of {len(self.ranks)}: {what}{more}{tail}"
+
+    def reasons(self) -> list[str]:
+        """The verdict's reason, unless the profile is complete or optional."""
+        if self.complete or self.optional:
+            return []
+        good = len(self.ranks) - len(self.missing)
+        return [
+            f"profile incomplete: {good} of {len(self.ranks)} reports (the profile line names the ranks); "
+            "--profile-optional true accepts a job without every report"
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "type": self.kind,
+            "optional": self.optional,
+            "complete": self.complete,
+            "reports": len(self.ranks) - len(self.missing),
+            "expected": len(self.ranks),
+            "bytes": self.total_bytes,
+            "flush": self.flush,
+            "ranks": [r.to_dict() for r in self.ranks],
+        }
+
+
+def check_profile(root: Path, job: dict[str, Any], nodes: Sequence[NodeReport]) -> ProfileCheck | None:
+    """The profile section for a profiled job (None when the job was not profiled)."""
+    settings = job.get("settings") if isinstance(job.get("settings"), dict) else {}
+    kind = job.get("profile") or settings.get("SM_PROFILE") or "none"
+    if kind not in ("nsys", "nsight-slurm"):
+        return None
+    optional = str(settings.get("SM_PROFILE_OPTIONAL", "")).lower() in TRUE_WORDS
+    ranks = {n.rank: RankProfile(n.rank, n.node) for n in nodes}
+    state, flush = _read_state(root / FLUSH_FILE)
+    if state is None:
+        for entry in ranks.values():
+            entry.reason = f"no report: {flush}"
+        return ProfileCheck(kind, optional, sorted(ranks.values(), key=lambda r: r.rank), flush)
+    settle = state.get("settle_seconds")
+    settle_text = f"{settle:g} s " if isinstance(settle, (int, float)) else ""
+    states: dict[int, list[str]] = {}
+    for item in state.get("reports") or []:
+        if not isinstance(item, dict) or not isinstance(item.get("path"), str):
+            continue
+        match = RANK_RE.search(os.path.basename(item["path"]))
+        if match is None or int(match.group(1)) not in ranks:
+            continue
+        entry = ranks[int(match.group(1))]
+        entry.reports.append(item["path"])
+        size = item.get("bytes")
+        entry.bytes += size if isinstance(size, int) and size > 0 else 0
+        states.setdefault(entry.rank, []).append(str(item.get("state")))
+    left = {
+        int(m.group(1))
+        for q in state.get("qdstrm") or []
+        if isinstance(q, str) and (m := re.search(r"_rank(\d{1,9})\.qdstrm$", q))
+    }
+    for entry in ranks.values():
+        seen = states.get(entry.rank, [])
+        if entry.rank in left:
+            entry.reason = (
+                "a .qdstrm is left: nsys never finished writing (killed, not stopped with SIGTERM?)"
+            )
+        elif not seen:
+            entry.reason = f"no report after the {settle_text}settle"
+        elif all(s == EMPTY for s in seen):
+            entry.reason = "empty report (0 bytes)"
+        elif any(s != SETTLED for s in seen):
+            entry.reason = f"report still changing when the flush ended ({human_bytes(entry.bytes)})"
+        else:
+            entry.settled = True
+    return ProfileCheck(kind, optional, sorted(ranks.values(), key=lambda r: r.rank), flush)
+
+
+def _read_state(path: Path) -> tuple[dict[str, Any] | None, str]:
+    """(the flush's state document, its summary), or (None, why there is none)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None, f"the flush recorded nothing ({path.name} is missing: it never waited for reports)"
+    except (OSError, ValueError, RecursionError) as exc:
+        return None, f"the flush's record {path.name} is unreadable ({type(exc).__name__})"
+    if not isinstance(data, dict) or data.get("kind") != STATE_KIND:
+        return None, f"{path.name} is not a flush record"
+    return data, str(data.get("summary") or ("every report settled" if data.get("ok") else ""))
