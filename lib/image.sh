@@ -246,8 +246,7 @@ image::transport() {
 # derivation), into IMAGE_RELAY_ARGV.
 image::relay_argv() {
   local nodes
-  nodes=$(scontrol show hostnames "${SLURM_JOB_NODELIST:-}" 2>/dev/null | paste -sd, -) || nodes=
-  [[ -n ${nodes} ]] || nodes=${SLURM_JOB_NODELIST:-}
+  nodes=$(slurm::hostnames "${SLURM_JOB_NODELIST:-}" | paste -sd, -)
   IMAGE_RELAY_ARGV=(relay "$1" --nodes "${nodes}" --fanout "${SM_RELAY_FANOUT:-1}" --master-port "${MASTER_PORT}"
     --job-id "${SLURM_JOB_ID:-0}" --stats-file "${SM_SCRATCH}/relay.stats")
   [[ $1 == send ]] || IMAGE_RELAY_ARGV+=(--rank "${SM_RANK}")

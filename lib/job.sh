@@ -33,7 +33,7 @@ job::srun_argv() {
 
 job::run() {
   local nodes
-  nodes=$(scontrol show hostnames "${SLURM_JOB_NODELIST}" 2>/dev/null) || nodes=${SLURM_JOB_NODELIST}
+  nodes=$(slurm::hostnames "${SLURM_JOB_NODELIST}")
   read -r -d '' -a JOB_NODES <<<"${nodes}" || true
   [[ -n ${SM_MANIFEST:-} ]] && SM_MANIFEST=$(readlink -f "${SM_MANIFEST}") && export SM_MANIFEST
   # The barrier's per-job secret; never printed (it travels in the environment, not in argv). Made
@@ -71,15 +71,13 @@ job::step_id() {
   local launcher=nsight-slurm-connector
   # Under pyxis the connector steps are the ranks' own (lib/run.sh); ours is always sm-node.
   [[ ${SM_RUNTIME:-docker} != pyxis ]] || launcher=sm-node
-  [[ -n ${JOB_STEP_ID} ]] || JOB_STEP_ID=$(squeue -s -j "${SLURM_JOB_ID}" -h -o '%i|%j' 2>/dev/null |
-    awk -F'|' -v l="${launcher}" '$2 == "sm-node" || $2 == l { split($1, a, "."); print a[2]; exit }')
+  [[ -n ${JOB_STEP_ID} ]] || JOB_STEP_ID=$(slurm::step_ids "sm-node|${launcher}" | head -n 1)
   printf '%s' "${JOB_STEP_ID}"
 }
 
 # job::rank_steps: under pyxis, the ids of the ranks' own steps (sm-rank<R>, or the connector's).
 job::rank_steps() {
-  squeue -s -j "${SLURM_JOB_ID}" -h -o '%i|%j' 2>/dev/null |
-    awk -F'|' '$2 ~ /^sm-rank[0-9]+$/ || $2 == "nsight-slurm-connector" { n = split($1, a, "."); print a[n] }' || true
+  slurm::step_ids 'sm-rank[0-9]+|nsight-slurm-connector'
 }
 
 # job::watch: wait for the tasks while a helper watches them (progress, a rank's status.json saying
@@ -154,8 +152,8 @@ job::mark_lost() {
 job::reap_timeout() {
   local limit=${SM_REAP_TIMEOUT:-$((SM_STOP_GRACE + 30))} kill_wait left
   if [[ -n ${JOB_SIGNAL_AT:-} ]]; then
-    kill_wait=$(scontrol show config 2>/dev/null | awk '$1 == "KillWait" { print $3; exit }')
-    [[ ${kill_wait} =~ ^[0-9]+$ ]] || kill_wait=30
+    kill_wait=$(slurm::killwait)
+    [[ -n ${kill_wait} ]] || kill_wait=30 # Slurm's default
     left=$((kill_wait - (SECONDS - JOB_SIGNAL_AT) - ${SM_COLLECT_MARGIN:-15}))
     ((left > 0)) || left=0
     ((left >= limit)) || limit=${left}

@@ -35,15 +35,6 @@ PROFILE_HEAD_IPV4=
 
 # ---- settings ------------------------------------------------------------------------------------
 
-# profile::killwait: Slurm's KillWait in seconds (SIGTERM to SIGKILL of a cancelled job's steps),
-# from `scontrol show config`; empty when it cannot be read.
-profile::killwait() {
-  local kw
-  kw=${SM_KILLWAIT:-$(scontrol show config 2>/dev/null | awk -F= '/^KillWait/ { gsub(/[^0-9]/, "", $2); print $2; exit }')}
-  [[ ${kw} =~ ^[0-9]+$ ]] && printf '%s' "${kw}"
-  return 0
-}
-
 # profile::fit_killwait [warn|show]: under pyxis a rank's container lives in a Slurm step, so a
 # cancelled job's nsys is SIGKILLed KillWait seconds after its SIGTERM, whatever our stop grace
 # says: the report must be written and settled inside KillWait, and collect must still run. The
@@ -53,7 +44,7 @@ PROFILE_KILLWAIT_RESERVE=20
 profile::fit_killwait() {
   [[ ${SM_RUNTIME:-docker} == pyxis && ${SM_PROFILE:-none} != none ]] || return 0
   local kw fit
-  kw=$(profile::killwait)
+  kw=$(slurm::killwait)
   if [[ -z ${kw} ]]; then
     [[ $1 == show ]] && printf '  %-16s %s\n' killwait "unknown (scontrol show config unreadable here): the settle window ${SM_FLUSH_SETTLE_SECONDS} s must fit inside Slurm's KillWait"
     [[ $1 == warn ]] && log::warn profile "cannot read Slurm's KillWait (scontrol show config): a scancelled job's nsys is SIGKILLed after it; the settle window stays ${SM_FLUSH_SETTLE_SECONDS} s"
@@ -510,11 +501,6 @@ profile::_timeout_seconds() {
   printf '%s' "${t}"
 }
 
-# profile::step_ids NAME: the ids of this job's steps called NAME (squeue -s).
-profile::step_ids() {
-  squeue -s -j "${SLURM_JOB_ID}" -h -o '%i|%j' 2>/dev/null |
-    awk -F'|' -v name="$1" '$2 == name { n = split($1, a, "."); print a[n] }'
-}
 
 # profile::_signal_step STEP: SIGTERM to a step's tasks. Never SIGTERM to srun or the wrapper:
 # srun turns that into SIGKILL for the tasks, and nsys then writes nothing.
@@ -628,7 +614,7 @@ profile::flush_nsight() {
     log::warn profile "flush: nsight-slurm stop did not confirm every session; going on"
   profile::rescue_reports
   local ids
-  ids=$(profile::step_ids nsight-slurm-connector) || ids=""
+  ids=$(slurm::step_ids nsight-slurm-connector)
   steps=()
   [[ -z ${ids} ]] || mapfile -t steps <<<"${ids}"
   if ((${#steps[@]})); then

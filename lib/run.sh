@@ -305,11 +305,7 @@ run::pyxis_argv() {
 
 # run::pyxis_step_id: the id of this rank's inner step, from Slurm (empty while it is not there).
 run::pyxis_step_id() {
-  local name
-  name=$(run::pyxis_step_name)
-  squeue -s -j "${SLURM_JOB_ID}" -h -o '%i|%j|%N' 2>/dev/null |
-    awk -F'|' -v name="${name}" -v node="${SLURMD_NODENAME:-$(hostname)}" \
-      '$2 == name && $3 == node { n = split($1, a, "."); print a[n]; exit }'
+  slurm::step_ids "$(run::pyxis_step_name)" "${SLURMD_NODENAME:-$(hostname)}" | head -n 1
 }
 
 # run::pyxis_stop REASON: SIGTERM to this rank's step (never to srun: srun turns that into SIGKILL

@@ -1,6 +1,10 @@
 # shellcheck shell=bash
 # Small helpers shared by the entrypoints: the helper CLI, time, node list. (JSON is Python's job:
-# bash passes paths and exit codes, and never writes or parses JSON itself.)
+# bash passes paths and exit codes, and never writes or parses JSON itself.) Slurm look-ups are
+# lib/slurm.sh's, loaded here.
+
+# shellcheck source=lib/slurm.sh
+source "${BASH_SOURCE[0]%/*}/slurm.sh"
 
 # util::py ARGS…: the helpers' interpreter (SM_PYTHON) with py/ on PYTHONPATH: no install needed on
 # a node. Every helper starts through here.
@@ -100,7 +104,7 @@ util::first_node() {
   if [[ -z ${list} ]]; then
     hostname
   elif command -v scontrol >/dev/null; then
-    scontrol show hostnames "${list}" | head -n 1
+    slurm::hostnames "${list}" | head -n 1
   else
     printf '%s' "${list%%[,\[]*}"
   fi
