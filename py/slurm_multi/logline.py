@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
 import time
+
+CONTROL_CHARS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+def short(text: str, limit: int = 240) -> str:
+    """A log excerpt safe for a terminal: control characters (ANSI colours too) shown as \\xNN."""
+    text = CONTROL_CHARS.sub(lambda m: f"\\x{ord(m.group()):02x}", text.strip())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def talk(area: str, message: str) -> None:

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from slurm_multi import shell
+from slurm_multi.events import node_stage
 from slurm_multi.logline import talk
 
 EXIT_STOP = 10  # `job watch`: a node failed and the peer grace is over: stop the step
@@ -42,21 +43,6 @@ def _read_status(path: str) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
-
-
-def node_stage(jobdir: str, rank: int) -> str:
-    """The stage a node is in, from the tail of its live log."""
-    if os.path.exists(os.path.join(jobdir, f"node_{rank}", "status.json")):
-        return "finished"
-    try:
-        with open(os.path.join(jobdir, f"node_{rank}", "node.log"), "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            handle.seek(max(0, handle.tell() - 8192))
-            tail = handle.read().decode("utf-8", "replace")
-    except OSError:
-        return "starting"
-    found = re.findall(r" stage ([a-z0-9-]+)", tail)
-    return found[-1] if found else "starting"
 
 
 def slurm_node_states(nodes: Sequence[str]) -> dict[str, str]:

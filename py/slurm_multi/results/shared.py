@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import secrets
 import stat
 import time
@@ -13,19 +12,12 @@ from pathlib import Path
 from typing import Any, BinaryIO, Union
 
 from slurm_multi.common import HelperError
+from slurm_multi.logline import short  # noqa: F401 (results import it from here)
 
 AREA = "results"
 READ_BLOCK = 64 * 1024  # a read(n) allocates n bytes first: past ~128 KiB that is an mmap, ~15 us
 
 PathLike = Union[str, "os.PathLike[str]"]
-
-CONTROL_CHARS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
-
-
-def short(text: str, limit: int = 240) -> str:
-    """A log excerpt safe for a terminal: control characters (ANSI colours too) shown as \\xNN."""
-    text = CONTROL_CHARS.sub(lambda m: f"\\x{ord(m.group()):02x}", text.strip())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def read_at_most(handle: BinaryIO, size: int, block: int = READ_BLOCK) -> bytes:

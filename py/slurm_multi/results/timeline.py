@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import calendar
 import json
-import math
 import os
 import time
 from collections.abc import Sequence
@@ -36,16 +35,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from slurm_multi.events import EVENTS_FILE, parse_event
 from slurm_multi.results.jobdir import NodeReport, stage_order
-from slurm_multi.results.shared import read_at_most, short, utc_iso
+from slurm_multi.results.shared import read_at_most, utc_iso
 from slurm_multi.results.stragglers import Straggler
 from slurm_multi.results.values import format_number
 
-EVENTS_FILE = "events.jsonl"
 MAX_EVENTS_BYTES = 16 * 1024 * 1024  # a node that logs more than this is looping: the rest is ignored
-MAX_EPOCH = 253_402_300_799.0  # 9999-12-31T23:59:59Z
-RESERVED_KEYS = ("t", "event", "rank", "host")
-MAX_VALUE_CHARS = 200
 # A stage's share names its biggest sub-step when that covers at least this much of the stage's time
 # on the critical path.
 DOMINANT_SHARE = 0.5
@@ -217,43 +213,6 @@ def _lane_dict(lane: Lane, flagged: set[tuple[str, int]]) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- reading
-
-
-def _finite(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:
-        return None
-    return number if math.isfinite(number) else None
-
-
-def parse_event(raw: bytes) -> dict[str, Any] | None:
-    """One line of events.jsonl as {"t", "event", extra keys...}; None when it is not an event.
-
-    Bytes that are not UTF-8 become U+FFFD (a host name in another encoding costs nothing); extra
-    values that are not a string, a finite number, a bool or null are left out.
-    """
-    try:
-        data = json.loads(raw.decode("utf-8", errors="replace"))
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(data, dict):
-        return None
-    t = _finite(data.get("t"))
-    name = data.get("event")
-    if t is None or not 0 < t <= MAX_EPOCH or not isinstance(name, str) or not name.strip():
-        return None
-    event: dict[str, Any] = {"t": t, "event": short(name, 80)}
-    for key, value in data.items():
-        if key in RESERVED_KEYS:
-            continue
-        if isinstance(value, str):
-            event[key] = short(value, MAX_VALUE_CHARS)
-        elif value is None or isinstance(value, bool) or _finite(value) is not None:
-            event[key] = value
-    return event
 
 
 def read_events(path: str, name: str, warnings: list[str]) -> list[dict[str, Any]] | None:
