@@ -546,7 +546,7 @@ profile::flush_nsys() {
   if PROFILE_STATE_FILE=${SM_JOBDIR}/${PROFILE_FLUSH_FILE} profile::wait_reports "${dir}" "${expect}" "$(profile::_settle_seconds)" "$(profile::_timeout_seconds)"; then
     log::info profile "flush: ${expect} report(s) settled in ${dir}"
   else
-    log::warn profile "flush: not every report settled within ${SM_FLUSH_TIMEOUT_SECONDS} s (see above); going on"
+    log::warn profile "flush: not every report settled (see above; the wait gives up at ${SM_FLUSH_TIMEOUT_SECONDS} s, or once nsys has finished and a report stayed empty); going on"
   fi
 }
 
@@ -636,7 +636,7 @@ profile::flush_nsight() {
   elif PROFILE_STATE_FILE=${SM_JOBDIR}/${PROFILE_FLUSH_FILE} profile::wait_reports "${direct}" "${expect}" "$(profile::_settle_seconds)" "$(profile::_timeout_seconds)"; then
     log::info profile "flush: ${expect} report(s) settled in ${direct}"
   else
-    log::warn profile "flush: not every report settled within ${SM_FLUSH_TIMEOUT_SECONDS} s (see above); going on"
+    log::warn profile "flush: not every report settled (see above; the wait gives up at ${SM_FLUSH_TIMEOUT_SECONDS} s, or once nsys has finished and a report stayed empty); going on"
   fi
   profile::rescue_reports
 }

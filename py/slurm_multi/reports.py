@@ -120,6 +120,15 @@ class Settler:
             return False
         return len(self.settled(now)) >= self.target
 
+    def final_without(self, now: float) -> bool:
+        """Nothing more will come: every expected report is there, nsys has finished with all of
+        them (no .qdstrm, nothing changed within the settle window), and some stayed empty (a
+        conversion that failed). Waiting for the timeout would change nothing."""
+        if not self.observed or self.qdstrm or any(self.recent(p, now) for p in self.files):
+            return False
+        counts = self.counts(now)
+        return counts[EMPTY] > 0 and counts[SETTLED] + counts[EMPTY] >= self.target
+
     def counts(self, now: float) -> dict[str, int]:
         counts = {EMPTY: 0, GROWING: 0, SETTLING: 0, SETTLED: 0}
         for path in self.files:
@@ -450,6 +459,17 @@ def wait_for_reports(
                 settled = settler.settled(now)
                 say(f"{len(settled)}/{settler.target} settled after {waited:.0f} s")
                 return WaitResult(True, settled, waited, [], "", _files(settler, now), settler.qdstrm)
+            if settler.final_without(now):
+                empty = [p for p in settler.files if settler.kind(p, now) == EMPTY]
+                summary = (
+                    f"reports: {len(empty)} of {settler.target} stayed empty after nsys finished writing "
+                    f"({', '.join(os.path.relpath(p, directory) for p in sorted(empty))}); not waiting "
+                    "for the timeout"
+                )
+                lines = settler.state_lines(now, directory)
+                return WaitResult(
+                    False, settler.settled(now), waited, lines, summary, _files(settler, now), []
+                )
         if waited >= timeout_seconds:
             break
         if now - last_progress >= progress_every:

@@ -172,6 +172,42 @@ def test_wait_times_out_naming_every_file_state(tmp_path: Path) -> None:
     assert any("1/3 settled" in line and "waited" in line for line in said)  # progress was reported
 
 
+def test_a_report_that_stays_empty_after_nsys_finished_ends_the_wait_without_the_timeout(
+    tmp_path: Path,
+) -> None:
+    # nsys has finished with both (no .qdstrm) and rank1's conversion failed: nothing more will
+    # come, so the wait says so after the settle window, not after the 600 s timeout.
+    (tmp_path / "rank0.nsys-rep").write_bytes(b"x" * 2000)
+    (tmp_path / "rank1.nsys-rep").write_bytes(b"")
+    clock = FakeClock()
+    result = wait_for_reports(
+        str(tmp_path), expect=2, settle_seconds=5, timeout_seconds=600, clock=clock, sleep=clock.sleep,
+        say=lambda _: None,
+    )  # fmt: skip
+    assert not result.ok
+    assert 5 <= result.waited < 10
+    assert result.summary == (
+        "reports: 1 of 2 stayed empty after nsys finished writing (rank1.nsys-rep); "
+        "not waiting for the timeout"
+    )
+    assert result.files[str(tmp_path / "rank1.nsys-rep")] == (0, "empty")
+    # While a .qdstrm is left, or a report is missing, it is not over.
+    (tmp_path / "rank2.qdstrm").write_bytes(b"stream")
+    clock = FakeClock()
+    held = wait_for_reports(
+        str(tmp_path), expect=2, settle_seconds=5, timeout_seconds=30, clock=clock, sleep=clock.sleep,
+        say=lambda _: None,
+    )  # fmt: skip
+    assert held.waited >= 30
+    (tmp_path / "rank2.qdstrm").unlink()
+    clock = FakeClock()
+    missing = wait_for_reports(
+        str(tmp_path), expect=3, settle_seconds=5, timeout_seconds=30, clock=clock, sleep=clock.sleep,
+        say=lambda _: None,
+    )  # fmt: skip
+    assert missing.waited >= 30
+
+
 def test_wait_for_a_directory_that_never_appears_times_out(tmp_path: Path) -> None:
     clock = FakeClock()
     result = wait_for_reports(
