@@ -144,10 +144,10 @@ profile::_split_tool_options() {
 profile::validate() {
   local n words=()
   for n in SM_FLUSH_SETTLE_SECONDS SM_FLUSH_TIMEOUT_SECONDS; do
-    [[ ${!n:-} =~ ^[0-9]+$ ]] || { log::error profile "${n}='${!n:-}' must be a whole number of seconds"; return 2; }
+    [[ ${!n:-} =~ ^[0-9]+$ ]] || { log::error profile "$(settings::var_option "${n}") '${!n:-}': expected a whole number of seconds (${n})"; return 2; }
   done
   [[ -z ${SM_PROFILE_STOP_GRACE:-} || ${SM_PROFILE_STOP_GRACE} =~ ^[0-9]+$ ]] ||
-    { log::error profile "SM_PROFILE_STOP_GRACE='${SM_PROFILE_STOP_GRACE}' must be a whole number of seconds"; return 2; }
+    { log::error profile "--profile-stop-grace '${SM_PROFILE_STOP_GRACE}': expected a whole number of seconds (SM_PROFILE_STOP_GRACE)"; return 2; }
   if [[ -n ${SM_PROFILE_START_ITER:-}${SM_PROFILE_STOP_ITER:-} ]]; then
     [[ ${SM_PROFILE_START_ITER:-} =~ ^[0-9]+$ && ${SM_PROFILE_STOP_ITER:-} =~ ^[0-9]+$ ]] || {
       log::error profile "profile window '${SM_PROFILE_START_ITER:-}'-'${SM_PROFILE_STOP_ITER:-}': give both --profile-start-iter and --profile-stop-iter as iteration numbers"

@@ -107,11 +107,55 @@ settings::option_var() {
   return 1
 }
 
+# settings::var_option NAME: the option that sets variable NAME (`--hang-timeout`), else NAME.
+settings::var_option() {
+  local want=$1 entry name option default help
+  for entry in "${SETTINGS_TABLE[@]}"; do
+    settings::_fields "${entry}"
+    [[ ${name} == "${want}" ]] && { printf '%s' "${option%% *}"; return 0; }
+  done
+  printf '%s' "${want}"
+}
+
+# settings::closest_option WORD: the known option nearest to a mistyped WORD (edit distance at most
+# a third of its length, at least 2), for "did you mean"; nothing when none is that close.
+settings::closest_option() {
+  local word=$1 entry name option default help best="" best_d=999 d limit
+  limit=$((${#word} / 3 > 2 ? ${#word} / 3 : 2))
+  for entry in "${SETTINGS_TABLE[@]}"; do
+    settings::_fields "${entry}"
+    option=${option%% *}
+    d=$(settings::_distance "${word}" "${option}")
+    ((d < best_d)) && best_d=${d} best=${option}
+  done
+  ((best_d <= limit)) && printf '%s' "${best}"
+  return 0
+}
+
+# settings::_distance A B: the Levenshtein distance of two short strings (pure bash).
+settings::_distance() {
+  local a=$1 b=$2 i j cost prev=() cur=()
+  for ((j = 0; j <= ${#b}; j++)); do prev[j]=${j}; done
+  for ((i = 1; i <= ${#a}; i++)); do
+    cur=("${i}")
+    for ((j = 1; j <= ${#b}; j++)); do
+      cost=1
+      [[ ${a:i-1:1} == "${b:j-1:1}" ]] && cost=0
+      cur[j]=$((prev[j] + 1))
+      ((cur[j - 1] + 1 < cur[j])) && cur[j]=$((cur[j - 1] + 1))
+      ((prev[j - 1] + cost < cur[j])) && cur[j]=$((prev[j - 1] + cost))
+    done
+    prev=("${cur[@]}")
+  done
+  printf '%s' "${prev[${#b}]}"
+}
+
 # settings::validate: one-line errors for values that cannot work.
 settings::validate() {
   local n
   for n in SM_HANG_TIMEOUT SM_IMAGE_TIMEOUT SM_BARRIER_TIMEOUT SM_STOP_GRACE SM_PEER_GRACE; do
-    [[ ${!n} =~ ^[0-9]+$ ]] || { log::error settings "${n}='${!n}' must be a whole number"; return 2; }
+    [[ ${!n} =~ ^[0-9]+$ ]] ||
+      { log::error settings "$(settings::var_option "${n}") '${!n}': expected a whole number of seconds, 0 or more (${n})"; return 2; }
   done
   # (Empty: the manifest model's timeout, resolved with the manifest by the job plan.)
   [[ -z ${SM_TIMEOUT:-} || ${SM_TIMEOUT} =~ ^[0-9]+$ ]] ||

@@ -28,11 +28,36 @@ setup() {
   assert_output --partial "Examples:"
 }
 
-@test "an unknown option is a one-line error plus the usage, exit 2" {
-  run bash "${REPO_ROOT}/sbatch/multi.sbatch" --manifest "${REPO_ROOT}/examples/toy/build_manifest.json" --bogus 1
+@test "a usage error is one line without a log prefix, names the flag, offers the nearest option; no usage dump" {
+  local m=${REPO_ROOT}/examples/toy/build_manifest.json
+  run bash "${REPO_ROOT}/sbatch/multi.sbatch" --manifest "${m}" --bogus 1
   assert_failure 2
-  assert_line --index 0 --partial "unknown option '--bogus'"
-  assert_output --partial "Usage: sbatch -N NODES sbatch/multi.sbatch"
+  assert_output "slurm-multi: unknown option '--bogus'; --help lists every option"
+  run bash "${REPO_ROOT}/sbatch/multi.sbatch" --manifest "${m}" --runtim pyxis
+  assert_failure 2
+  assert_output "slurm-multi: unknown option '--runtim' (did you mean --runtime?); --help lists every option"
+  # A trailing unknown flag is unknown, not "needs a value"; a known one without its value says so.
+  run bash "${REPO_ROOT}/sbatch/multi.sbatch" --manifest "${m}" --verbose
+  assert_output "slurm-multi: unknown option '--verbose'; --help lists every option"
+  run bash "${REPO_ROOT}/sbatch/multi.sbatch" --manifest "${m}" --image-cache
+  assert_output "slurm-multi: option --image-cache needs a value; --help lists every option"
+  # --opt=value and a later --opt value of the same option: the last wins, nothing is skipped.
+  run bash "${REPO_ROOT}/sbatch/multi.sbatch" --dry-run -N 1 --manifest "${m}" --hang-timeout=5 --hang-timeout -5
+  assert_failure 2
+  assert_output --partial "--hang-timeout '-5': expected a whole number of seconds, 0 or more (SM_HANG_TIMEOUT)"
+  refute_output --partial "Usage:"
+}
+
+@test "-N after the script inside a real job is refused: it is the dry run's count, not sbatch's" {
+  SLURM_JOB_ID=5 SLURM_JOB_NUM_NODES=1 run bash "${REPO_ROOT}/sbatch/multi.sbatch" -N 4 \
+    --manifest "${REPO_ROOT}/examples/toy/build_manifest.json"
+  assert_failure 2
+  assert_output --partial "slurm-multi: -N 4 after the script is the dry run's node count, not sbatch's: put it before the script (sbatch -N 4 sbatch/multi.sbatch ...); this job has 1 node(s)"
+  # With --dry-run inside an allocation it is what it always was.
+  SLURM_JOB_ID=5 SLURM_JOB_NUM_NODES=1 run bash "${REPO_ROOT}/sbatch/multi.sbatch" --dry-run -N 3 \
+    --manifest "${REPO_ROOT}/examples/toy/build_manifest.json"
+  assert_success
+  assert_output --partial "3 nodes"
 }
 
 @test "outside a job without --dry-run it says how to submit, exit 2" {

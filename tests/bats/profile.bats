@@ -219,7 +219,7 @@ assert_golden() {
   assert_output --partial "--profile-stop-iter must not be before --profile-start-iter"
   run dry --profile nsys --flush-settle-seconds 1m
   assert_failure 2
-  assert_output --partial "SM_FLUSH_SETTLE_SECONDS='1m' must be a whole number of seconds"
+  assert_output --partial "--flush-settle-seconds '1m': expected a whole number of seconds (SM_FLUSH_SETTLE_SECONDS)"
   run dry --profile nsys --flush-timeout-seconds -5
   assert_failure 2
   run dry --ntasks-per-node 4
@@ -247,7 +247,7 @@ assert_golden() {
   assert_output --partial "--profile-stop-grace 29 is shorter than --flush-settle-seconds 30"
   run dry --profile nsys --profile-stop-grace 1m
   assert_failure 2
-  assert_output --partial "SM_PROFILE_STOP_GRACE='1m' must be a whole number of seconds"
+  assert_output --partial "--profile-stop-grace '1m': expected a whole number of seconds (SM_PROFILE_STOP_GRACE)"
   run dry --profile nsys --flush-settle-seconds 30 --profile-stop-grace 30
   assert_success
   # Without profiling there is no report to protect.
