@@ -17,6 +17,8 @@ job::plan() {
   ((${#SM_CMD[@]})) && argv+=(-- "${SM_CMD[@]}")
   if ! util::helper "${argv[@]}" >"${plan}"; then
     rm -f "${plan}"
+    # The plan's own one line is already on stderr: said once, not twice.
+    ((UTIL_ERROR_SHOWN)) && exit 2
     log::die multi "${UTIL_ERROR}" 2
   fi
   # shellcheck source=/dev/null

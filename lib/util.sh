@@ -35,12 +35,15 @@ util::sm_logged() {
 # command substitution (the reason would stay in the subshell); redirect its stdout to a file.
 util::helper() {
   local rc=0 errfile=${TMPDIR:-/tmp}/.sm-error.$$.${BASHPID}.${RANDOM}
-  UTIL_ERROR=
+  UTIL_ERROR='' UTIL_ERROR_SHOWN=0
   SM_ERROR_FILE=${errfile} util::sm "$@" || rc=$?
   if ((rc == 126 || rc == 127)) && [[ ! -s ${errfile} ]]; then
     UTIL_ERROR="helper interpreter ${SM_PYTHON} cannot be executed by $(id -un) on $(hostname); set SM_PYTHON to a usable Python 3.9+ with click (e.g. a venv on shared storage: python3 -m venv \$SM_HOME/.venv && \$SM_HOME/.venv/bin/pip install -e \$SM_HOME)"
   elif ((rc != 0)); then
-    [[ -s ${errfile} ]] && UTIL_ERROR=$(<"${errfile}")
+    # A reason in the file is one the helper has also printed on stderr (UTIL_ERROR_SHOWN, which
+    # callers such as job::plan read).
+    # shellcheck disable=SC2034
+    [[ -s ${errfile} ]] && UTIL_ERROR=$(<"${errfile}") && UTIL_ERROR_SHOWN=1
     UTIL_ERROR=${UTIL_ERROR#slurm-multi: }
     [[ -n ${UTIL_ERROR} ]] || UTIL_ERROR="slurm-multi $1${2:+ $2} failed (exit ${rc}; see the log above)"
   fi

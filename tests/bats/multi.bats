@@ -46,6 +46,10 @@ setup() {
   assert_failure 2
   assert_output --partial "--hang-timeout '-5': expected a whole number of seconds, 0 or more (SM_HANG_TIMEOUT)"
   refute_output --partial "Usage:"
+  # The plan's own reason, said once (the batch step used to repeat it with a log prefix).
+  run bash "${REPO_ROOT}/sbatch/multi.sbatch" --dry-run -N 2 --manifest "${m}" --model nosuch
+  assert_failure 2
+  assert_output "slurm-multi: manifest: no model nosuch in built_models (keys: toy-2node)"
 }
 
 @test "-N after the script inside a real job is refused: it is the dry run's count, not sbatch's" {
