@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from slurm_multi import EXIT_TIMEOUT, EXIT_USAGE
 from slurm_multi.reports import (
     Settler,
+    WaitResult,
     cli,
     human_bytes,
     read_snapshot,
@@ -172,6 +173,15 @@ def test_wait_times_out_naming_every_file_state(tmp_path: Path) -> None:
     assert any("1/3 settled" in line and "waited" in line for line in said)  # progress was reported
 
 
+def fake_wait(directory: Path, expect: int, timeout: float) -> WaitResult:
+    """wait_for_reports on a fake clock (settle window 5 s), silent."""
+    clock = FakeClock()
+    return wait_for_reports(
+        str(directory), expect=expect, settle_seconds=5, timeout_seconds=timeout, clock=clock,
+        sleep=clock.sleep, say=lambda _: None,
+    )  # fmt: skip
+
+
 def test_a_report_that_stays_empty_after_nsys_finished_ends_the_wait_without_the_timeout(
     tmp_path: Path,
 ) -> None:
@@ -179,11 +189,7 @@ def test_a_report_that_stays_empty_after_nsys_finished_ends_the_wait_without_the
     # come, so the wait says so after the settle window, not after the 600 s timeout.
     (tmp_path / "rank0.nsys-rep").write_bytes(b"x" * 2000)
     (tmp_path / "rank1.nsys-rep").write_bytes(b"")
-    clock = FakeClock()
-    result = wait_for_reports(
-        str(tmp_path), expect=2, settle_seconds=5, timeout_seconds=600, clock=clock, sleep=clock.sleep,
-        say=lambda _: None,
-    )  # fmt: skip
+    result = fake_wait(tmp_path, expect=2, timeout=600)
     assert not result.ok
     assert 5 <= result.waited < 10
     assert result.summary == (
@@ -193,18 +199,10 @@ def test_a_report_that_stays_empty_after_nsys_finished_ends_the_wait_without_the
     assert result.files[str(tmp_path / "rank1.nsys-rep")] == (0, "empty")
     # While a .qdstrm is left, or a report is missing, it is not over.
     (tmp_path / "rank2.qdstrm").write_bytes(b"stream")
-    clock = FakeClock()
-    held = wait_for_reports(
-        str(tmp_path), expect=2, settle_seconds=5, timeout_seconds=30, clock=clock, sleep=clock.sleep,
-        say=lambda _: None,
-    )  # fmt: skip
+    held = fake_wait(tmp_path, expect=2, timeout=30)
     assert held.waited >= 30
     (tmp_path / "rank2.qdstrm").unlink()
-    clock = FakeClock()
-    missing = wait_for_reports(
-        str(tmp_path), expect=3, settle_seconds=5, timeout_seconds=30, clock=clock, sleep=clock.sleep,
-        say=lambda _: None,
-    )  # fmt: skip
+    missing = fake_wait(tmp_path, expect=3, timeout=30)
     assert missing.waited >= 30
 
 
