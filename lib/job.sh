@@ -6,16 +6,16 @@ JOB_SRUN_PID=
 JOB_STEP_ID=
 JOB_TEARDOWN_STARTED=0
 
-# job::plan [--write]: the one helper call that validates the settings and the manifest, places the
-# job dir and (with --write) writes job.json. Its bash is sourced only after it succeeded: a bad
-# manifest stops the job here, before any srun, with the helper's own one-line reason.
+# job::plan ARGS...: the one helper call that parses the batch step's ARGS and the environment
+# against the settings table (slurm_multi.settings), validates them with the manifest, places the
+# job dir and, in a real job, writes job.json. Its bash is sourced only after it succeeded: a typo or
+# a bad manifest stops the job here, before any srun, with the helper's own one-line reason.
 job::plan() {
   local plan
   plan=$(mktemp "${TMPDIR:-/tmp}/sm-plan.XXXXXX") || log::die multi "cannot create a temp file" 1
-  local argv=(job plan --job-id "${SLURM_JOB_ID}" --nnodes "${SLURM_JOB_NUM_NODES:-1}"
-    --nodes "${JOB_NODES[*]}" --submit-dir "${SLURM_SUBMIT_DIR:-${PWD}}" "$@")
-  ((${#SM_CMD[@]})) && argv+=(-- "${SM_CMD[@]}")
-  if ! util::helper "${argv[@]}" >"${plan}"; then
+  local argv=(job plan --batch-args --emit "${plan}" --submit-dir "${SLURM_SUBMIT_DIR:-${PWD}}")
+  ((${#JOB_NODES[@]})) && argv+=(--nodes "${JOB_NODES[*]}")
+  if ! util::helper "${argv[@]}" -- "$@"; then
     rm -f "${plan}"
     # The plan's own one line is already on stderr: said once, not twice.
     ((UTIL_ERROR_SHOWN)) && exit 2
@@ -33,16 +33,12 @@ job::srun_argv() {
   JOB_SRUN_ARGV=("${LAUNCH_ARGV[@]}")
 }
 
+# job::run: the job itself, after job::plan (in the batch step, inside the allocation).
 job::run() {
-  local nodes
-  nodes=$(slurm::hostnames "${SLURM_JOB_NODELIST}")
-  read -r -d '' -a JOB_NODES <<<"${nodes}" || true
-  [[ -n ${SM_MANIFEST:-} ]] && SM_MANIFEST=$(readlink -f "${SM_MANIFEST}") && export SM_MANIFEST
   # The barrier's per-job secret; never printed (it travels in the environment, not in argv). Made
   # before the log filter starts, so the filter knows to mask it.
   [[ -n ${SM_BARRIER_TOKEN:-} ]] || SM_BARRIER_TOKEN=$(util::generate_token)
   export SM_BARRIER_TOKEN
-  job::plan --write
   # JOB_IMAGE (the plan's image): a worker's barrier tells rank 0 which ID of it the node holds
   # before prepare has resolved SM_IMAGE again on the node.
   export SM_JOBDIR SM_BATCH_LOG=${SM_JOBDIR}/batch.log JOB_IMAGE
@@ -72,7 +68,7 @@ job::run() {
 job::step_id() {
   local launcher=nsight-slurm-connector
   # Under pyxis the connector steps are the ranks' own (lib/run.sh); ours is always sm-node.
-  [[ ${SM_RUNTIME:-docker} != pyxis ]] || launcher=sm-node
+  [[ ${SM_RUNTIME} != pyxis ]] || launcher=sm-node
   [[ -n ${JOB_STEP_ID} ]] || JOB_STEP_ID=$(slurm::step_ids "sm-node|${launcher}" | head -n 1)
   printf '%s' "${JOB_STEP_ID}"
 }
@@ -91,7 +87,7 @@ job::watch() {
   # The click-free entry of `slurm-multi job watch` (it starts beside every job's srun).
   util::py -S -m slurm_multi.watch --jobdir "${SM_JOBDIR}" --nodes "${JOB_NODES[*]}" \
     --tasks-per-node "${per_node}" --srun-pid "${JOB_SRUN_PID}" --peer-grace "${SM_PEER_GRACE}" \
-    --progress-seconds "${SM_PROGRESS_SECONDS:-15}" &
+    --progress-seconds "${SM_PROGRESS_SECONDS}" &
   JOB_WATCH_PID=$!
   wait "${JOB_WATCH_PID}" || rc=$?
   JOB_WATCH_PID=
@@ -107,7 +103,7 @@ job::watch() {
 job::stop_step() {
   local step
   teardown::pre_cleanup "$1"
-  if [[ ${SM_RUNTIME:-docker} == pyxis ]]; then
+  if [[ ${SM_RUNTIME} == pyxis ]]; then
     # Not the sm-node step: each sm-node's srun of its rank would SIGKILL the rank (see above).
     # SIGTERM to the ranks' steps; each sm-node then stages its rank as it ends.
     for step in $(job::rank_steps); do
@@ -156,7 +152,7 @@ job::reap_timeout() {
   if [[ -n ${JOB_SIGNAL_AT:-} ]]; then
     kill_wait=$(slurm::killwait)
     [[ -n ${kill_wait} ]] || kill_wait=30 # Slurm's default
-    left=$((kill_wait - (SECONDS - JOB_SIGNAL_AT) - ${SM_COLLECT_MARGIN:-15}))
+    left=$((kill_wait - (SECONDS - JOB_SIGNAL_AT) - SM_COLLECT_MARGIN))
     ((left > 0)) || left=0
     ((left >= limit)) || limit=${left}
   fi
@@ -260,7 +256,6 @@ job::dry_run() {
     export SLURM_JOB_ID=${SLURM_JOB_ID:-DRYRUN} SLURM_JOB_NUM_NODES=${nnodes}
     JOB_NODES=()
     for ((r = 0; r < nnodes; r++)); do JOB_NODES+=("node_${r}"); done
-    job::plan
     # Prepare (without GPU detection) for rank 0 first: its secrets file masks what follows.
     job::dry_run_prepare "${scratch}" 0 "${nnodes}"
     job::dry_run_plan "${nnodes}" "${scratch}"
@@ -285,18 +280,17 @@ job::dry_run_prepare() {
 }
 
 job::dry_run_plan() {
-  local nnodes=$1 scratch=$2 r argv=() entry name
+  local nnodes=$1 scratch=$2 r
   # shellcheck disable=SC2153 # JOB_MODEL comes from the job plan (job::plan)
   printf '== slurm-multi plan: %s nodes, model %s ==\n\n' "${nnodes}" "${JOB_MODEL}"
-  printf 'Settings\n'
-  for entry in "${SETTINGS_TABLE[@]}"; do
-    name=${entry%%|*}
-    printf '  %-20s %s\n' "${name}" "${!name:-}"
-  done
-  printf '  %-20s %s\n' SM_BARRIER_TOKEN "$([[ -n ${SM_BARRIER_TOKEN:-} ]] && echo '*** (given)' || echo '(generated per job)')"
-  printf '  %-20s %s\n\n' "job dir" "${SM_JOBDIR}"
+  # shellcheck disable=SC2153 # PLAN_SETTINGS_SHOWN comes from the job plan
+  printf 'Settings (set, or not the default; --help lists every one)\n'
+  ((${#PLAN_SETTINGS_SHOWN[@]})) && printf '  %s\n' "${PLAN_SETTINGS_SHOWN[@]}"
+  [[ -n ${SM_BARRIER_TOKEN:-} ]] || printf '  %-26s %s\n' SM_BARRIER_TOKEN '(generated per job)'
+  printf '  %-26s %s\n\n' "job dir" "${SM_JOBDIR}"
   job::srun_argv
   printf 'Batch step (on the first node)\n  %s\n\n' "$(printf '%q ' "${JOB_SRUN_ARGV[@]}")"
+  job::dry_run_runtime
   if declare -F profile::dry_run_panel >/dev/null; then
     profile::dry_run_panel "${nnodes}"
   fi
@@ -310,6 +304,27 @@ job::dry_run_plan() {
   done
 }
 
+# job::dry_run_runtime: what watches and stops the ranks under this runtime (each runtime differs).
+job::dry_run_runtime() {
+  local hang stop kw
+  kw=$(slurm::killwait || true)
+  if ((SM_HANG_TIMEOUT == 0)); then
+    hang="off (--hang-timeout 0)"
+  elif [[ ${SM_RUNTIME} == pyxis ]]; then
+    hang="NOT under pyxis yet: a rank that stops in its collective waits for the collective's own timeout or the job's time limit (--hang-timeout ${SM_HANG_TIMEOUT} applies to docker and none)"
+  else
+    hang="a rank with no new output line and no CPU for ${SM_HANG_TIMEOUT} s after GO fails the job, naming it (--hang-timeout)"
+  fi
+  case ${SM_RUNTIME} in
+    docker) stop="docker stop -t $(profile::stop_grace) per node (SIGTERM, then SIGKILL after the grace)" ;;
+    pyxis) stop="SIGTERM to each rank's step; Slurm SIGKILLs it after its KillWait (${kw:+${kw} s}${kw:-unknown here})" ;;
+    none) stop="SIGTERM to the workload's process tree, SIGKILL after --stop-grace ${SM_STOP_GRACE} s" ;;
+  esac
+  printf 'Runtime %s\n' "${SM_RUNTIME}"
+  printf '  %-16s %s\n' "hang watch" "${hang}" "stop" "${stop}" "peer grace" "${SM_PEER_GRACE} s after one rank fails, the others are stopped"
+  printf '\n'
+}
+
 # job::dry_run_node SCRATCH RANK NNODES: what sm-node would run on that node.
 job::dry_run_node() {
   local r=$2 nnodes=$3
@@ -321,7 +336,7 @@ job::dry_run_node() {
     ((r == 0)) && role="rank 0 (serves the barrier)"
     ((nnodes == 1)) && role="single node (no cache, no barrier)"
     printf 'Node %s: %s\n' "${r}" "${role}"
-    printf '  image: %s%s\n' "${SM_IMAGE:-<none>}" "${SM_IMAGE_CACHE:+ (shared tar cache ${SM_IMAGE_CACHE})}"
+    printf '  image: %s%s\n' "${SM_IMAGE:-}" "${SM_IMAGE_CACHE:+ (shared tar cache ${SM_IMAGE_CACHE})}"
     case ${SM_RUNTIME} in
       docker)
         run::docker_argv

@@ -14,15 +14,15 @@
 
 # launch::tasks_per_node: worker tasks per node (docker: one container per node).
 launch::tasks_per_node() {
-  local n=${SM_NTASKS_PER_NODE:-${SLURM_NTASKS_PER_NODE:-1}}
-  [[ ${SM_RUNTIME:-docker} == docker || ! ${n} =~ ^[1-9][0-9]*$ ]] && n=1
+  local n=${SM_NTASKS_PER_NODE}
+  [[ ${SM_RUNTIME} == docker || ! ${n} =~ ^[1-9][0-9]*$ ]] && n=1
   printf '%s' "${n}"
 }
 
 # launch::task_identity (bin/sm-node, before node::init): with several tasks per node (runtime
 # none) every task is a rank of its own: RANK = SLURM_PROCID, LOCAL_RANK = SLURM_LOCALID.
 launch::task_identity() {
-  [[ ${SM_RUNTIME:-docker} != docker && -n ${SLURM_PROCID:-} ]] || return 0
+  [[ ${SM_RUNTIME} != docker && -n ${SLURM_PROCID:-} ]] || return 0
   local ntasks=${SLURM_STEP_NUM_TASKS:-${SLURM_NTASKS:-1}} nnodes=${SLURM_STEP_NUM_NODES:-${SLURM_NNODES:-1}}
   ((ntasks > nnodes)) || return 0
   export SM_RANK=${SM_RANK:-${SLURM_PROCID}} RANK=${RANK:-${SLURM_PROCID}} WORLD_SIZE=${WORLD_SIZE:-${ntasks}}
@@ -68,12 +68,12 @@ launch::step_argv() {
   local nodes=${SLURM_JOB_NUM_NODES:-1} tasks native=() cmd=() env=()
   local launcher=0
   LAUNCH_ARGV=()
-  [[ ${SM_PROFILE:-none} == nsight-slurm && ${SM_RUNTIME:-docker} == none ]] && launcher=1
+  [[ ${SM_PROFILE} == nsight-slurm && ${SM_RUNTIME} == none ]] && launcher=1
   tasks=$(launch::tasks_per_node)
   native=(--nodes="${nodes}" --ntasks-per-node="${tasks}" --kill-on-bad-exit=0)
   ((launcher)) || native+=(--job-name=sm-node)
   # pyxis: the GPUs belong to the ranks' own steps (lib/run.sh asks for them there).
-  [[ ${SM_RUNTIME:-docker} != pyxis || ! ${SLURM_GPUS_ON_NODE:-0} =~ ^[1-9] ]] || native+=(--gres=none)
+  [[ ${SM_RUNTIME} != pyxis || ! ${SLURM_GPUS_ON_NODE:-0} =~ ^[1-9] ]] || native+=(--gres=none)
   native+=(--label)
   # The wrapper's job state (and the connectors' view of it) lives under the log dir.
   ((launcher)) && env+=(SLURM_SUBMIT_DIR="${SM_JOBDIR}")

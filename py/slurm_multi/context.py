@@ -5,9 +5,10 @@ The batch step resolves it to validate and to write job.json (`slurm-multi job p
 resolves it again against its own environment (`slurm-multi node prepare`), because `${VAR}`
 references and "the environment wins" are a node's business. Nobody else reads the manifest.
 
-Precedence: command line > environment > manifest. A setting already in the environment is never
-replaced by a manifest value. The manifest's docker_env_vars are for the container only: they are
-returned as data, never exported into the toolkit's own shell.
+Precedence: command line > environment > manifest (the job plan resolves the first two and the
+defaults against slurm_multi.settings and exports them; here they are the environment). A setting
+already in the environment is never replaced by a manifest value. The manifest's docker_env_vars
+are for the container only: they are returned as data, never exported into the toolkit's own shell.
 """
 
 from __future__ import annotations
@@ -22,16 +23,10 @@ from slurm_multi.common import usage_error
 from slurm_multi.madengine import ModelScript, script_command, split_args
 from slurm_multi.manifest import load_manifest, printable, restore_context
 from slurm_multi.redact import MASK, MIN_SECRET_LEN, is_secret_name
+from slurm_multi.settings import BY_NAME as SETTINGS
 
 AREA = "context"
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
-
-# Settings the toolkit sets for itself while it runs: not the user's, not recorded as settings.
-INTERNAL_SETTINGS = frozenset(
-    {"SM_NODE_LOG_REDIRECTED", "SM_NODE_LOG", "SM_NODE_DIR", "SM_SCRATCH", "SM_JOBDIR", "SM_BATCH_LOG",
-     "SM_RANK", "SM_NODE_RANK", "SM_OUTPUT_DIR", "SM_HOME", "SM_PYTHON", "SM_DRY_RUN", "SM_CMD",
-     "SM_IMAGE_ID", "SM_FROM_JOB"}
-)  # fmt: skip
 
 
 @dataclass
@@ -124,7 +119,9 @@ def resolve(
     manifest_path = manifest_path if manifest_path is not None else env.get("SM_MANIFEST") or None
     model = model if model is not None else env.get("SM_MODEL") or None
     ctx = RunContext(manifest=manifest_path)
-    ctx.settings = {k: v for k, v in env.items() if k.startswith("SM_") and k not in INTERNAL_SETTINGS}
+    # The user's settings are the table's (slurm_multi.settings): what the toolkit exports for itself
+    # while it runs (SM_JOBDIR, SM_RANK, the manifest's own SM_* values on a node) is not one.
+    ctx.settings = {k: env[k] for k in SETTINGS if env.get(k)}
     values = dict(ctx.settings)
     where = ""
     if manifest_path:
@@ -134,6 +131,11 @@ def resolve(
         where = f"manifest {printable(manifest_path)}: built_models.{printable(ctx.model_key)}."
         for name, value in resolved["exports"].items():
             values.setdefault(name, value)
+        # A manifest value the environment already gives (a node re-resolving after its prepare, or
+        # a user's own override): the environment wins.
+        for name in resolved["skipped_set"]:
+            if name.startswith("SM_") and name in env:
+                values.setdefault(name, env[name])
         arrays = resolved["arrays"]
         ctx.build_args = [tuple(a.split("=", 1)) for a in arrays.get("SM_BUILD_ARGS", [])]  # type: ignore[misc]
         ctx.mounts = list(arrays.get("SM_MOUNTS", []))

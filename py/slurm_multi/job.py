@@ -67,7 +67,7 @@ def job_document(
         "model": model_dir_name(ctx),
         "nnodes": nnodes,
         "nodes": list(nodes),
-        "tasks_per_node": tasks_per_node(v, env),
+        "tasks_per_node": tasks_per_node(v),
         "results_csv": shown("SM_RESULTS_CSV"),
         "image": shown("SM_IMAGE"),
         "args": shown("SM_MODEL_ARGS"),
@@ -82,8 +82,8 @@ def job_document(
         "build_duration": shown("SM_BUILD_DURATION"),
         "additional_docker_run_options": redact(" ".join(ctx.docker_opts), secrets),
         "manifest": ctx.manifest or "",
-        "profile": v.get("SM_PROFILE", "none"),
-        "runtime": v.get("SM_RUNTIME", "docker"),
+        "profile": v.get("SM_PROFILE", ""),
+        "runtime": v.get("SM_RUNTIME", ""),
         "command": [redact(word, secrets) for word in command],
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "settings": {k: redact(s, secrets) for k, s in masked_settings(ctx).items()},
@@ -102,7 +102,7 @@ def resolve_job_numbers(ctx: RunContext, env: Mapping[str, str], nnodes: int) ->
     if not ctx.manifest:
         return resolved
     dist = mad.job_distributed(ctx.values, ctx.settings, env, nnodes)
-    tasks = ctx.get("SM_NTASKS_PER_NODE") or env.get("SLURM_NTASKS_PER_NODE", "")
+    tasks = ctx.get("SM_NTASKS_PER_NODE")
     if dist.launcher in mad.ONE_WORLD and ctx.get("SM_RUNTIME") != "docker" and tasks not in ("", "1"):
         raise usage_error(
             f"{AREA}: launcher {dist.launcher} starts {dist.nproc} processes per node itself; "
@@ -119,12 +119,12 @@ def resolve_job_numbers(ctx: RunContext, env: Mapping[str, str], nnodes: int) ->
     return resolved
 
 
-def tasks_per_node(values: Mapping[str, str], env: Mapping[str, str]) -> int:
-    """Ranks per node, as lib/launch.sh starts them: our --ntasks-per-node, else sbatch's own
-    (SLURM_NTASKS_PER_NODE); docker runs one container per node."""
+def tasks_per_node(values: Mapping[str, str]) -> int:
+    """Ranks per node, as lib/launch.sh starts them: the resolved --ntasks-per-node (ours, else
+    sbatch's own: slurm_multi.settings); docker runs one container per node."""
     if values.get("SM_RUNTIME") == "docker":
         return 1
-    text = values.get("SM_NTASKS_PER_NODE") or env.get("SLURM_NTASKS_PER_NODE") or "1"
+    text = values.get("SM_NTASKS_PER_NODE") or "1"
     return int(text) if text.isdigit() and int(text) > 0 else 1
 
 
@@ -158,37 +158,80 @@ def cli() -> None:
     """The batch step's helpers: resolve and validate the job, write job.json."""
 
 
-@cli.command("plan", short_help="Validate the job; place its dir; write job.json.")
-@click.option("--job-id", required=True, help="SLURM_JOB_ID (DRYRUN for a dry run).")
-@click.option("--nnodes", type=click.IntRange(min=1), required=True, help="Nodes in the job.")
+@cli.command("plan", short_help="Parse and check the settings; write job.json.")
+@click.option("--batch-args", is_flag=True,
+              help="The arguments are the batch step's argv (options, -N, --dry-run, -- CMD).")  # fmt: skip
+@click.option("--emit", "emit", default=None, type=click.Path(dir_okay=False),
+              help="Write the bash to source here (stdout stays free for --help) [stdout].")  # fmt: skip
+@click.option(
+    "--job-id", default=None, help="SLURM_JOB_ID [default: the environment's; DRYRUN for a dry run]."
+)
+@click.option("--nnodes", type=click.IntRange(min=1), default=None,
+              help="Nodes in the job [default: SLURM_JOB_NUM_NODES; a dry run: -N, else 2].")  # fmt: skip
 @click.option("--nodes", "node_list", default="", help="The nodes' names, space-separated.")
 @click.option("--submit-dir", default=None, help="Where a relative --out is relative to [default: cwd].")
-@click.option("--write/--no-write", default=False, help="Create the job dir and write job.json into it.")
-@click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD...]")
+@click.option("--write/--no-write", default=None, help="Create the job dir and write job.json into it "
+              "[default: with --batch-args, when the job really runs].")  # fmt: skip
+@click.argument("args", nargs=-1, type=click.UNPROCESSED, metavar="[-- ARGS...]")
 def plan_command(
-    job_id: str, nnodes: int, node_list: str, submit_dir: str | None, write: bool, command: tuple[str, ...]
+    batch_args: bool,
+    emit: str | None,
+    job_id: str | None,
+    nnodes: int | None,
+    node_list: str,
+    submit_dir: str | None,
+    write: bool | None,
+    args: tuple[str, ...],
 ) -> None:
-    """Validate the settings and the manifest; print the plan as bash to source (after checking the
-    exit status); with --write, create the job dir and write job.json (secrets masked).
+    """Parse the settings (the batch step's argv with --batch-args, and the environment) against the one
+    settings table, validate them with the manifest, and print the plan as bash to source after checking
+    the exit status; write job.json (secrets masked) when the job runs.
 
     \b
-    Example: slurm-multi job plan --job-id "$SLURM_JOB_ID" --nnodes 2 --write >plan.sh && source plan.sh
+    Example: slurm-multi job plan --batch-args --emit plan.sh -- --manifest m.json --dry-run -N 2
     """
+    from slurm_multi import settings as table
+
     env = dict(os.environ)
+    try:
+        parsed = table.parse_argv(args) if batch_args else table.Parsed(command=list(args))
+    except table.SettingsError as exc:
+        raise usage_error(f"{exc}; --help lists every option") from None
+    if parsed.help:
+        click.echo(table.usage(), nl=False)
+        _emit(emit, shell.render("slurm-multi job plan", scalars={"PLAN_ACTION": "help"}))
+        return
+    dry = parsed.dry_run or env.get("SM_DRY_RUN") == "1"
+    nnodes = _node_count(parsed, env, dry, nnodes)
+    resolved = table.resolve(env, parsed.given, parsed.typed)
+    try:
+        table.validate(resolved, has_command=bool(parsed.command))
+    except table.SettingsError as exc:
+        raise usage_error(str(exc)) from None
+    job_id = job_id or env.get("SLURM_JOB_ID") or ("DRYRUN" if dry else "")
+    if not job_id:
+        raise usage_error(
+            "not inside a Slurm job: submit with 'sbatch -N 2 sbatch/multi.sbatch ...' "
+            "(or add --dry-run to see the plan)"
+        )
+    if resolved.values["SM_MANIFEST"] and not dry:
+        resolved.values["SM_MANIFEST"] = os.path.realpath(resolved.values["SM_MANIFEST"])
+    env.update({name: value for name, value in resolved.values.items() if value})
+    command = parsed.command
     ctx = resolve(env, command)
     for warning in ctx.warnings:
         talk("manifest", warning)
-    runtime = ctx.get("SM_RUNTIME", "docker")
+    runtime = ctx.get("SM_RUNTIME")
     if not ctx.get("SM_IMAGE") and runtime != "none":
         where = f" (manifest {ctx.manifest}, model {ctx.model_key}, has no built_images docker_image)"
         raise usage_error(f"{AREA}: no image to run: give --image IMAGE{where if ctx.manifest else ''}")
     if runtime == "none" and not ctx.workload:
         raise usage_error(f"{AREA}: --runtime none needs a command: give -- CMD or a manifest with scripts")
-    resolved = resolve_job_numbers(ctx, env, nnodes)
+    numbers = resolve_job_numbers(ctx, env, nnodes)
     model = model_dir_name(ctx)
-    directory = job_dir(ctx.get("SM_OUT", "./slurm_output"), submit_dir or os.getcwd(), model, job_id)
-    nodes = node_list.split()
-    if write:
+    directory = job_dir(ctx.get("SM_OUT"), submit_dir or os.getcwd(), model, job_id)
+    nodes = node_list.split() or [f"node_{r}" for r in range(nnodes)]
+    if write if write is not None else (batch_args and not dry):
         try:
             os.makedirs(directory, exist_ok=True)
         except OSError as exc:
@@ -196,18 +239,75 @@ def plan_command(
         shell.write_json(
             os.path.join(directory, "job.json"), job_document(ctx, env, job_id, nodes, nnodes, command)
         )
+    exports = {name: value for name, value in resolved.values.items() if value}
+    exports.update(numbers)
+    exports["SM_SETTINGS_RESOLVED"] = "1"
+    if dry:
+        exports["SM_DRY_RUN"] = "1"
     text = shell.render(
         "slurm-multi job plan",
-        exports=resolved,
+        exports=exports,
         scalars={
+            "PLAN_ACTION": "dry-run" if dry else "run",
+            "PLAN_NNODES": str(nnodes),
             "SM_JOBDIR": directory,
             "JOB_MODEL": model,
             "JOB_MODEL_KEY": ctx.model_key,
             "JOB_IMAGE": ctx.get("SM_IMAGE"),
             "JOB_RESULTS_CSV": ctx.get("SM_RESULTS_CSV"),
         },
+        arrays={"SM_CMD": command, "PLAN_SETTINGS_SHOWN": settings_shown(resolved, numbers)},
     )
-    sys.stdout.buffer.write(text.encode("utf-8", "surrogateescape"))
+    _emit(emit, text)
+
+
+def _emit(path: str | None, text: str) -> None:
+    if path is None:
+        sys.stdout.buffer.write(text.encode("utf-8", "surrogateescape"))
+    else:
+        shell.write_private(path, text)
+
+
+def _node_count(parsed: Any, env: Mapping[str, str], dry: bool, given: int | None) -> int:
+    """The job's node count: Slurm's inside a real job (a -N after the script is refused there: a job
+    that silently ran on another number of nodes is worse than one that did not start); the dry run's
+    -N, else the allocation's, else 2."""
+    if given is not None:
+        return given
+    if parsed.nodes and not (parsed.nodes.isdigit() and int(parsed.nodes) >= 1):
+        raise usage_error(f"-N '{parsed.nodes}' is not a node count; --help lists every option")
+    in_job = env.get("SLURM_JOB_NUM_NODES", "")
+    if parsed.nodes and env.get("SLURM_JOB_ID") and not dry:
+        raise usage_error(
+            f"-N {parsed.nodes} after the script is the dry run's node count, not sbatch's: put it before "
+            f"the script (sbatch -N {parsed.nodes} sbatch/multi.sbatch ...); this job has {in_job or '?'} "
+            "node(s); --help lists every option"
+        )
+    text = parsed.nodes or in_job or ("2" if dry else "1")
+    return int(text) if text.isdigit() and int(text) >= 1 else 1
+
+
+def settings_shown(resolved: Any, numbers: Mapping[str, str]) -> list[str]:
+    """The dry run's settings: only those set, or different from the default, each with where its value
+    came from (`--timeout`, `SM_TIMEOUT`, `MAD_DOCKER_BUILDS`, `sbatch (SLURM_NTASKS_PER_NODE)`,
+    `the manifest`); secrets masked."""
+    from slurm_multi import settings as table
+    from slurm_multi.context import DEFAULT_MASTER_PORT, DEFAULT_TIMEOUT
+
+    built_in = {"SM_TIMEOUT": DEFAULT_TIMEOUT, "SM_MASTER_PORT": DEFAULT_MASTER_PORT, "SM_LAUNCHER": "none",
+                "SM_NPROC_PER_NODE": "1"}  # fmt: skip
+    lines = []
+    for s in table.TABLE:
+        value = numbers.get(s.name) or resolved.values.get(s.name, "")
+        source = resolved.label(s.name)
+        if s.name in numbers and not source:
+            # Resolved with the manifest: shown when the manifest changed it from the built-in value.
+            source = "default" if value == built_in.get(s.name) else "the manifest"
+        if not value or source == "default":
+            continue
+        shown = MASK if is_secret_name(s.name) else value
+        lines.append(f"{(s.option or s.name):<26} {shown}   (from {source})")
+    return lines
 
 
 # ---- the watch loop ------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ setup() {
   run bash "${REPO_ROOT}/sbatch/multi.sbatch" --manifest "${m}" --verbose
   assert_output "slurm-multi: unknown option '--verbose'; --help lists every option"
   run bash "${REPO_ROOT}/sbatch/multi.sbatch" --manifest "${m}" --image-cache
-  assert_output "slurm-multi: option --image-cache needs a value; --help lists every option"
+  assert_output "slurm-multi: option --image-cache needs a value (DIR); --help lists every option"
   # --opt=value and a later --opt value of the same option: the last wins, nothing is skipped.
   run bash "${REPO_ROOT}/sbatch/multi.sbatch" --dry-run -N 1 --manifest "${m}" --hang-timeout=5 --hang-timeout -5
   assert_failure 2
@@ -97,7 +97,7 @@ setup() {
   assert_output --partial "MAD_COLLECT_METRICS=false"
   assert_output --partial "mounts and options (after de-duplication)"
   assert_output --partial "TOY_MODE=demo"
-  assert_output --partial "SM_BARRIER_TOKEN     *** (given)"
+  assert_output --regexp "SM_BARRIER_TOKEN +\*\*\*   \(from MAD_BARRIER_TOKEN\)"
   refute_output --partial hf_dryrun_secret_value
   refute_output --partial barrier-secret-value-123
   assert_file_not_exists "${BATS_TEST_TMPDIR}/docker-called"
@@ -149,14 +149,16 @@ setup() {
   assert_output --regexp "busybox:latest sh -c echo\\\\ \\\\\"hi\\\\ there\\\\\""
 }
 
-@test "command line beats environment beats defaults, and madengine aliases fill ours" {
-  export SM_TIMEOUT=77 MAD_DOCKER_BUILDS=/shared/cache MAD_COLLECT_METRICS=false
+@test "command line beats environment beats defaults, and madengine aliases fill ours: the dry run says which" {
+  export SM_TIMEOUT=77 MAD_DOCKER_BUILDS=/shared/cache MAD_COLLECT_METRICS=false SM_HANG_TIMEOUT=60
   run bash "${REPO_ROOT}/sbatch/multi.sbatch" --dry-run -N 2 --image x --timeout 99
   assert_success
-  assert_output --regexp "SM_TIMEOUT +99"
-  assert_output --regexp "SM_IMAGE_CACHE +/shared/cache"
-  assert_output --regexp "SM_COLLECT +false"
-  assert_output --regexp "SM_BARRIER_TIMEOUT +600"
+  assert_output --regexp "  --timeout +99   \(from --timeout\)"
+  assert_output --regexp "  --image-cache +/shared/cache   \(from MAD_DOCKER_BUILDS\)"
+  assert_output --regexp "  --collect +false   \(from MAD_COLLECT_METRICS\)"
+  assert_output --regexp "  --hang-timeout +60   \(from SM_HANG_TIMEOUT\)"
+  # A default is not repeated: --help lists every one.
+  refute_output --partial "--barrier-timeout"
 }
 
 @test "a helper interpreter without click, or not executable, stops the plan with one line naming it" {
@@ -206,7 +208,7 @@ SCRIPT
 [ "$1 $2" = "show config" ] && printf 'KillWait                = %s sec\n' "${FAKE_KILLWAIT}"
 SH
   chmod +x shim/scontrol
-  local lib="for lib in log util settings teardown launch job; do source ${REPO_ROOT}/lib/\${lib}.sh; done; SM_STOP_GRACE=30"
+  local lib="for lib in log util settings teardown launch job; do source ${REPO_ROOT}/lib/\${lib}.sh; done; SM_STOP_GRACE=30 settings::resolve_env"
   run bash -c "${lib}; job::reap_timeout"
   assert_output 60
   FAKE_KILLWAIT=60 run bash -c "${lib}; JOB_SIGNAL_AT=\${SECONDS}; job::reap_timeout"
@@ -220,4 +222,17 @@ SH
   # lies between them; 1 CI run in ~20 saw 4): 40 s spent leaves 5, 41 s leave 4, nothing else.
   FAKE_KILLWAIT=60 run bash -c "${lib}; JOB_SIGNAL_AT=\$((SECONDS - 40)); job::reap_timeout"
   assert_regex "${output}" '^[45]$'
+}
+
+@test "the dry run says, per runtime, what watches and stops the ranks" {
+  run bash "${REPO_ROOT}/sbatch/multi.sbatch" --dry-run --image x --runtime docker --hang-timeout 45 -- true
+  assert_success
+  assert_output --regexp "hang watch +a rank with no new output line and no CPU for 45 s after GO fails the job"
+  assert_output --regexp "stop +docker stop -t 30 per node"
+  run bash "${REPO_ROOT}/sbatch/multi.sbatch" --dry-run --image x --runtime pyxis -- true
+  assert_output --regexp "hang watch +NOT under pyxis yet"
+  assert_output --regexp "stop +SIGTERM to each rank's step; Slurm SIGKILLs it after its KillWait"
+  run bash "${REPO_ROOT}/sbatch/multi.sbatch" --dry-run --image x --runtime none --hang-timeout 0 -- true
+  assert_output --regexp "hang watch +off \(--hang-timeout 0\)"
+  assert_output --regexp "stop +SIGTERM to the workload's process tree, SIGKILL after --stop-grace 30 s"
 }

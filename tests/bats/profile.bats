@@ -58,7 +58,7 @@ libs() {
     # shellcheck source=/dev/null
     source "${REPO_ROOT}/lib/${lib}.sh"
   done
-  SM_PYTHON=${SM_PYTHON} settings::apply_defaults
+  SM_PYTHON=${SM_PYTHON} settings::resolve_env
 }
 
 # step_argv RUNTIME PROFILE: the worker step's argv, one word per line, the checkout shown as <repo>.
@@ -76,7 +76,10 @@ step_argv() {
     libs
     # The pyxis step takes the image, mounts, env and workload from the job plan (job.json's helper).
     JOB_NODES=(node1 node2)
-    job::plan >/dev/null 2>&1 || exit 1
+    # A dry run's plan: the same values, no job dir written.
+    local plan_args=()
+    ((${#SM_CMD[@]} == 0)) || plan_args=(-- "${SM_CMD[@]}")
+    SM_DRY_RUN=1 job::plan "${plan_args[@]}" >/dev/null 2>&1 || exit 1
     launch::step_argv || exit 1
     printf '%s\n' "${LAUNCH_ARGV[@]}" | sed "s|${REPO_ROOT}|<repo>|g"
   )
@@ -98,7 +101,10 @@ rank_argv() {
     # shellcheck source=/dev/null
     for lib in image run node; do source "${REPO_ROOT}/lib/${lib}.sh"; done
     JOB_NODES=(node1 node2)
-    job::plan >/dev/null 2>&1 || exit 1
+    # A dry run's plan: the same values, no job dir written.
+    local plan_args=()
+    ((${#SM_CMD[@]} == 0)) || plan_args=(-- "${SM_CMD[@]}")
+    SM_DRY_RUN=1 job::plan "${plan_args[@]}" >/dev/null 2>&1 || exit 1
     export SM_JOBDIR SM_NODE_DIR=${BATS_TEST_TMPDIR}/node_1
     mkdir -p "${SM_NODE_DIR}" prep
     util::helper node prepare --scratch prep --no-detect --node-scratch /scratch/r1 >/dev/null 2>&1 || exit 1
@@ -219,7 +225,7 @@ assert_golden() {
   assert_output --partial "--profile-stop-iter must not be before --profile-start-iter"
   run dry --profile nsys --flush-settle-seconds 1m
   assert_failure 2
-  assert_output --partial "--flush-settle-seconds '1m': expected a whole number of seconds (SM_FLUSH_SETTLE_SECONDS)"
+  assert_output --partial "--flush-settle-seconds '1m': expected a whole number of seconds, 0 or more (SM_FLUSH_SETTLE_SECONDS)"
   run dry --profile nsys --flush-timeout-seconds -5
   assert_failure 2
   run dry --ntasks-per-node 4
@@ -247,7 +253,7 @@ assert_golden() {
   assert_output --partial "--profile-stop-grace 29 is shorter than --flush-settle-seconds 30"
   run dry --profile nsys --profile-stop-grace 1m
   assert_failure 2
-  assert_output --partial "--profile-stop-grace '1m': expected a whole number of seconds (SM_PROFILE_STOP_GRACE)"
+  assert_output --partial "--profile-stop-grace '1m': expected a whole number of seconds, 0 or more (SM_PROFILE_STOP_GRACE)"
   run dry --profile nsys --flush-settle-seconds 30 --profile-stop-grace 30
   assert_success
   # Without profiling there is no report to protect.
@@ -338,7 +344,7 @@ assert_golden() {
 @test "the node's docker argv under nsys: report dir at the same path, host nsys read-only, window env by name" {
   run --separate-stderr bash -c '
     for lib in log util settings image run node profile launch; do source "${REPO_ROOT}/lib/${lib}.sh"; done
-    settings::apply_defaults
+    settings::resolve_env
     export SM_PROFILE=nsys SM_RUNTIME=docker SM_NSYS_HOST_PATH=${REPO_ROOT}/tests/fakes/nsys SLURM_JOB_ID=4242
     export SM_JOBDIR=${BATS_TEST_TMPDIR}/job SM_NODE_DIR=${BATS_TEST_TMPDIR}/job/node_1 SM_RANK=1 SLURM_PROCID=1
     export SM_SCRATCH=/scratch/r1 SM_IMAGE=toy/model:local SM_GPU_VENDOR=none TLLM_PROFILE_START_STOP=5-9
@@ -362,7 +368,7 @@ node_stop_grace() {
   : >"${TRACE}"
   env "$@" bash -c '
     for lib in log util settings image run node profile launch; do source "${REPO_ROOT}/lib/${lib}.sh"; done
-    settings::apply_defaults
+    settings::resolve_env
     export SM_RUNTIME=${SM_RUNTIME:-docker} SLURM_JOB_ID=4242 SM_JOBDIR=${BATS_TEST_TMPDIR}/job SM_RANK=1 SLURM_PROCID=1
     export SM_NODE_DIR=${SM_JOBDIR}/node_1
     mkdir -p "${SM_NODE_DIR}"
@@ -511,7 +517,9 @@ e2e_json() { "${SM_PYTHON}" -c 'import json, sys; d = json.load(open(sys.argv[1]
   mkdir -p badhome/bin
   printf '#!/bin/sh\necho srun-called >>%q/srun-called\n' "${BATS_TEST_TMPDIR}" >shim/srun
   chmod +x shim/srun
-  NSIGHT_HOME_OVERRIDE=${PWD}/badhome run nsight_batch profile::before_steps
+  # The job plan checks the install (slurm_multi.settings): the batch step stops before anything runs.
+  SLURM_JOB_ID=4242 SLURM_JOB_NUM_NODES=1 run bash "${REPO_ROOT}/sbatch/multi.sbatch" --runtime none \
+    --profile nsight-slurm --nsight-slurm-home "${PWD}/badhome" --out "${PWD}/out" -- true
   assert_failure 2
   assert_output --partial "badhome/bin/nsight-slurm is missing or not executable"
   assert_file_not_exists "${BATS_TEST_TMPDIR}/srun-called"

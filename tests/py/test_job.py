@@ -30,9 +30,9 @@ TOY = REPO / "examples" / "toy" / "build_manifest.json"
 def _reachable_host_name(monkeypatch: pytest.MonkeyPatch) -> None:
     """These tests check prepare's files byte for byte: whatever this machine's own name resolves
     to (127.0.1.1 on Debian) must not add GLOO_SOCKET_IFNAME (tests/py/test_barrier.py covers that)."""
-    from slurm_multi import barrier
+    from slurm_multi import net
 
-    monkeypatch.setattr(barrier, "self_name_quirk", lambda host: "")
+    monkeypatch.setattr(net, "self_name_quirk", lambda host: "")
 
 
 def write_manifest(path: Path, context: dict | None = None, model: dict | None = None) -> Path:
@@ -148,7 +148,7 @@ def test_plan_writes_job_json_with_every_setting_and_the_manifest_values_secrets
 
 @pytest.mark.parametrize(
     ("runtime", "ours", "sbatch", "expected"),
-    [("none", None, "2", 2), ("pyxis", "3", "2", 3), ("none", None, None, 1), ("docker", "4", "2", 1)],
+    [("none", None, "2", 2), ("pyxis", "3", "2", 3), ("none", None, None, 1), ("docker", None, "1", 1)],
 )
 def test_job_json_counts_the_ranks_per_node_from_our_option_else_sbatchs(
     tmp_path: Path, runtime: str, ours: str | None, sbatch: str | None, expected: int

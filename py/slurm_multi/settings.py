@@ -1,0 +1,583 @@
+"""Every setting of the toolkit, in one table: option, environment variable, aliases, default, type,
+validation and help. Nobody else defines a default.
+
+The batch step hands its whole argv to `slurm-multi job plan`, which parses it here against the
+environment (our option > our variable > a madengine alias > Slurm's own option where one applies >
+the default), validates every value (the profiling checks included) with one line naming the flag
+the user typed, and emits the resolved values for bash to export to every node. `--help`, the dry
+run's settings, docs/options.md and job.json come from this table; tests check README.md against it.
+
+Click-free: `python -S -m slurm_multi.settings env` resolves the environment alone (a stage re-run
+by hand on a node), fast.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+# Exit status of a usage error (slurm_multi.EXIT_USAGE; not imported: this module starts with -S).
+EXIT_USAGE = 2
+
+
+class SettingsError(Exception):
+    """A value the user gave that cannot work: one line, exit 2."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str  # SM_*
+    option: str | None  # --flag, or None for an environment-only knob
+    metavar: str  # FILE, SECONDS, cache|relay|auto ...
+    default: str  # "" when none (or resolved elsewhere: default_doc says where)
+    help: str
+    kind: str = "text"  # text, seconds, port, choice, bool, count, whole, name, abs-path
+    choices: tuple[str, ...] = ()
+    aliases: tuple[str, ...] = ()  # madengine's names for the same variable
+    slurm: str = ""  # the Slurm input variable that gives it when ours is unset (sbatch's option)
+    default_doc: str = ""  # how the default is resolved, when it is not a constant
+    core: bool = False  # shown in README's table of core options
+
+    @property
+    def shown_default(self) -> str:
+        return self.default_doc or self.default
+
+
+S = Setting
+BOOL = ("true", "false", "1", "0", "yes", "no")
+TABLE: tuple[Setting, ...] = (
+    S("SM_MANIFEST", "--manifest", "FILE", "",
+      "madengine build_manifest.json to restore the run context from", core=True),
+    S("SM_MODEL", "--model", "NAME", "", "model key or name in the manifest (needed when it has several)",
+      core=True),
+    S("SM_IMAGE", "--image", "IMAGE", "", "docker image to run (instead of, or overriding, the manifest's)",
+      core=True),
+    S("SM_MODEL_DIR", "--model-dir", "DIR", "",
+      "the model checkout the manifest's scripts are relative to", default_doc="the manifest's directory"),
+    S("SM_MODEL_ARGS", "--model-args", "ARGS", "", "the model script's arguments, one quoted string",
+      default_doc="the manifest's args"),
+    S("SM_LAUNCHER", "--launcher", "NAME", "",
+      "distributed launcher for MAD_MULTI_NODE_RUNNER: torchrun, torchtitan, deepspeed, megatron, vllm, "
+      "sglang, sglang-disagg, primus or none (see docs/madengine.md)",
+      default_doc="the manifest's distributed.launcher"),
+    S("SM_NPROC_PER_NODE", "--nproc-per-node", "N", "", "processes the launcher starts per node",
+      kind="count", default_doc="the manifest's distributed.nproc_per_node, else the node's GPUs, else 1"),
+    S("SM_IMAGE_CACHE", "--image-cache", "DIR", "",
+      "shared directory for image tars (pyxis: squashfs files); the same path on every node",
+      kind="abs-path", aliases=("MAD_DOCKER_BUILDS",), core=True),
+    S("SM_IMAGE_TRANSPORT", "--image-transport", "cache|relay|auto", "auto",
+      "how a cold image reaches the workers: relay (streamed node to node while rank 0 saves; no shared "
+      "storage needed), cache (rank 0 saves a tar, then the workers load it), auto (relay unless the "
+      "cache already holds the image)", kind="choice", choices=("cache", "relay", "auto")),
+    S("SM_RELAY_FANOUT", "--relay-fanout", "K", "1",
+      "relay topology: 1 is a chain, K a tree where every node forwards to K others", kind="count"),
+    S("SM_OUT", "--out", "DIR", "./slurm_output", "where job outputs go: <out>/<model>/<jobid>/", core=True),
+    S("SM_TIMEOUT", "--timeout", "SECONDS", "", "workload time limit per node (0 = none)", kind="seconds",
+      default_doc="the manifest model's timeout, else 3600", core=True),
+    S("SM_HANG_TIMEOUT", "--hang-timeout", "SECONDS", "900",
+      "a rank with no new output line and no CPU for this long after GO is hung: the job fails naming it "
+      "(0 = off)", kind="seconds", core=True),
+    S("SM_IMAGE_TIMEOUT", "--image-timeout", "SECONDS", "1800",
+      "how long rank 0 may take to obtain the image (local, cache, rebuild, save)", kind="seconds"),
+    S("SM_BARRIER_TIMEOUT", "--barrier-timeout", "SECONDS", "600",
+      "how long every worker has to arrive once rank 0 released its image", kind="seconds"),
+    S("SM_MASTER_PORT", "--master-port", "PORT", "",
+      "MASTER_PORT for the workload; the barrier port derives from it", kind="port",
+      default_doc="the manifest's distributed.port, else 29500"),
+    S("SM_PROFILE", "--profile", "none|nsys|nsight-slurm", "none",
+      "profile every rank (see docs/profiling.md)", kind="choice", choices=("none", "nsys", "nsight-slurm"),
+      core=True),
+    S("SM_RUNTIME", "--runtime", "docker|pyxis|none", "docker", "how each node runs the workload",
+      kind="choice", choices=("docker", "pyxis", "none"), core=True),
+    S("SM_NTASKS_PER_NODE", "--ntasks-per-node", "N", "1",
+      "ranks per node (pyxis, none: each task is a rank; docker runs one container per node)", kind="count",
+      slurm="SLURM_NTASKS_PER_NODE", default_doc="sbatch's --ntasks-per-node, else 1"),
+    S("SM_CONTAINER_IMAGE", "--container-image", "IMAGE", "", "pyxis: srun --container-image",
+      default_doc="the image"),
+    S("SM_FRAMEWORK", "--framework", "NAME", "",
+      "the workload's framework, e.g. trtllm (enables cuda-api and capture ranges)", kind="name"),
+    S("SM_PROFILE_START_ITER", "--profile-start-iter", "N", "",
+      "profile window start (TLLM_PROFILE_START_STOP=<start>-<stop>)", kind="whole"),
+    S("SM_PROFILE_STOP_ITER", "--profile-stop-iter", "N", "", "profile window stop (give both or neither)",
+      kind="whole"),
+    S("SM_PROFILE_TOOL_OPTIONS", "--profile-tool-options", "OPTS", "", "nsys options, one quoted string",
+      default_doc="the TRT-LLM playbook set"),
+    S("SM_PROFILE_DIR", "--profile-dir", "DIR", "", "where reports go",
+      default_doc="<jobdir>/profile; nsight-slurm: <jobdir>"),
+    S("SM_NSYS_PATH", "--nsys-path", "PATH", "nsys",
+      "nsys inside the container (docker, pyxis) or on the node (none)"),
+    S("SM_NSYS_HOST_PATH", "--nsys-host-path", "FILE", "",
+      "a host nsys, mounted read-only at /opt/slurm-multi/bin/nsys and used"),
+    S("SM_NSIGHT_SLURM_HOME", "--nsight-slurm-home", "DIR", "",
+      "Nsight Cloud for Slurm install root (<home>/bin/nsight-slurm)"),
+    S("SM_NSIGHT_SLURM_MODE", "--nsight-slurm-mode", "MODE", "", "at-launch, manual or cuda-api",
+      default_doc="cuda-api with --framework trtllm, else at-launch"),
+    S("SM_NSIGHT_SLURM_TOOL_PATH", "--nsight-slurm-tool-path", "PATH", "/usr/local/bin/nsys",
+      "nsys as the nsight-slurm connector runs it"),
+    S("SM_NVTX_INJECTION_PATH", "--nvtx-injection-path", "PATH", "", "NVTX_INJECTION64_PATH for the workers"),
+    S("SM_FLUSH_SETTLE_SECONDS", "--flush-settle-seconds", "S", "60",
+      "a report counts once its byte size is unchanged this long", kind="seconds"),
+    S("SM_FLUSH_TIMEOUT_SECONDS", "--flush-timeout-seconds", "S", "600",
+      "stop waiting for reports after this long", kind="seconds"),
+    S("SM_PROFILE_OPTIONAL", "--profile-optional", "true|false", "false",
+      "a profiled job whose reports are missing, empty or unsettled still succeeds (the summary says "
+      "INCOMPLETE); by default it fails", kind="bool"),
+    S("SM_PROFILE_STOP_GRACE", "--profile-stop-grace", "SECONDS", "",
+      "docker stop grace for a profiled container (never below the settle window)", kind="seconds",
+      default_doc="flush settle + 15"),
+    S("SM_COLLECT", "--collect", "true|false", "true", "aggregate results at the end of the job", kind="bool",
+      aliases=("MAD_COLLECT_METRICS",)),
+    S("SM_PERF_CSV", "--perf-csv", "PATH", "",
+      "also append this job's rows to a madengine perf.csv kept across runs (locked)"),
+    S("SM_STOP_GRACE", "--stop-grace", "SECONDS", "30",
+      "SIGTERM-to-SIGKILL grace when a container is stopped", kind="seconds"),
+    S("SM_PEER_GRACE", "--peer-grace", "SECONDS", "30",
+      "after one node fails, how long the others may run on", kind="seconds"),
+    # Environment only: secrets and tuning knobs (no option; --help lists them).
+    S("SM_BARRIER_TOKEN", None, "TOKEN", "", "the barrier's shared secret", aliases=("MAD_BARRIER_TOKEN",),
+      default_doc="generated per job"),
+    S("SM_CACHE_LOCK_TIMEOUT", None, "SECONDS", "900", "how long a node waits for the image cache's lock",
+      kind="seconds"),
+    S("SM_PROGRESS_SECONDS", None, "SECONDS", "15", "how often the batch log says what the nodes are doing",
+      kind="count"),
+    S("SM_COLLECT_MARGIN", None, "SECONDS", "15",
+      "after scancel, the seconds of Slurm's KillWait kept for collecting the results", kind="seconds"),
+    S("SM_KEEP_SCRATCH", None, "0|1", "0", "keep each node's scratch dir after the job (debugging)",
+      kind="bool"),
+)  # fmt: skip
+del S
+
+BY_NAME: dict[str, Setting] = {s.name: s for s in TABLE}
+BY_OPTION: dict[str, Setting] = {s.option: s for s in TABLE if s.option}
+
+
+# ---- parsing the batch step's argv ---------------------------------------------------------------
+
+
+@dataclass
+class Parsed:
+    """What the user typed after the script."""
+
+    given: dict[str, str] = field(default_factory=dict)  # SM_* -> value, from options
+    typed: dict[str, str] = field(default_factory=dict)  # SM_* -> the flag as typed (for errors)
+    command: list[str] = field(default_factory=list)
+    help: bool = False
+    dry_run: bool = False
+    nodes: str = ""  # -N as given (the dry run's node count)
+
+
+def parse_argv(argv: Sequence[str]) -> Parsed:
+    """Our options into SM_* values; the command after -- as is. SettingsError on a typo."""
+    out = Parsed()
+    words = list(argv)
+    i = 0
+    while i < len(words):
+        arg = words[i]
+        i += 1
+        if arg in ("-h", "--help"):
+            out.help = True
+            continue
+        if arg == "--dry-run":
+            out.dry_run = True
+            continue
+        if arg == "--":
+            out.command = words[i:]
+            break
+        if arg in ("-N", "--nodes"):
+            if i >= len(words):
+                raise SettingsError(f"{arg} needs a node count")
+            out.nodes = words[i]
+            i += 1
+            continue
+        if arg.startswith("--nodes=") or (arg.startswith("-N") and not arg.startswith("--")):
+            out.nodes = arg.split("=", 1)[1] if arg.startswith("--nodes=") else arg[2:]
+            continue
+        if not arg.startswith("--"):
+            raise SettingsError(f"unexpected argument '{arg}' (the workload command goes after --)")
+        flag, eq, value = arg.partition("=")
+        setting = BY_OPTION.get(flag)
+        if setting is None:
+            near = closest_option(flag)
+            raise SettingsError(f"unknown option '{flag}'" + (f" (did you mean {near}?)" if near else ""))
+        if not eq:
+            if i >= len(words):
+                raise SettingsError(f"option {flag} needs a value ({setting.metavar})")
+            value = words[i]
+            i += 1
+        out.given[setting.name] = value
+        out.typed[setting.name] = flag
+    return out
+
+
+def closest_option(word: str) -> str:
+    """The known option nearest to a mistyped one (edit distance at most a third of its length, at
+    least 2), for "did you mean"; "" when none is that close."""
+    limit = max(len(word) // 3, 2)
+    best, best_d = "", limit + 1
+    for option in BY_OPTION:
+        d = _distance(word, option)
+        if d < best_d:
+            best, best_d = option, d
+    return best
+
+
+def _distance(a: str, b: str) -> int:
+    prev = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        cur = [i]
+        for j, cb in enumerate(b, 1):
+            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
+        prev = cur
+    return prev[-1]
+
+
+# ---- resolving -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Resolved:
+    values: dict[str, str]  # every setting, "" where unset
+    source: dict[str, str]  # SM_* -> where its value came from ("--timeout", "SM_TIMEOUT", "default", ...)
+
+    def label(self, name: str) -> str:
+        return self.source.get(name, "")
+
+
+def resolve(env: Mapping[str, str], given: Mapping[str, str] | None = None,
+            typed: Mapping[str, str] | None = None) -> Resolved:  # fmt: skip
+    """Our option > our variable > a madengine alias > Slurm's own option > the default."""
+    given = given or {}
+    typed = typed or {}
+    values: dict[str, str] = {}
+    source: dict[str, str] = {}
+    for s in TABLE:
+        if s.name in given:
+            values[s.name], source[s.name] = given[s.name], typed.get(s.name, s.option or s.name)
+            continue
+        if env.get(s.name):
+            values[s.name], source[s.name] = env[s.name], s.name
+            continue
+        alias = next((a for a in s.aliases if env.get(a)), None)
+        if alias:
+            values[s.name], source[s.name] = env[alias], alias
+        elif s.slurm and env.get(s.slurm):
+            values[s.name], source[s.name] = _slurm_value(env[s.slurm]), f"sbatch ({s.slurm})"
+        elif s.default:
+            values[s.name], source[s.name] = s.default, "default"
+        else:
+            values[s.name] = ""
+    return Resolved(values, source)
+
+
+def _slurm_value(text: str) -> str:
+    """SLURM_NTASKS_PER_NODE as Slurm writes it for a heterogeneous count ("2(x3)"): its first count."""
+    match = re.match(r"\d+", text)
+    return match.group(0) if match else text
+
+
+# ---- validation ----------------------------------------------------------------------------------
+
+
+def flag_of(r: Resolved, name: str) -> str:
+    """How the user gave NAME: the flag they typed, else the variable that set it."""
+    src = r.label(name)
+    if src.startswith("--"):
+        return src
+    setting = BY_NAME.get(name)
+    if src and src != "default" and not src.startswith("sbatch"):
+        return f"{setting.option} (from {src})" if setting and setting.option else src
+    if src.startswith("sbatch"):
+        return "sbatch --ntasks-per-node" if name == "SM_NTASKS_PER_NODE" else src
+    return setting.option if setting and setting.option else name
+
+
+def _check_kind(r: Resolved, s: Setting) -> None:
+    value = r.values[s.name]
+    if value == "":
+        return
+    flag = flag_of(r, s.name)
+    if s.kind == "seconds" and not value.isdigit():
+        raise SettingsError(f"{flag} '{value}': expected a whole number of seconds, 0 or more ({s.name})")
+    if s.kind == "whole" and not value.isdigit():
+        raise SettingsError(f"{flag} '{value}': expected a whole number, 0 or more ({s.name})")
+    if s.kind == "count" and not (value.isdigit() and int(value) >= 1):
+        raise SettingsError(f"{flag} '{value}': expected a whole number >= 1 ({s.name})")
+    if s.kind == "port" and not (value.isdigit() and 1 <= int(value) <= 65535):
+        raise SettingsError(f"{flag} '{value}' is not a TCP port (1-65535)")
+    if s.kind == "choice" and value not in s.choices:
+        raise SettingsError(f"{flag} '{value}': expected {_one_of(s.choices)}")
+    if s.kind == "bool" and value.lower() not in BOOL:
+        raise SettingsError(f"{flag} '{value}': expected true or false")
+    if s.kind == "abs-path" and not value.startswith("/"):
+        raise SettingsError(
+            f"{flag} '{value}' must be absolute: every node resolves it, each from its own working "
+            "directory (give the same shared directory on every node, e.g. /shared/sm-cache)"
+        )
+    if s.kind == "name" and not re.fullmatch(r"[a-z0-9_.-]+", value):
+        raise SettingsError(f"{flag} '{value}': expected a lowercase name such as trtllm")
+
+
+def _one_of(choices: Sequence[str]) -> str:
+    return ", ".join(choices[:-1]) + f" or {choices[-1]}" if len(choices) > 1 else choices[0]
+
+
+def truthy(value: str) -> bool:
+    return value.lower() in ("true", "1", "yes")
+
+
+# The TRT-LLM profiling playbook's nsys output flags are ours; the connector owns its own.
+_OUTPUT_FLAGS = ("-o", "--output")
+_CONNECTOR_FLAGS = ("-f", "--force-overwrite", "-c", "--capture-range", "--capture-range-end", "-Y",
+                    "--start-later")  # fmt: skip
+
+
+def _owned(word: str, flags: Sequence[str]) -> bool:
+    for flag in flags:
+        if word == flag or word.startswith(flag + "=") or (len(flag) == 2 and word.startswith(flag)):
+            return True
+    return False
+
+
+def nsight_mode(values: Mapping[str, str]) -> str:
+    """The nsight-slurm mode: ours, else cuda-api for TRT-LLM, else at-launch."""
+    if values.get("SM_NSIGHT_SLURM_MODE"):
+        return values["SM_NSIGHT_SLURM_MODE"]
+    return "cuda-api" if values.get("SM_FRAMEWORK") == "trtllm" else "at-launch"
+
+
+PROFILE_STOP_GRACE_MARGIN = 15  # lib/profile.sh's default profiled stop grace: settle + this
+
+
+def validate(r: Resolved, has_command: bool = False, host: str = "") -> None:
+    """Every value that cannot work, as one SettingsError line (first one found)."""
+    v = r.values
+    for s in TABLE:
+        _check_kind(r, s)
+    if v["SM_MANIFEST"] and not os.access(v["SM_MANIFEST"], os.R_OK):
+        raise SettingsError(f"{flag_of(r, 'SM_MANIFEST')} {v['SM_MANIFEST']}: no such readable file")
+    if not v["SM_MANIFEST"] and not v["SM_IMAGE"] and not (v["SM_RUNTIME"] == "none" and has_command):
+        raise SettingsError(
+            "nothing to run: give --manifest FILE or --image IMAGE (or, with --runtime none, -- CMD)"
+        )
+    _validate_runtime(r)
+    _validate_profile(r, host or os.uname().nodename)
+
+
+def _validate_runtime(r: Resolved) -> None:
+    v = r.values
+    tasks = v["SM_NTASKS_PER_NODE"]
+    if v["SM_RUNTIME"] == "docker" and tasks not in ("", "1"):
+        raise SettingsError(
+            f"{flag_of(r, 'SM_NTASKS_PER_NODE')} {tasks} with --runtime docker: the docker runtime runs one "
+            "container per node; start the ranks inside it, or use --runtime pyxis or none"
+        )
+    if v["SM_RUNTIME"] == "pyxis":
+        # pyxis reads --container-mounts as SRC:DST[:FLAGS],...: a comma in a path would split it.
+        for name in ("SM_OUT", "SM_PROFILE_DIR", "SM_NSIGHT_SLURM_HOME", "SM_NSYS_HOST_PATH"):
+            if "," in v[name]:
+                raise SettingsError(
+                    f"{flag_of(r, name)} '{v[name]}': pyxis cannot mount a path with a comma; choose another"
+                )
+
+
+def _validate_profile(r: Resolved, host: str) -> None:
+    v = r.values
+    start, stop = v["SM_PROFILE_START_ITER"], v["SM_PROFILE_STOP_ITER"]
+    if (start or stop) and not (start and stop):
+        raise SettingsError(
+            f"profile window '{start}'-'{stop}': give both --profile-start-iter and --profile-stop-iter as "
+            "iteration numbers"
+        )
+    if start and int(stop) < int(start):
+        raise SettingsError(
+            f"profile window {start}-{stop}: --profile-stop-iter must not be before --profile-start-iter"
+        )
+    try:
+        words = shlex.split(v["SM_PROFILE_TOOL_OPTIONS"])
+    except ValueError:
+        raise SettingsError(
+            f"--profile-tool-options '{v['SM_PROFILE_TOOL_OPTIONS']}': unbalanced quotes"
+        ) from None
+    profile = v["SM_PROFILE"]
+    settle = v["SM_FLUSH_SETTLE_SECONDS"]
+    grace = v["SM_PROFILE_STOP_GRACE"]
+    if profile != "none" and grace and int(grace) < int(settle):
+        raise SettingsError(
+            f"--profile-stop-grace {grace} is shorter than --flush-settle-seconds {settle}: docker stop "
+            f"would SIGKILL nsys while it writes its report; give at least {settle} (or leave it unset: "
+            f"settle + {PROFILE_STOP_GRACE_MARGIN} s)"
+        )
+    if profile == "none":
+        return
+    for word in words:
+        if _owned(word, _OUTPUT_FLAGS):
+            raise SettingsError(
+                f"--profile-tool-options '{word}': the output name is slurm-multi's (one report per rank "
+                "under the report dir); drop it and use --profile-dir to move the reports"
+            )
+    if profile == "nsight-slurm":
+        _validate_nsight(r, words)
+    path = v["SM_NSYS_HOST_PATH"]
+    if path and not (os.path.isfile(path) and os.access(path, os.X_OK)):
+        raise SettingsError(
+            f"--nsys-host-path {path}: not an executable file on {host}; give the path of an nsys binary on "
+            "shared storage"
+        )
+
+
+def _validate_nsight(r: Resolved, words: Sequence[str]) -> None:
+    v = r.values
+    if v["SM_RUNTIME"] == "docker":
+        raise SettingsError(
+            "--profile nsight-slurm cannot run with --runtime docker: nsight-slurm profiles the srun task "
+            "itself, and with docker that task is the docker client, not the workload; use --runtime pyxis "
+            "(containers) or --runtime none (bare metal)"
+        )
+    home = v["SM_NSIGHT_SLURM_HOME"]
+    if not home:
+        raise SettingsError(
+            "--profile nsight-slurm needs --nsight-slurm-home DIR (the install root holding bin/nsight-slurm)"
+        )
+    if not home.startswith("/"):
+        raise SettingsError(f"--nsight-slurm-home '{home}' must be an absolute path (every node resolves it)")
+    for tool in ("nsight-slurm", "nsight-slurm-connector"):
+        path = os.path.join(home, "bin", tool)
+        if not (os.path.isfile(path) and os.access(path, os.X_OK)):
+            raise SettingsError(
+                f"--nsight-slurm-home {home}: {path} is missing or not executable; install Nsight Cloud for "
+                "Slurm there (on shared storage) or fix --nsight-slurm-home"
+            )
+    mode = nsight_mode(v)
+    if mode not in ("at-launch", "manual", "cuda-api"):
+        raise SettingsError(f"--nsight-slurm-mode '{mode}': expected at-launch, manual or cuda-api")
+    if mode == "cuda-api" and v["SM_FRAMEWORK"] != "trtllm":
+        raise SettingsError(
+            "--nsight-slurm-mode cuda-api needs a framework that calls cudaProfilerStart/Stop (--framework "
+            f"trtllm); for '{v['SM_FRAMEWORK'] or 'no framework'}' use at-launch or manual"
+        )
+    if not v["SM_NSIGHT_SLURM_TOOL_PATH"].startswith("/"):
+        raise SettingsError(
+            f"--nsight-slurm-tool-path '{v['SM_NSIGHT_SLURM_TOOL_PATH']}' must be an absolute path to nsys "
+            "on the nodes"
+        )
+    for word in words:
+        if _owned(word, _CONNECTOR_FLAGS):
+            raise SettingsError(
+                f"--profile-tool-options '{word}': the nsight-slurm connector owns this flag (capture range "
+                "and start come from --nsight-slurm-mode); drop it"
+            )
+
+
+# ---- what people read: --help, docs/options.md ---------------------------------------------------
+
+
+USAGE = """\
+Usage: sbatch -N NODES sbatch/multi.sbatch [options] [-- CMD...]
+       bash sbatch/multi.sbatch --dry-run -N NODES [options] [-- CMD...]   (plan only, no Slurm needed)
+
+Runs one containerised job on every node of the allocation: one task per node restores the run
+context, makes rank 0's image present (shared tar cache or a node-to-node relay), waits at a TCP
+barrier, runs the workload with MASTER_ADDR/MASTER_PORT/NNODES/NODE_RANK/RANK/WORLD_SIZE, and
+stages its outputs. At the end the batch step aggregates perf.csv and summary.json; its exit code
+is the verdict.
+
+Options (each also settable by its environment variable; the option wins):
+{options}
+  --dry-run                          print the plan (per-node argv, mounts, env, profiling); submit nothing
+  -N, --nodes N                      node count for --dry-run (default: the allocation's, else 2); a
+                                     real job's node count is sbatch's -N, before the script
+  -h, --help                         this help
+  -- CMD...                          run CMD in the container instead of the manifest's script
+
+Outputs: <out>/<model>/<jobid>/{{batch.log,job.json,perf.csv,summary.json,node_<rank>/}}
+Exit status: the verdict (0 SUCCESS, 1 FAILURE), also after scancel or the time limit; 2 usage error.
+
+Examples:
+  sbatch -N 2 sbatch/multi.sbatch --manifest examples/toy/build_manifest.json --image-cache /shared/sm-cache
+  sbatch -N 4 -t 60 sbatch/multi.sbatch --image rocm/pytorch:latest -- python3 train.py --steps 100
+  bash sbatch/multi.sbatch --dry-run -N 2 --manifest examples/toy/build_manifest.json
+"""
+
+
+def usage() -> str:
+    return USAGE.format(options=usage_options())
+
+
+def usage_options() -> str:
+    """The options block of `sbatch/multi.sbatch --help`."""
+    lines = []
+    for s in TABLE:
+        if not s.option:
+            continue
+        lines.append(f"  {s.option + ' ' + s.metavar:<34} {s.help}")
+        default = f", default {s.shown_default}" if s.shown_default else ""
+        alias = f" (alias {', '.join(s.aliases)})" if s.aliases else ""
+        lines.append(f"  {'':<34} env {s.name}{alias}{default}")
+    lines.append("")
+    lines.append("Environment only:")
+    for s in TABLE:
+        if s.option:
+            continue
+        default = f", default {s.shown_default}" if s.shown_default else ""
+        alias = f" (alias {', '.join(s.aliases)})" if s.aliases else ""
+        lines.append(f"  {s.name + alias:<34} {s.help}{default}")
+    return "\n".join(lines)
+
+
+def markdown_row(s: Setting) -> str:
+    """One row of README's / docs/options.md's option table."""
+    option = f"`{s.option} {s.metavar}`".replace("|", "\\|") if s.option else ""
+    var = f"`{s.name}`" + (f" (alias {', '.join(f'`{a}`' for a in s.aliases)})" if s.aliases else "")
+    default = s.default_doc if s.default_doc else (f"`{s.default}`" if s.default else "")
+    return f"| {option} | {var} | {default} | {s.help} |"
+
+
+def markdown_table(core_only: bool = False) -> str:
+    rows = ["| option | environment | default | what it does |", "| --- | --- | --- | --- |"]
+    rows += [markdown_row(s) for s in TABLE if (s.core or not core_only)]
+    return "\n".join(rows)
+
+
+# ---- the command line (click-free) -----------------------------------------------------------------
+
+
+def env_exports(r: Resolved) -> str:
+    """bash `declare -gx` lines for every setting with a value (an empty one stays unset: the manifest
+    may still give it)."""
+    return (
+        "".join(
+            f"declare -gx {name}={shlex.quote(value)}\n" for name, value in r.values.items() if value != ""
+        )
+        + "declare -gx SM_SETTINGS_RESOLVED=1\n"
+    )
+
+
+def main(argv: Sequence[str]) -> int:
+    """`python -S -m slurm_multi.settings env FILE`: resolve the environment alone (a node stage run
+    by hand), validated, into FILE as bash to source. `markdown [--core]`: the option table."""
+    try:
+        if len(argv) == 2 and argv[0] == "env":
+            r = resolve(os.environ)
+            for s in TABLE:
+                _check_kind(r, s)
+            _validate_runtime(r)
+            from slurm_multi.shell import write_private
+
+            write_private(argv[1], env_exports(r))
+            return 0
+        if argv and argv[0] == "markdown":
+            print(markdown_table(core_only="--core" in argv[1:]))
+            return 0
+    except SettingsError as exc:
+        print(f"slurm-multi: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print("usage: python -S -m slurm_multi.settings env FILE | markdown [--core]", file=sys.stderr)
+    return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,88 @@
+"""`slurm-multi job plan --batch-args`: the batch step's argv and environment, parsed once against the
+settings table, validated with the manifest, and emitted as the bash every node gets."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+TOY = ROOT / "examples" / "toy" / "build_manifest.json"
+
+
+def plan(tmp_path, argv, env=None):
+    """Run the plan as the batch step does; return (exit, stdout, stderr, the emitted bash's values)."""
+    emit = tmp_path / "plan.sh"
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SM_", "SLURM_", "MAD_"))}
+    base.update(PYTHONPATH=str(ROOT / "py"), **(env or {}))
+    proc = subprocess.run(
+        [sys.executable, "-m", "slurm_multi", "job", "plan", "--batch-args", "--emit", str(emit),
+         "--submit-dir", str(tmp_path), "--", *argv],
+        env=base, capture_output=True, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    values = {}
+    if proc.returncode == 0 and emit.exists():
+        dump = subprocess.run(
+            ["bash", "-c", f"source {emit}; "
+             'for v in ${!SM_@} ${!PLAN_@}; do printf "%s=%s\\n" "$v" "${!v}"; done; '
+             'printf "CMD=%s\\n" "${SM_CMD[*]}"'],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        values = dict(line.split("=", 1) for line in dump.stdout.splitlines())
+    return proc.returncode, proc.stdout, proc.stderr, values
+
+
+def test_help_goes_to_stdout_and_the_plan_says_so(tmp_path):
+    code, out, err, values = plan(tmp_path, ["--help", "--image", "x"])
+    assert code == 0 and out.startswith("Usage: sbatch -N NODES sbatch/multi.sbatch")
+    assert "--hang-timeout SECONDS" in out and values["PLAN_ACTION"] == "help"
+
+
+def test_a_dry_run_emits_every_resolved_value_and_writes_nothing(tmp_path):
+    code, _, err, v = plan(
+        tmp_path, ["--dry-run", "-N", "3", "--manifest", str(TOY), "--timeout", "77", "--", "sh", "x"]
+    )
+    assert code == 0, err
+    assert v["PLAN_ACTION"] == "dry-run" and v["PLAN_NNODES"] == "3"
+    assert v["SM_TIMEOUT"] == "77" and v["SM_RUNTIME"] == "docker" and v["SM_HANG_TIMEOUT"] == "900"
+    assert v["SM_SETTINGS_RESOLVED"] == "1" and v["CMD"] == "sh x"
+    assert not (tmp_path / "slurm_output").exists()
+
+
+def test_no_node_count_in_a_dry_run_means_two(tmp_path):
+    assert plan(tmp_path, ["--dry-run", "--image", "x"])[3]["PLAN_NNODES"] == "2"
+
+
+def test_a_real_job_writes_job_json_with_what_sbatch_asked_for(tmp_path):
+    env = {"SLURM_JOB_ID": "91", "SLURM_JOB_NUM_NODES": "2", "SLURM_NTASKS_PER_NODE": "2"}
+    code, _, err, v = plan(tmp_path, ["--runtime", "none", "--", "true"], env)
+    assert code == 0, err
+    assert v["PLAN_ACTION"] == "run" and v["SM_NTASKS_PER_NODE"] == "2"
+    job = json.loads(Path(v["SM_JOBDIR"], "job.json").read_text())
+    assert job["tasks_per_node"] == 2 and job["nnodes"] == 2
+    assert job["settings"]["SM_NTASKS_PER_NODE"] == "2" and job["settings"]["SM_STOP_GRACE"] == "30"
+
+
+def test_minus_n_after_the_script_inside_a_real_job_is_refused(tmp_path):
+    env = {"SLURM_JOB_ID": "92", "SLURM_JOB_NUM_NODES": "1"}
+    code, _, err, _ = plan(tmp_path, ["-N", "4", "--image", "x"], env)
+    assert code == 2
+    assert err.startswith("slurm-multi: -N 4 after the script is the dry run's node count, not sbatch's")
+    assert len(err.splitlines()) == 1
+
+
+def test_errors_are_one_line_once_without_a_log_prefix(tmp_path):
+    code, _, err, _ = plan(tmp_path, ["--runtim", "pyxis"])
+    assert (code, err) == (
+        2,
+        "slurm-multi: unknown option '--runtim' (did you mean --runtime?); --help lists every option\n",
+    )
+    code, _, err, _ = plan(tmp_path, ["--image", "x", "--timeout", "-5"])
+    assert code == 2 and err == (
+        "slurm-multi: --timeout '-5': expected a whole number of seconds, 0 or more (SM_TIMEOUT)\n"
+    )
+    code, _, err, _ = plan(tmp_path, ["--image", "x"])
+    assert code == 2 and "not inside a Slurm job" in err

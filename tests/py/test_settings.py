@@ -1,0 +1,225 @@
+"""slurm_multi.settings: the one settings table, the batch step's argv, precedence, validation, and
+the places people read it (README.md, docs/options.md, --help) checked against it."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from slurm_multi import settings as table
+from slurm_multi.settings import SettingsError, parse_argv, resolve, validate
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def resolved(env=None, argv=()):
+    parsed = parse_argv(argv)
+    return resolve(env or {}, parsed.given, parsed.typed)
+
+
+def check(env=None, argv=(), command=False):
+    r = resolved({"SM_IMAGE": "x", **(env or {})}, argv)
+    validate(r, has_command=command, host="testhost")
+    return r
+
+
+# ---- parsing --------------------------------------------------------------------------------------
+
+
+def test_options_both_spellings_the_command_after_the_separator_and_the_dry_run_node_count():
+    p = parse_argv(["--image", "a:b", "--timeout=60", "--dry-run", "-N", "3", "--", "sh", "--image", "x"])
+    assert p.given == {"SM_IMAGE": "a:b", "SM_TIMEOUT": "60"}
+    assert p.typed == {"SM_IMAGE": "--image", "SM_TIMEOUT": "--timeout"}
+    assert p.dry_run and p.nodes == "3"
+    assert p.command == ["sh", "--image", "x"]
+    assert parse_argv(["-N4"]).nodes == "4" and parse_argv(["--nodes=5"]).nodes == "5"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--runtim", "pyxis"], "unknown option '--runtim' (did you mean --runtime?)"),
+        (["--verbose"], "unknown option '--verbose'"),
+        (["--image-cache"], "option --image-cache needs a value (DIR)"),
+        (["train.py"], "unexpected argument 'train.py' (the workload command goes after --)"),
+        (["-N"], "-N needs a node count"),
+    ],
+)
+def test_a_typo_is_one_line_naming_what_was_typed(argv, message):
+    with pytest.raises(SettingsError) as err:
+        parse_argv(argv)
+    assert str(err.value) == message
+
+
+def test_did_you_mean_only_when_close():
+    assert table.closest_option("--hang-timout") == "--hang-timeout"
+    assert table.closest_option("--verbose") == ""
+
+
+# ---- precedence -----------------------------------------------------------------------------------
+
+
+def test_option_beats_variable_beats_alias_beats_slurm_beats_default():
+    env = {"SM_TIMEOUT": "10", "MAD_DOCKER_BUILDS": "/alias", "SLURM_NTASKS_PER_NODE": "2"}
+    r = resolved(env, ["--timeout", "20"])
+    assert (r.values["SM_TIMEOUT"], r.label("SM_TIMEOUT")) == ("20", "--timeout")
+    assert (r.values["SM_IMAGE_CACHE"], r.label("SM_IMAGE_CACHE")) == ("/alias", "MAD_DOCKER_BUILDS")
+    assert r.values["SM_NTASKS_PER_NODE"] == "2" and r.label("SM_NTASKS_PER_NODE").startswith("sbatch")
+    assert (r.values["SM_RUNTIME"], r.label("SM_RUNTIME")) == ("docker", "default")
+    r = resolved({**env, "SM_IMAGE_CACHE": "/ours", "SM_NTASKS_PER_NODE": "3"})
+    assert r.values["SM_IMAGE_CACHE"] == "/ours" and r.values["SM_NTASKS_PER_NODE"] == "3"
+    assert resolved({"SLURM_NTASKS_PER_NODE": "4(x2)"}).values["SM_NTASKS_PER_NODE"] == "4"
+    assert resolved({}).values["SM_NTASKS_PER_NODE"] == "1"
+
+
+def test_every_setting_has_a_value_or_an_explicit_empty_and_no_default_is_left_to_bash():
+    r = resolved({})
+    assert set(r.values) == {s.name for s in table.TABLE}
+    for s in table.TABLE:
+        assert r.values[s.name] == s.default
+
+
+def test_bash_defines_no_default_of_a_setting_in_the_table():
+    """`${SM_X:-value}` for a setting of the table in bash would be a second owner of its default."""
+    names = "|".join(s.name for s in table.TABLE)
+    pattern = re.compile(r"\$\{(" + names + r"):-[^$}]")
+    found = []
+    for path in [*ROOT.glob("lib/*.sh"), *ROOT.glob("bin/*"), ROOT / "sbatch" / "multi.sbatch"]:
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if pattern.search(line) and not line.lstrip().startswith("#"):
+                found.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert found == []
+
+
+# ---- validation -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("env", "argv", "message"),
+    [
+        ({}, ["--hang-timeout", "-5"], "--hang-timeout '-5': expected a whole number of seconds, 0 or more"),
+        (
+            {"SM_TIMEOUT": "soon"},
+            [],
+            "--timeout (from SM_TIMEOUT) 'soon': expected a whole number of seconds",
+        ),
+        ({}, ["--master-port", "70000"], "--master-port '70000' is not a TCP port (1-65535)"),
+        ({}, ["--runtime", "podman"], "--runtime 'podman': expected docker, pyxis or none"),
+        ({}, ["--relay-fanout", "0"], "--relay-fanout '0': expected a whole number >= 1"),
+        (
+            {"MAD_COLLECT_METRICS": "perhaps"},
+            [],
+            "--collect (from MAD_COLLECT_METRICS) 'perhaps': expected true",
+        ),
+        ({}, ["--profile-optional", "maybe"], "--profile-optional 'maybe': expected true or false"),
+        ({}, ["--ntasks-per-node", "2"], "--ntasks-per-node 2 with --runtime docker"),
+        ({"SLURM_NTASKS_PER_NODE": "2"}, [], "sbatch --ntasks-per-node 2 with --runtime docker"),
+        ({}, ["--profile-start-iter", "5"], "give both --profile-start-iter and --profile-stop-iter"),
+        ({}, ["--profile-start-iter", "9", "--profile-stop-iter", "5"], "must not be before"),
+        ({}, ["--profile", "nsys", "--profile-tool-options", "-o out"], "the output name is slurm-multi's"),
+        ({}, ["--profile", "nsys", "--profile-tool-options", "'-t"], "unbalanced quotes"),
+        ({}, ["--profile", "nsys", "--profile-stop-grace", "5"], "is shorter than --flush-settle-seconds 60"),
+        ({}, ["--profile", "nsight-slurm"], "cannot run with --runtime docker"),
+        ({}, ["--profile", "nsight-slurm", "--runtime", "none"], "needs --nsight-slurm-home DIR"),
+        ({}, ["--runtime", "pyxis", "--out", "/a,b"], "--out '/a,b': pyxis cannot mount a path with a comma"),
+        ({}, ["--framework", "TRT"], "--framework 'TRT': expected a lowercase name"),
+        ({}, ["--image-cache", "cache"], "--image-cache 'cache' must be absolute"),
+        ({"MAD_DOCKER_BUILDS": "./c"}, [], "--image-cache (from MAD_DOCKER_BUILDS) './c' must be absolute"),
+        (
+            {},
+            ["--profile", "nsys", "--nsys-host-path", "/nonexistent/nsys"],
+            "not an executable file on testhost",
+        ),
+    ],
+)
+def test_a_value_that_cannot_work_is_one_line_naming_the_flag(env, argv, message):
+    with pytest.raises(SettingsError) as err:
+        check(env, argv)
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_nsight_slurm_home_is_checked_for_both_tools(tmp_path):
+    home = tmp_path / "ns"
+    (home / "bin").mkdir(parents=True)
+    (home / "bin" / "nsight-slurm").write_text("#!/bin/sh\n")
+    os.chmod(home / "bin" / "nsight-slurm", 0o755)
+    argv = ["--profile", "nsight-slurm", "--runtime", "none", "--nsight-slurm-home", str(home)]
+    with pytest.raises(SettingsError, match="nsight-slurm-connector is missing or not executable"):
+        check({}, argv)
+    (home / "bin" / "nsight-slurm-connector").write_text("#!/bin/sh\n")
+    os.chmod(home / "bin" / "nsight-slurm-connector", 0o755)
+    check({}, argv)
+    with pytest.raises(SettingsError, match="cuda-api needs a framework"):
+        check({}, [*argv, "--nsight-slurm-mode", "cuda-api"])
+    with pytest.raises(SettingsError, match="the nsight-slurm connector owns this flag"):
+        check({}, [*argv, "--profile-tool-options", "--capture-range=nvtx"])
+
+
+def test_nothing_to_run_and_an_unreadable_manifest(tmp_path):
+    with pytest.raises(SettingsError, match="nothing to run"):
+        validate(resolved({}), host="h")
+    validate(resolved({}, ["--runtime", "none"]), has_command=True, host="h")
+    with pytest.raises(SettingsError, match="no such readable file"):
+        check({}, ["--manifest", str(tmp_path / "none.json")])
+
+
+# ---- what people read -------------------------------------------------------------------------------
+
+
+def test_readme_core_table_is_the_table():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert table.markdown_table(core_only=True) + "\n" in readme
+
+
+def test_docs_options_is_the_whole_table():
+    doc = (ROOT / "docs" / "options.md").read_text(encoding="utf-8")
+    assert table.markdown_table() + "\n" in doc
+
+
+def test_readme_and_docs_name_no_option_the_table_does_not_have():
+    """An option written in README.md or docs/ that the batch step would refuse as unknown."""
+    known = set(table.BY_OPTION) | {"--dry-run", "--nodes", "--help"}
+    texts = [ROOT / "README.md", *ROOT.glob("docs/*.md")]
+    unknown = set()
+    for path in texts:
+        for flag in re.findall(r"sbatch/multi\.sbatch ([^`\n]*)", path.read_text(encoding="utf-8")):
+            for word in re.findall(r"(?<![\w-])--[a-z][a-z-]+", flag.split(" -- ")[0]):
+                if word not in known:
+                    unknown.add(f"{path.name}: {word}")
+    assert unknown == set()
+
+
+def test_help_lists_every_option_its_variable_and_default():
+    text = table.usage()
+    for s in table.TABLE:
+        if s.option:
+            assert f"  {s.option} {s.metavar}" in text
+        assert f"env {s.name}" in text or f"  {s.name}" in text
+        if s.shown_default:
+            assert s.shown_default in text
+
+
+def test_env_cli_writes_bash_with_every_value_and_refuses_a_bad_one(tmp_path):
+    out = tmp_path / "env.sh"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "py"), "SM_HANG_TIMEOUT": "12"}
+    env.pop("SM_RUNTIME", None)
+    proc = subprocess.run([sys.executable, "-S", "-m", "slurm_multi.settings", "env", str(out)], env=env,
+                          capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    text = out.read_text()
+    assert "declare -gx SM_HANG_TIMEOUT=12\n" in text and "declare -gx SM_RUNTIME=docker\n" in text
+    env["SM_HANG_TIMEOUT"] = "x"
+    proc = subprocess.run([sys.executable, "-S", "-m", "slurm_multi.settings", "env", str(tmp_path / "b")],
+                          env=env, capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 2
+    assert (
+        proc.stderr
+        == "slurm-multi: --hang-timeout (from SM_HANG_TIMEOUT) 'x': expected a whole number of seconds, "
+        "0 or more (SM_HANG_TIMEOUT)\n"
+    )
