@@ -1,6 +1,7 @@
 # shellcheck shell=bash
 # The image stage: make the same image (by ID) present on every node.
-# Shared tar cache layout, for image IMAGE with key K = sanitised IMAGE:
+# Shared tar cache layout, for image IMAGE with key K = sanitised IMAGE (the entry protocol, lock,
+# temp file, rename, sidecar, is lib/cache.sh's, the same for the tar and pyxis' squashfs):
 #   <cache>/K.tar   written as a sibling temp file, then renamed (a reader never sees half a tar)
 #   <cache>/K.id    sidecar written after the rename: id=, image=, fingerprint=, bytes=, cksum=
 #                   (bytes and the POSIX cksum CRC are taken while the tar is written, no second
@@ -9,9 +10,12 @@
 #                   and costs a tenth: 0.15 s on a 200 MB save here, sha256 0.46 s)
 #   <cache>/.K.lock flock: writers exclusive, readers shared, so concurrent jobs cannot corrupt it
 
-# Events on the node's timeline (lib/timeline.sh), also where this file is sourced alone.
+# Events on the node's timeline (lib/timeline.sh) and the cache protocol (lib/cache.sh), also where
+# this file is sourced alone.
 # shellcheck source=lib/timeline.sh
 declare -F timeline::event >/dev/null || source "$(dirname "${BASH_SOURCE[0]}")/timeline.sh"
+# shellcheck source=lib/cache.sh
+declare -F cache::begin >/dev/null || source "$(dirname "${BASH_SOURCE[0]}")/cache.sh"
 
 FINGERPRINT_LABEL=org.slurm-multi.fingerprint
 
@@ -27,11 +31,6 @@ image::cache_key() {
   printf '%s-%s' "$(printf '%s' "${ref}" | tr -c 'A-Za-z0-9._-' '_')" "${sum}"
 }
 
-# image::sidecar_get FILE KEY
-image::sidecar_get() {
-  [[ -f $1 ]] || return 0
-  sed -n "s/^$2=//p" "$1" | head -n 1
-}
 
 # image::fingerprint: what the image would be built from (dockerfile, context files, build args).
 # A local image whose label differs was built from something else under a reused tag.
@@ -77,18 +76,13 @@ image::build() {
 # image::cache_load CACHE KEY WANT_ID: load the cached tar if its sidecar says WANT_ID (or any id
 # when WANT_ID is empty). Prints the loaded ID. Fails if there is no matching tar.
 image::cache_load() {
-  local cache=$1 key=$2 want=$3 tar sidecar id t0 loaded lockfd
-  tar=${cache}/${key}.tar sidecar=${cache}/${key}.id
-  exec {lockfd}>>"${cache}/.${key}.lock"
-  flock -s -w "${SM_CACHE_LOCK_TIMEOUT:-900}" "${lockfd}" || { exec {lockfd}>&-; return 1; }
-  id=$(image::sidecar_get "${sidecar}" id)
-  if [[ ! -s ${tar} || -z ${id} || (-n ${want} && ${id} != "${want}") ]]; then
-    exec {lockfd}>&-
-    return 1
-  fi
-  if ! image::tar_matches "${tar}" "${sidecar}"; then
-    exec {lockfd}>&-
-    log::error image "${tar} is not the tar its sidecar describes ($(stat -c %s "${tar}") bytes, sidecar says $(image::sidecar_get "${sidecar}" bytes)); not loading it"
+  local cache=$1 key=$2 want=$3 tar t0 loaded rc=0
+  tar=${cache}/${key}.tar
+  cache::lock "${tar}" -s || return 1
+  cache::holds "${tar}" "${want}" || rc=$?
+  if ((rc != 0)); then
+    cache::unlock
+    ((rc == 1)) || log::error image "${tar} is not the tar its sidecar describes ($(cache::mismatch "${tar}")); not loading it"
     return 1
   fi
   t0=$(util::now)
@@ -96,77 +90,55 @@ image::cache_load() {
   timeline::event image_load_start
   if ! docker load -q -i "${tar}" >/dev/null; then
     timeline::event image_load_end status=failed
-    exec {lockfd}>&-
+    cache::unlock
     log::error image "docker load of ${tar} failed"
     return 1
   fi
   timeline::event image_load_end
-  exec {lockfd}>&-
+  cache::unlock
   loaded=$(image::local_id "${SM_IMAGE}")
   log::info image "loaded ${SM_IMAGE} from the cache ($(du -h "${tar}" | cut -f1), $(util::elapsed "${t0}") s)"
   printf '%s' "${loaded}"
 }
 
-# image::tar_matches TAR SIDECAR: the tar's size is the one recorded when it was written (a cut or
-# padded tar is never a hit; checking costs one stat).
-image::tar_matches() {
-  local want
-  want=$(image::sidecar_get "$2" bytes)
-  [[ -n ${want} && $(stat -c %s "$1" 2>/dev/null) == "${want}" ]]
-}
-
 # image::cache_save CACHE KEY ID FINGERPRINT: save the image unless the cache already holds ID.
 image::cache_save() {
-  local cache=$1 key=$2 id=$3 fp=$4 tar sidecar tmp t0 bytes lockfd
-  tar=${cache}/${key}.tar sidecar=${cache}/${key}.id tmp=${cache}/.${key}.tar.tmp.$$.${RANDOM}
+  local cache=$1 key=$2 id=$3 fp=$4 tar t0
+  tar=${cache}/${key}.tar
   mkdir -p "${cache}" || { log::error image "cannot create the image cache ${cache}"; return 1; }
-  exec {lockfd}>>"${cache}/.${key}.lock"
-  flock -x -w "${SM_CACHE_LOCK_TIMEOUT:-900}" "${lockfd}" ||
-    { exec {lockfd}>&-; log::error image "timed out waiting for the cache lock ${cache}/.${key}.lock"; return 1; }
-  # Holding the lock, any temp file of this key is a dead writer's (e.g. a SIGKILLed save).
-  rm -f "${cache}/.${key}.tar.tmp."*
-  if [[ -s ${tar} && $(image::sidecar_get "${sidecar}" id) == "${id}" ]]; then
-    if image::tar_matches "${tar}" "${sidecar}"; then
-      exec {lockfd}>&-
+  cache::begin "${tar}" "${id}" || { log::error image "timed out waiting for the cache lock ${CACHE_LOCK}"; return 1; }
+  case ${CACHE_FOUND} in
+    hit)
+      cache::end
       log::info image "cache hit: ${tar} already holds ${id:7:12}; no save"
       return 0
-    fi
-    log::warn image "${tar} does not match its sidecar ($(stat -c %s "${tar}") bytes, sidecar says $(image::sidecar_get "${sidecar}" bytes)); saving it again"
-  elif [[ -s ${tar} ]]; then
-    log::info image "stale tar in the cache (holds $(image::sidecar_get "${sidecar}" id | cut -c8-19), want ${id:7:12}); replacing it"
-  fi
+      ;;
+    damaged) log::warn image "${tar} does not match its sidecar ($(cache::mismatch "${tar}")); saving it again" ;;
+    stale) log::info image "stale tar in the cache (holds $(cache::get "${tar}" id | cut -c8-19), want ${id:7:12}); replacing it" ;;
+  esac
   t0=$(util::now)
   # To a pipe, not -o: the file grows under our own temp name (whatever a killed save leaves is
   # ours to recognise and remove), and the digest is taken from the same bytes as they pass.
   # shellcheck disable=SC2016 # $1 and $2 are the inner bash's arguments
-  local digest save=(bash -o pipefail -c 'docker save "$1" | tee "$2" | cksum' save "${SM_IMAGE}" "${tmp}")
+  local digest err save=(bash -o pipefail -c 'docker save "$1" | tee "$2" | cksum' save "${SM_IMAGE}" "${CACHE_TMP}")
   log::cmd image "${save[@]}"
   timeline::event image_save_start
-  if ! digest=$("${save[@]}" 2>"${tmp}.err"); then
+  if ! digest=$("${save[@]}" 2>"${CACHE_TMP}.err"); then
     timeline::event image_save_end status=failed
-    local err
-    err=$(tail -n 1 "${tmp}.err" 2>/dev/null)
-    rm -f "${tmp}" "${tmp}.err"
-    exec {lockfd}>&-
+    err=$(tail -n 1 "${CACHE_TMP}.err" 2>/dev/null)
+    cache::abort
     log::error image "cannot save ${SM_IMAGE} into ${cache}: ${err##*: } (is the disk full? the run goes on without the cache)"
     return 1
   fi
-  rm -f "${tmp}.err"
-  timeline::event image_save_end bytes="$(stat -c %s "${tmp}")"
-  image::cache_commit "${tmp}" "${tar}" "${id}" "${fp}" "${digest%% *}"
-  exec {lockfd}>&-
+  rm -f "${CACHE_TMP}.err"
+  timeline::event image_save_end bytes="$(stat -c %s "${CACHE_TMP}")"
+  if ! cache::commit "${id}" "${fp}" "${digest%% *}" saved_by; then
+    cache::abort
+    log::error image "cannot put the saved tar of ${SM_IMAGE} in place as ${tar} (the run goes on without the cache)"
+    return 1
+  fi
+  cache::end
   log::info image "saved ${SM_IMAGE} into ${tar} ($(($(stat -c %s "${tar}") / 1024 / 1024)) MB, $(util::elapsed "${t0}") s)"
-}
-
-# image::cache_commit TMP TAR ID FINGERPRINT CKSUM: a complete tar written as TMP (under the writer's
-# lock) becomes TAR: rename first, sidecar second, so a sidecar never describes a tar that is not
-# complete.
-image::cache_commit() {
-  local tmp=$1 tar=$2 sidecar=${2%.tar}.id bytes
-  bytes=$(stat -c %s "${tmp}")
-  mv -f "${tmp}" "${tar}"
-  printf 'id=%s\nimage=%s\nfingerprint=%s\nbytes=%s\ncksum=%s\nsaved_by=%s job %s\n' "$3" "${SM_IMAGE}" "$4" \
-    "${bytes}" "$5" "$(hostname)" "${SLURM_JOB_ID:-}" >"${sidecar}.tmp.$$" && mv -f "${sidecar}.tmp.$$" "${sidecar}"
 }
 
 # image::ensure_on_rank0: obtain the image (fresh local, matching tar, rebuild, pull); print its ID.
@@ -189,7 +161,7 @@ image::ensure_on_rank0() {
   fi
   if [[ -z ${id} && -n ${cache} ]]; then
     local tar_fp
-    tar_fp=$(image::sidecar_get "${cache}/${key}.id" fingerprint)
+    tar_fp=$(cache::get "${cache}/${key}.tar" fingerprint)
     if [[ -n ${fp} && -n ${tar_fp} && ${tar_fp} != "${fp}" ]]; then
       log::info image "the cached tar was built from another dockerfile/context (stale); not loading it"
     else
@@ -232,10 +204,9 @@ image::ensure_on_rank0() {
 # already holds a matching tar of ID: then workers load it, or already have it, as before).
 image::transport() {
   local id=$1 cache=${SM_IMAGE_CACHE:-} key
-  case ${SM_IMAGE_TRANSPORT:-auto} in cache | relay) printf '%s' "${SM_IMAGE_TRANSPORT}"; return 0 ;; esac
+  case ${SM_IMAGE_TRANSPORT} in cache | relay) printf '%s' "${SM_IMAGE_TRANSPORT}"; return 0 ;; esac
   key=$(image::cache_key "${SM_IMAGE}")
-  if [[ -n ${cache} && $(image::sidecar_get "${cache}/${key}.id" id) == "${id}" ]] &&
-    image::tar_matches "${cache}/${key}.tar" "${cache}/${key}.id"; then
+  if [[ -n ${cache} ]] && cache::holds "${cache}/${key}.tar" "${id}"; then
     printf cache
   else
     printf relay
@@ -247,7 +218,7 @@ image::transport() {
 image::relay_argv() {
   local nodes
   nodes=$(slurm::hostnames "${SLURM_JOB_NODELIST:-}" | paste -sd, -)
-  IMAGE_RELAY_ARGV=(relay "$1" --nodes "${nodes}" --fanout "${SM_RELAY_FANOUT:-1}" --master-port "${MASTER_PORT}"
+  IMAGE_RELAY_ARGV=(relay "$1" --nodes "${nodes}" --fanout "${SM_RELAY_FANOUT}" --master-port "${MASTER_PORT}"
     --job-id "${SLURM_JOB_ID:-0}" --stats-file "${SM_SCRATCH}/relay.stats")
   [[ $1 == send ]] || IMAGE_RELAY_ARGV+=(--rank "${SM_RANK}")
 }
@@ -256,18 +227,16 @@ image::relay_argv() {
 # A relay that does not reach every node is a warning (those workers fall back); a save that fails
 # is rank 0's failure.
 image::relay_send() {
-  local id=$1 cache=${SM_IMAGE_CACHE:-} key tar="" tmp=/dev/null lockfd="" t0 st=() fp
+  # tar: the cache entry this relay writes as it goes (none: the stream's copy goes to /dev/null).
+  local id=$1 cache=${SM_IMAGE_CACHE:-} tar="" tmp=/dev/null t0 st=()
   image::relay_argv send
   if [[ -n ${cache} ]] && mkdir -p "${cache}" 2>/dev/null; then
-    key=$(image::cache_key "${SM_IMAGE}")
-    tar=${cache}/${key}.tar tmp=${cache}/.${key}.tar.tmp.$$.${RANDOM}
-    exec {lockfd}>>"${cache}/.${key}.lock"
-    if flock -x -w "${SM_CACHE_LOCK_TIMEOUT:-900}" "${lockfd}"; then
-      rm -f "${cache}/.${key}.tar.tmp."*
+    tar=${cache}/$(image::cache_key "${SM_IMAGE}").tar
+    if cache::begin "${tar}"; then
+      tmp=${CACHE_TMP}
     else
-      log::warn image "timed out waiting for the cache lock ${cache}/.${key}.lock; streaming without writing the cache"
-      exec {lockfd}>&-
-      lockfd="" tar="" tmp=/dev/null
+      log::warn image "timed out waiting for the cache lock ${CACHE_LOCK}; streaming without writing the cache"
+      tar=""
     fi
   fi
   # shellcheck disable=SC2016 # the inner bash's arguments
@@ -300,7 +269,7 @@ image::relay_send() {
   wait "${pid}" 2>/dev/null || true
   read -r -a st <"${SM_SCRATCH}/relay.status" 2>/dev/null || st=(143 143 143)
   if ((aborted)); then
-    [[ -z ${lockfd} ]] || { rm -f "${tmp}"; exec {lockfd}>&-; }
+    [[ -z ${tar} ]] || cache::abort
     return 1
   fi
   local bytes
@@ -308,7 +277,7 @@ image::relay_send() {
   timeline::event image_save_end status="$( ((st[0] == 0)) && echo ok || echo failed)"
   timeline::event image_stream_end ${bytes:+bytes="${bytes}"} status="$( ((st[2] == 0)) && echo ok || echo failed)"
   if ((st[0] != 0)); then
-    [[ -n ${lockfd} ]] && { rm -f "${tmp}"; exec {lockfd}>&-; }
+    [[ -z ${tar} ]] || cache::abort
     log::error image "docker save of ${SM_IMAGE} failed (exit ${st[0]}) while relaying it"
     return 1
   fi
@@ -317,18 +286,15 @@ image::relay_send() {
   else
     log::warn image "the relay did not reach every node (exit ${st[2]}, see above); the workers it missed fall back to ${tar:-a rebuild}"
   fi
-  if [[ -n ${lockfd} ]]; then
-    if ((st[1] == 0)) && [[ -s ${tmp} ]]; then
-      local sum
-      fp=$(image::fingerprint)
-      sum=$(cksum <"${tmp}")
-      image::cache_commit "${tmp}" "${tar}" "${id}" "${fp}" "${sum%% *}"
+  if [[ -n ${tar} ]]; then
+    # tee -p wrote the cache's copy; its cksum is one more read of it, after the stream.
+    if ((st[1] == 0)) && [[ -s ${tmp} ]] && cache::commit "${id}" "$(image::fingerprint)" "" saved_by; then
+      cache::end
       log::info image "saved ${SM_IMAGE} into ${tar} while relaying it ($(($(stat -c %s "${tar}") / 1024 / 1024)) MB)"
     else
-      rm -f "${tmp}"
+      cache::abort
       log::warn image "could not write ${tar} while relaying (tee exit ${st[1]}; is the disk full?); the next job saves it again"
     fi
-    exec {lockfd}>&-
   fi
   return 0
 }
@@ -414,10 +380,11 @@ image::ensure_on_worker() {
 }
 
 # ---- pyxis: a squashfs per image, the counterpart of the tar cache --------------------------------
+# The same entry protocol as the tar's (lib/cache.sh):
 # <cache>/K.sqsh     `enroot import -o` into a sibling temp file, then renamed
 # <cache>/K.sqsh.id  sidecar written after the rename: id= (the docker image ID), image=, fingerprint=,
 #                    bytes=, cksum= (of the whole file: a squashfs cut or overwritten in place is
-#                    never a hit), made_by=
+#                    never a hit), made_by=, workdir=; K.sqsh.cmd: the image's ENTRYPOINT + CMD
 # <cache>/.K.lock    the same flock as the tar's: one writer, readers shared
 # Without --image-cache the squashfs goes to <jobdir>/.sqsh/ (this job only). The barrier releases
 # `sqsh:<bytes>:<cksum>`: a worker needs no docker, only the file at that size.
@@ -447,86 +414,73 @@ image::sqsh_id() {
 }
 
 # image::sqsh_sidecar_ok SQSH ID: the file is the one its sidecar describes (size, then cksum) and,
-# when ID is given, of that docker image. Prints the sqsh id.
+# when ID is given, of that docker image (cache::holds' status). Prints the sqsh id.
 image::sqsh_sidecar_ok() {
-  local sqsh=$1 want=$2 side=$1.id bytes sid
-  [[ -s ${sqsh} && -f ${side} ]] || return 1
-  [[ -z ${want} || $(image::sidecar_get "${side}" id) == "${want}" ]] || return 1
-  bytes=$(image::sidecar_get "${side}" bytes)
-  [[ -n ${bytes} && $(stat -c %s "${sqsh}") == "${bytes}" ]] || return 2
-  sid=$(image::sqsh_id "${sqsh}") || return 2
-  [[ ${sid} == "sqsh:${bytes}:$(image::sidecar_get "${side}" cksum)" ]] || return 2
-  printf '%s' "${sid}"
+  cache::holds "$1" "$2" cksum || return
+  image::sqsh_recorded "$1"
 }
+
+# image::sqsh_recorded SQSH: the sqsh id its sidecar records.
+image::sqsh_recorded() { printf 'sqsh:%s:%s' "$(cache::get "$1" bytes)" "$(cache::get "$1" cksum)"; }
 
 # image::sqsh_make SQSH ID FINGERPRINT: `enroot import dockerd://IMAGE` into SQSH unless it already
 # holds ID; a stale or corrupt one is replaced. Prints the sqsh id.
 image::sqsh_make() {
-  local sqsh=$1 id=$2 fp=$3 dir key tmp t0 sid lockfd rc=0
-  dir=${sqsh%/*} key=${sqsh##*/}
-  key=${key%.sqsh}
+  local sqsh=$1 id=$2 fp=$3 t0 sid err
   command -v enroot >/dev/null || { log::error image "enroot is not on $(hostname)'s PATH: --runtime pyxis needs enroot (and pyxis) installed on the nodes"; return 1; }
-  mkdir -p "${dir}" || { log::error image "cannot create the squashfs directory ${dir}"; return 1; }
-  exec {lockfd}>>"${dir}/.${key}.lock"
-  flock -x -w "${SM_CACHE_LOCK_TIMEOUT:-900}" "${lockfd}" ||
-    { exec {lockfd}>&-; log::error image "timed out waiting for the cache lock ${dir}/.${key}.lock"; return 1; }
-  rm -f "${dir}/.${key}.sqsh.tmp."*
-  sid=$(image::sqsh_sidecar_ok "${sqsh}" "${id}") || rc=$?
-  if ((rc == 0)); then
-    exec {lockfd}>&-
-    log::info image "squashfs cache hit: ${sqsh} holds ${id:7:12}; no import"
-    printf '%s' "${sid}"
-    return 0
-  fi
-  if ((rc == 2)); then
-    log::warn image "${sqsh} does not match its sidecar (corrupt or cut: $(stat -c %s "${sqsh}" 2>/dev/null || echo 0) bytes, sidecar says $(image::sidecar_get "${sqsh}.id" bytes)); importing it again"
-  elif [[ -s ${sqsh} ]]; then
-    log::info image "stale squashfs ${sqsh} (holds $(image::sidecar_get "${sqsh}.id" id | cut -c8-19), want ${id:7:12}); replacing it"
-  fi
-  tmp=${dir}/.${key}.sqsh.tmp.$$.${RANDOM}
+  mkdir -p "${sqsh%/*}" || { log::error image "cannot create the squashfs directory ${sqsh%/*}"; return 1; }
+  cache::begin "${sqsh}" "${id}" cksum || { log::error image "timed out waiting for the cache lock ${CACHE_LOCK}"; return 1; }
+  case ${CACHE_FOUND} in
+    hit)
+      cache::end
+      log::info image "squashfs cache hit: ${sqsh} holds ${id:7:12}; no import"
+      image::sqsh_recorded "${sqsh}"
+      return 0
+      ;;
+    damaged) log::warn image "${sqsh} does not match its sidecar (corrupt or cut: $(cache::mismatch "${sqsh}")); importing it again" ;;
+    stale) log::info image "stale squashfs ${sqsh} (holds $(cache::get "${sqsh}" id | cut -c8-19), want ${id:7:12}); replacing it" ;;
+  esac
   t0=$(util::now)
   # enroot takes the docker image from this node's engine (DOCKER_HOST, or the default socket).
-  log::cmd image enroot import -o "${tmp}" "dockerd://${SM_IMAGE}"
+  log::cmd image enroot import -o "${CACHE_TMP}" "dockerd://${SM_IMAGE}"
   timeline::event image_import_start
-  if ! enroot import -o "${tmp}" "dockerd://${SM_IMAGE}" >"${tmp}.log" 2>&1 || [[ ! -s ${tmp} ]]; then
-    local err
-    err=$(grep -v '^\s*$' "${tmp}.log" | tail -n 1)
-    rm -f "${tmp}" "${tmp}.log"
-    exec {lockfd}>&-
+  if ! enroot import -o "${CACHE_TMP}" "dockerd://${SM_IMAGE}" >"${CACHE_TMP}.log" 2>&1 || [[ ! -s ${CACHE_TMP} ]]; then
+    err=$(grep -v '^\s*$' "${CACHE_TMP}.log" | tail -n 1)
+    cache::abort
     log::error image "enroot import of ${SM_IMAGE} failed: ${err:-no output} (is the disk full?)"
     return 1
   fi
-  rm -f "${tmp}.log"
-  timeline::event image_import_end bytes="$(stat -c %s "${tmp}")"
-  chmod a+r "${tmp}"
-  sid=$(image::sqsh_id "${tmp}")
-  mv -f "${tmp}" "${sqsh}"
+  rm -f "${CACHE_TMP}.log"
+  timeline::event image_import_end bytes="$(stat -c %s "${CACHE_TMP}")"
+  chmod a+r "${CACHE_TMP}"
+  sid=$(image::sqsh_id "${CACHE_TMP}")
   local sum=${sid#sqsh:}
-  printf 'id=%s\nimage=%s\nfingerprint=%s\nbytes=%s\ncksum=%s\nmade_by=%s job %s\nworkdir=%s\n' "${id}" "${SM_IMAGE}" "${fp}" \
-    "${sum%%:*}" "${sum#*:}" "$(hostname)" "${SLURM_JOB_ID:-}" \
-    "$(docker image inspect -f '{{.Config.WorkingDir}}' "${SM_IMAGE}" 2>/dev/null)" >"${sqsh}.id.tmp.$$" &&
-    mv -f "${sqsh}.id.tmp.$$" "${sqsh}.id"
+  if ! cache::commit "${id}" "${fp}" "${sum#*:}" made_by \
+    "workdir=$(docker image inspect -f '{{.Config.WorkingDir}}' "${SM_IMAGE}" 2>/dev/null)"; then
+    cache::abort
+    log::error image "cannot put the squashfs of ${SM_IMAGE} in place as ${sqsh}"
+    return 1
+  fi
   # The image's own command (ENTRYPOINT + CMD, one word a line): what docker would run with no
   # command given, and pyxis never runs by itself.
   docker image inspect -f '{{range .Config.Entrypoint}}{{println .}}{{end}}{{range .Config.Cmd}}{{println .}}{{end}}' \
     "${SM_IMAGE}" >"${sqsh}.cmd.tmp.$$" 2>/dev/null && mv -f "${sqsh}.cmd.tmp.$$" "${sqsh}.cmd"
-  exec {lockfd}>&-
+  cache::end
   log::info image "made ${sqsh} from ${SM_IMAGE} ($((${sum%%:*} / 1024 / 1024)) MB, $(util::elapsed "${t0}") s)"
   printf '%s' "${sid}"
 }
 
 # image::sqsh_state SQSH: what the dry run says of the squashfs (size only: no read of the file).
 image::sqsh_state() {
-  local sqsh=$1 bytes
+  local sqsh=$1
   if image::pyxis_given; then
     image::is_sqsh "${sqsh}" || { printf 'a reference: pyxis imports it on every node'; return 0; }
     [[ -r ${sqsh} ]] && printf 'exists, %s bytes, used as given' "$(stat -c %s "${sqsh}")" || printf 'MISSING: --image names a squashfs this host cannot read'
     return 0
   fi
-  bytes=$(image::sidecar_get "${sqsh}.id" bytes)
-  if [[ -s ${sqsh} && -n ${bytes} && $(stat -c %s "${sqsh}") == "${bytes}" ]]; then
-    printf 'exists: %s %s, made by %s; rank 0 checks it against its image' "$(image::sidecar_get "${sqsh}.id" image)" \
-      "$(image::sidecar_get "${sqsh}.id" id | cut -c8-19)" "$(image::sidecar_get "${sqsh}.id" made_by)"
+  if cache::holds "${sqsh}"; then
+    printf 'exists: %s %s, made by %s; rank 0 checks it against its image' "$(cache::get "${sqsh}" image)" \
+      "$(cache::get "${sqsh}" id | cut -c8-19)" "$(cache::get "${sqsh}" made_by)"
   elif [[ -e ${sqsh} ]]; then
     printf 'exists but does not match its sidecar: rank 0 imports it again'
   else
@@ -538,7 +492,7 @@ image::sqsh_state() {
 # (fresh local, rebuilt, pulled) imported into the cache. Sets IMAGE_SQSH, IMAGE_SQSH_ID, and
 # SM_IMAGE_ID (the docker image ID, when there is one).
 image::pyxis_rank0() {
-  local id="" fp side
+  local id="" fp
   IMAGE_SQSH=$(image::sqsh_path)
   if image::pyxis_given && ! image::is_sqsh "${IMAGE_SQSH}"; then
     IMAGE_SQSH_ID=pyxis-reference
@@ -553,10 +507,9 @@ image::pyxis_rank0() {
   fi
   if ! docker version -f '{{.Server.Version}}' >/dev/null 2>&1; then
     # No docker on rank 0: a verified squashfs of this image is still good; nothing can make one.
-    side=${IMAGE_SQSH}.id
     if IMAGE_SQSH_ID=$(image::sqsh_sidecar_ok "${IMAGE_SQSH}" ""); then
-      SM_IMAGE_ID=$(image::sidecar_get "${side}" id)
-      log::warn image "no docker engine on $(hostname): using ${IMAGE_SQSH} (${SM_IMAGE} ${SM_IMAGE_ID:7:12}, made by $(image::sidecar_get "${side}" made_by)) without checking it against a local image"
+      SM_IMAGE_ID=$(cache::get "${IMAGE_SQSH}" id)
+      log::warn image "no docker engine on $(hostname): using ${IMAGE_SQSH} (${SM_IMAGE} ${SM_IMAGE_ID:7:12}, made by $(cache::get "${IMAGE_SQSH}" made_by)) without checking it against a local image"
       return 0
     fi
     log::error image "no docker engine on $(hostname) to make a squashfs of ${SM_IMAGE}, and ${IMAGE_SQSH} is missing or does not match its sidecar; give --image /path/to/IMAGE.sqsh, or run rank 0 where docker is"

@@ -85,13 +85,13 @@ node::is_rank0() { [[ ${SM_RANK} == 0 ]]; }
 node::multi() { ((${SM_NTASKS:-${NNODES}} > 1)); }
 # node::has_image: the runtime starts an image every rank must have (docker: loaded per node; pyxis:
 # one squashfs on shared storage); bare metal has none, and no image barrier.
-node::has_image() { [[ ${SM_RUNTIME:-docker} == docker || ${SM_RUNTIME} == pyxis ]]; }
+node::has_image() { [[ ${SM_RUNTIME} == docker || ${SM_RUNTIME} == pyxis ]]; }
 
 # node::remove_stale: scratch dirs and containers of this user's jobs that have ended (a task
 # SIGKILLed after KillWait cannot clean up after itself; the next job on the node does). A job counts
 # as ended only when Slurm says so: an unreachable controller removes nothing.
 node::remove_stale() {
-  [[ ${SM_KEEP_SCRATCH:-0} != 1 ]] || return 0
+  [[ ${SM_KEEP_SCRATCH} != 1 ]] || return 0
   local dir base job state known=" ${SLURM_JOB_ID:-local} " gone=" "
   for dir in "${TMPDIR:-/tmp}"/slurm-multi.*.r*; do
     [[ -d ${dir} && -O ${dir} ]] || continue
@@ -108,7 +108,7 @@ node::remove_stale() {
       esac
       gone+="${job} "
       log::info prepare "removing what ended job ${job} left on $(hostname)"
-      if [[ ${SM_RUNTIME:-docker} == docker ]]; then
+      if [[ ${SM_RUNTIME} == docker ]]; then
         docker ps -aq --filter "name=^sm-${job}-r" 2>/dev/null | xargs -r docker rm -f >/dev/null 2>&1 || true
       fi
     fi
@@ -155,7 +155,8 @@ node::fail() {
 # into container.env for `docker run --env-file`, never into this shell's environment.
 node::stage_prepare() {
   export MASTER_ADDR=${MASTER_ADDR:-$(util::first_node)}
-  export MASTER_PORT=${MASTER_PORT:-${SM_MASTER_PORT:-29500}}
+  # (Resolved by the job plan; a stage run by hand without one gets it from prepare below.)
+  export MASTER_PORT=${MASTER_PORT:-${SM_MASTER_PORT:-}}
   # (The helper also asks the node's docker engine for /_ping: a dead engine is its one-line reason.)
   local rc=0
   # In a whole multi-node job the barrier starts now, beside prepare: rank 0 listens, a worker
@@ -170,6 +171,7 @@ node::stage_prepare() {
   ((rc == 0)) || node::fail "${UTIL_ERROR}" "${rc}" || return
   # shellcheck source=/dev/null
   source "${SM_SCRATCH}/context.sh"
+  [[ -n ${MASTER_PORT} ]] || export MASTER_PORT=${SM_MASTER_PORT}
 }
 
 # ---- image ---------------------------------------------------------------------------------------
@@ -180,118 +182,137 @@ node::barrier_args() {
 }
 
 # node::stage_image: rank 0 obtains the image (and fills the shared cache); a worker makes rank 0's
-# image (by ID) present. In a whole job rank 0 serves the barrier meanwhile, so workers learn the
-# image ID the moment it exists, and any failure reaches them in seconds. Run alone, no barrier: a
-# worker loads the ID recorded in node_0/status.json.
+# image present. In a whole job rank 0 serves the barrier meanwhile, so workers learn what rank 0
+# released the moment it exists, and any failure reaches them in seconds. Run alone, no barrier: a
+# worker takes what node_0/status.json recorded. The flow is one for every runtime; the runtime
+# supplies its verbs (below): node::image_<runtime>_rank0 alone|barrier (obtain on rank 0; sets
+# NODE_IMAGE_RELEASE, what the barrier releases, and NODE_IMAGE_THEN, a step to run once it is
+# released, or none), node::image_<runtime>_recorded (a worker run alone: the release rank 0
+# recorded, into NODE_RELEASED) and node::image_<runtime>_worker RELEASED (obtain it on a worker).
+# A verb that fails says what it could not do in NODE_IMAGE_FAILED.
 node::stage_image() {
-  local id reason
   node::has_image || { log::info image "runtime ${SM_RUNTIME}: no image to distribute"; return 0; }
-  [[ ${SM_RUNTIME:-docker} != pyxis ]] || { node::image_pyxis; return; }
-  if ! node::multi || ((NODE_FROM_JOB)); then
-    if node::is_rank0; then
-      id=$(image::ensure_on_rank0) || node::fail "image: cannot obtain ${SM_IMAGE} (see node.log)" || return
-      export SM_IMAGE_ID=${id}
-      return 0
-    fi
-    [[ -n ${SM_IMAGE_ID:-} ]] || node::fail "image: rank 0's image ID is unknown (node_0/status.json has none: did rank 0's image stage succeed?)" 2 || return
-    image::ensure_on_worker "${SM_IMAGE_ID}" || node::fail "$(hostname) (rank ${SM_RANK}): cannot get rank 0's image ${SM_IMAGE} ${SM_IMAGE_ID:7:12}" || return
-    return 0
-  fi
-  node::barrier_args
-  if node::is_rank0; then
+  local rt=${SM_RUNTIME} reason alone=0
+  NODE_IMAGE_FAILED='' NODE_IMAGE_RELEASE='' NODE_IMAGE_THEN=''
+  if ! node::multi || ((NODE_FROM_JOB)); then alone=1; fi
+  if node::is_rank0 && ((alone)); then
+    "node::image_${rt}_rank0" alone || node::fail "image: ${NODE_IMAGE_FAILED} (see node.log)" || return
+  elif node::is_rank0; then
+    node::barrier_args
     [[ -n ${SM_BARRIER_PID} ]] || node::serve_barrier
-    if id=$(IMAGE_NO_SAVE=1 image::ensure_on_rank0); then
-      export SM_IMAGE_ID=${id}
-      if node::workers_hold "${id}"; then
-        # A warm job moves nothing, with or without --image-cache: no save, no stream, no load.
-        log::info image "every worker already holds ${SM_IMAGE} ${id:7:12}: nothing to save, stream or load"
-        node::barrier_say "RELEASE ${id}"
-        timeline::event release
-      elif [[ $(image::transport "${id}") == relay ]]; then
-        # Released first: the workers dial in and load while this node saves.
-        log::info image "relaying ${SM_IMAGE} ${id:7:12} to the workers while it is saved (--image-transport ${SM_IMAGE_TRANSPORT:-auto})"
-        node::barrier_say "RELEASE relay+${id}"
-        timeline::event release
-        if ! image::relay_send "${id}"; then
-          reason="rank 0 ($(hostname)): image stage failed: ${IMAGE_RELAY_ERROR:-cannot save ${SM_IMAGE} (see node_0/node.log)}"
-          node::barrier_say "ABORT ${reason}"
-          node::fail "${reason}" || return
-        fi
-      else
-        [[ -z ${SM_IMAGE_CACHE:-} ]] || image::cache_save "${SM_IMAGE_CACHE}" "$(image::cache_key "${SM_IMAGE}")" "${id}" "$(image::fingerprint)" || true
-        node::barrier_say "RELEASE ${id}"
-        timeline::event release
-      fi
-    else
-      reason="rank 0 ($(hostname)): image stage failed: cannot obtain ${SM_IMAGE} (see node_0/node.log)"
-      node::barrier_say "ABORT ${reason}"
-      node::fail "${reason}" || return
-    fi
+    "node::image_${rt}_rank0" barrier || { node::image_abort "${NODE_IMAGE_FAILED} (see node_0/node.log)"; return; }
+    node::barrier_say "RELEASE ${NODE_IMAGE_RELEASE}"
+    timeline::event release
+    [[ -z ${NODE_IMAGE_THEN} ]] || "${NODE_IMAGE_THEN}" || { node::image_abort "${NODE_IMAGE_FAILED}"; return; }
   else
-    node::await_release || return
-    id=${NODE_RELEASED}
-    local relayed=0
-    if [[ ${id} == relay+* ]]; then
-      id=${id#relay+}
-      log::info image "rank 0's image is ${SM_IMAGE} ${id:7:12}, relayed node to node"
-      if image::relay_recv "${id}"; then
-        relayed=1
-        IMAGE_WORKER_ID=${id}
-      else
-        log::warn image "$(hostname) (rank ${SM_RANK}): ${IMAGE_RELAY_ERROR}; falling back to the cache${SM_IMAGE_CACHE:+ ${SM_IMAGE_CACHE}} or a rebuild"
-      fi
+    if ((alone)); then
+      "node::image_${rt}_recorded" || return
     else
-      log::info image "rank 0's image is ${SM_IMAGE} ${id:7:12}"
+      node::barrier_args
+      node::await_release || return
     fi
-    if ((!relayed)) && ! image::ensure_on_worker "${id}"; then
-      reason="$(hostname) (rank ${SM_RANK}): cannot get rank 0's image ${SM_IMAGE} ${id:7:12}"
-      node::stop_join
-      node::barrier_abort "${reason}"
+    if ! "node::image_${rt}_worker" "${NODE_RELEASED}"; then
+      reason="$(hostname) (rank ${SM_RANK}): ${NODE_IMAGE_FAILED}"
+      if ((!alone)); then
+        node::stop_join
+        node::barrier_abort "${reason}"
+      fi
       node::fail "${reason}" || return
     fi
-    # What this node really runs (a rebuilt image has its own ID).
-    export SM_IMAGE_ID=${IMAGE_WORKER_ID:-${id}}
   fi
 }
 
-# node::image_pyxis: rank 0 makes (or finds) the squashfs and releases `sqsh:<bytes>:<cksum>`; a
-# worker only checks that it sees that file: it needs no docker.
-node::image_pyxis() {
-  local id reason
-  if ! node::multi || ((NODE_FROM_JOB)); then
-    if node::is_rank0; then
-      image::pyxis_rank0 || node::fail "image: cannot make a squashfs of ${SM_IMAGE} (see node.log)" || return
-    else
-      image::pyxis_worker "" || node::fail "$(hostname) (rank ${SM_RANK}): cannot see rank 0's squashfs $(image::sqsh_path)" || return
-    fi
-    export SM_IMAGE_SQSH=${IMAGE_SQSH}
-    return 0
+# node::image_abort WHY: rank 0's image stage failed: every worker is told (ABORT), and it is the
+# stage's reason.
+node::image_abort() {
+  local reason
+  reason="rank 0 ($(hostname)): image stage failed: $1"
+  node::barrier_say "ABORT ${reason}"
+  node::fail "${reason}"
+}
+
+# ---- the image stage's verbs: docker -------------------------------------------------------------
+# Rank 0 releases its image ID; a worker loads that ID (from the relay, the cache, a rebuild).
+
+# node::image_docker_rank0 alone|barrier: under the barrier it also decides what moves: nothing (every
+# worker holds the ID), the relay (released as relay+ID, streamed after), or the cache tar.
+node::image_docker_rank0() {
+  local id no_save=0
+  # Alone, ensure_on_rank0 fills the cache itself.
+  [[ $1 == alone ]] || no_save=1
+  id=$(IMAGE_NO_SAVE=${no_save} image::ensure_on_rank0) || { NODE_IMAGE_FAILED="cannot obtain ${SM_IMAGE}"; return 1; }
+  export SM_IMAGE_ID=${id}
+  NODE_IMAGE_RELEASE=${id}
+  [[ $1 == barrier ]] || return 0
+  if node::workers_hold "${id}"; then
+    # A warm job moves nothing, with or without --image-cache: no save, no stream, no load.
+    log::info image "every worker already holds ${SM_IMAGE} ${id:7:12}: nothing to save, stream or load"
+  elif [[ $(image::transport "${id}") == relay ]]; then
+    # Released first: the workers dial in and load while this node saves.
+    log::info image "relaying ${SM_IMAGE} ${id:7:12} to the workers while it is saved (--image-transport ${SM_IMAGE_TRANSPORT})"
+    NODE_IMAGE_RELEASE=relay+${id} NODE_IMAGE_THEN=node::image_docker_relay
+  else
+    [[ -z ${SM_IMAGE_CACHE:-} ]] || image::cache_save "${SM_IMAGE_CACHE}" "$(image::cache_key "${SM_IMAGE}")" "${id}" "$(image::fingerprint)" || true
   fi
-  node::barrier_args
-  if node::is_rank0; then
-    [[ -n ${SM_BARRIER_PID} ]] || node::serve_barrier
-    if image::pyxis_rank0; then
-      node::barrier_say "RELEASE ${IMAGE_SQSH_ID}"
-      timeline::event release
+}
+
+# node::image_docker_relay: once `relay+<id>` is out, stream the image to the workers.
+node::image_docker_relay() {
+  image::relay_send "${SM_IMAGE_ID}" && return 0
+  NODE_IMAGE_FAILED=${IMAGE_RELAY_ERROR:-cannot save ${SM_IMAGE} (see node_0/node.log)}
+  return 1
+}
+
+# node::image_docker_recorded: run alone, a worker loads the image ID rank 0's status.json holds.
+node::image_docker_recorded() {
+  [[ -n ${SM_IMAGE_ID:-} ]] || node::fail "image: rank 0's image ID is unknown (node_0/status.json has none: did rank 0's image stage succeed?)" 2 || return
+  NODE_RELEASED=${SM_IMAGE_ID}
+}
+
+# node::image_docker_worker ID|relay+ID: SM_IMAGE_ID is then what this node runs (a rebuilt image
+# has its own ID).
+node::image_docker_worker() {
+  local id=$1
+  IMAGE_WORKER_ID=
+  if [[ ${id} == relay+* ]]; then
+    id=${id#relay+}
+    log::info image "rank 0's image is ${SM_IMAGE} ${id:7:12}, relayed node to node"
+    if image::relay_recv "${id}"; then
+      IMAGE_WORKER_ID=${id}
     else
-      reason="rank 0 ($(hostname)): image stage failed: cannot make a squashfs of ${SM_IMAGE} (see node_0/node.log)"
-      node::barrier_say "ABORT ${reason}"
-      node::fail "${reason}" || return
+      log::warn image "$(hostname) (rank ${SM_RANK}): ${IMAGE_RELAY_ERROR}; falling back to the cache${SM_IMAGE_CACHE:+ ${SM_IMAGE_CACHE}} or a rebuild"
     fi
   else
-    node::await_release || return
-    id=${NODE_RELEASED}
-    if ! image::pyxis_worker "${id}"; then
-      reason="$(hostname) (rank ${SM_RANK}): cannot see rank 0's squashfs $(image::sqsh_path)"
-      node::stop_join
-      node::barrier_abort "${reason}"
-      node::fail "${reason}" || return
-    fi
-    # What the rank runs, for status.json: the docker image the squashfs was made from.
-    SM_IMAGE_ID=$(image::sidecar_get "${IMAGE_SQSH}.id" id)
-    export SM_IMAGE_ID=${SM_IMAGE_ID:-${id}}
+    log::info image "rank 0's image is ${SM_IMAGE} ${id:7:12}"
   fi
+  if [[ -z ${IMAGE_WORKER_ID} ]] && ! image::ensure_on_worker "${id}"; then
+    NODE_IMAGE_FAILED="cannot get rank 0's image ${SM_IMAGE} ${id:7:12}"
+    return 1
+  fi
+  export SM_IMAGE_ID=${IMAGE_WORKER_ID:-${id}}
+}
+
+# ---- the image stage's verbs: pyxis --------------------------------------------------------------
+# Rank 0 makes (or finds) the squashfs and releases `sqsh:<bytes>:<cksum>`; a worker only checks
+# that it sees that file: it needs no docker.
+
+# node::image_pyxis_rank0 alone|barrier: the same either way.
+node::image_pyxis_rank0() {
+  image::pyxis_rank0 || { NODE_IMAGE_FAILED="cannot make a squashfs of ${SM_IMAGE}"; return 1; }
+  NODE_IMAGE_RELEASE=${IMAGE_SQSH_ID}
   export SM_IMAGE_SQSH=${IMAGE_SQSH}
+}
+
+# Run alone, any size will do: node_0/status.json records the docker image ID only.
+node::image_pyxis_recorded() { NODE_RELEASED=; }
+
+# node::image_pyxis_worker SQSH_ID: SM_IMAGE_SQSH is what this rank starts.
+node::image_pyxis_worker() {
+  image::pyxis_worker "$1" || { NODE_IMAGE_FAILED="cannot see rank 0's squashfs $(image::sqsh_path)"; return 1; }
+  # What the rank runs, for status.json: the docker image the squashfs was made from.
+  local made_from
+  made_from=$(cache::get "${IMAGE_SQSH}" id)
+  export SM_IMAGE_ID=${made_from:-${SM_IMAGE_ID:-$1}} SM_IMAGE_SQSH=${IMAGE_SQSH}
 }
 
 # node::workers_hold ID: every worker said, in its image READY, that it already holds ID (the
@@ -300,7 +321,7 @@ node::image_pyxis() {
 # could not start streaming to them before they dial in either).
 node::workers_hold() {
   local want=$1 file=${SM_SCRATCH}/barrier.holds workers=$((${SM_NTASKS:-${NNODES}} - 1)) deadline said=0 holding=0
-  [[ ${SM_RUNTIME:-docker} == docker ]] && ((workers > 0)) || return 1
+  [[ ${SM_RUNTIME} == docker ]] && ((workers > 0)) || return 1
   deadline=$((SECONDS + ${NODE_HOLDS_WAIT:-10}))
   while :; do
     # The last line of a rank counts (a worker that reconnects says it again).
@@ -334,7 +355,7 @@ node::await_release() {
 node::serve_barrier() {
   local argv=(barrier serve "${BARRIER_ARGS[@]}" --timeout "${SM_BARRIER_TIMEOUT}"
     --image-timeout "${SM_IMAGE_TIMEOUT}" --control-stdin)
-  [[ ${SM_RUNTIME:-docker} != docker ]] || argv+=(--holds-file "${SM_SCRATCH}/barrier.holds")
+  [[ ${SM_RUNTIME} != docker ]] || argv+=(--holds-file "${SM_SCRATCH}/barrier.holds")
   log::cmd barrier "${SM_HOME}/bin/slurm-multi" "${argv[@]}"
   log::info barrier "(its stdin is a pipe from this task: it gets 'RELEASE <image-id>' or 'ABORT <reason>')"
   exec {BARRIER_CTL}> >(trap - ERR; SM_ERROR_FILE=${SM_SCRATCH}/barrier.error util::sm "${argv[@]}")
@@ -351,7 +372,7 @@ node::join_image_phase() {
   # It tells rank 0 which ID of the image this node holds: rank 0 moves nothing to a holder. (It
   # starts beside prepare, before SM_IMAGE is resolved here: the plan's JOB_IMAGE is the same.)
   local ref=${SM_IMAGE:-${JOB_IMAGE:-}}
-  [[ ${SM_RUNTIME:-docker} != docker || -z ${ref} ]] || argv+=(--holds-image "${ref}")
+  [[ ${SM_RUNTIME} != docker || -z ${ref} ]] || argv+=(--holds-image "${ref}")
   log::cmd image "${SM_HOME}/bin/slurm-multi" "${argv[@]}"
   log::info image "(its stdout is a pipe to this task; SIGUSR1 from this task starts its start phase)"
   # Not util::py: the process substitution must BE the helper (exec), so SIGUSR1 reaches Python.
@@ -440,7 +461,7 @@ node::stage_run() {
   if declare -F profile::before_run >/dev/null; then
     profile::before_run || node::fail "profile: cannot set up profiling (see node.log)" 2 || return
   fi
-  case ${SM_RUNTIME:-docker} in
+  case ${SM_RUNTIME} in
     docker) run::docker || node::fail "run: could not start the container" || return ;;
     none) run::bare ;;
     pyxis) run::pyxis || node::fail "run: could not start the rank's pyxis step" || return ;;
@@ -454,7 +475,7 @@ node::stage_run() {
   case ${RUN_EXIT} in
     0) return 0 ;;
     124) node::fail "workload timed out after ${SM_TIMEOUT} s" 124 ;;
-    *) node::fail "$([[ ${SM_RUNTIME:-docker} == docker ]] && echo container || echo workload) exited ${RUN_EXIT}" "${RUN_EXIT}" ;;
+    *) node::fail "$([[ ${SM_RUNTIME} == docker ]] && echo container || echo workload) exited ${RUN_EXIT}" "${RUN_EXIT}" ;;
   esac
 }
 
@@ -469,7 +490,7 @@ node::stage_save_outputs() {
   csv=${SM_RESULTS_CSV:-}
   if [[ -n ${csv} ]]; then
     src=${SM_SCRATCH}/output/${csv}
-    if [[ ! -f ${src} && ${SM_RUNTIME:-docker} == docker ]] && docker container inspect "${name}" >/dev/null 2>&1; then
+    if [[ ! -f ${src} && ${SM_RUNTIME} == docker ]] && docker container inspect "${name}" >/dev/null 2>&1; then
       local workdir
       workdir=$(docker container inspect -f '{{.Config.WorkingDir}}' "${name}" 2>/dev/null)
       docker cp "${name}:${workdir:-/}/${csv}" "${src}" >/dev/null 2>&1 || true
@@ -492,7 +513,7 @@ node::stage_save_outputs() {
     if [[ -f ${f} && ${f##*/} != "${csv}" ]]; then cp -f "${f}" "${SM_NODE_DIR}/" 2>/dev/null || true; fi
   done
   # Removed while status.json is written; node::on_exit waits for it.
-  if [[ ${SM_KEEP_CONTAINER:-0} != 1 && ${SM_RUNTIME:-docker} == docker ]]; then
+  if [[ ${SM_KEEP_CONTAINER:-0} != 1 && ${SM_RUNTIME} == docker ]]; then
     docker rm -f "${name}" >/dev/null 2>&1 &
     NODE_RM_PID=$!
   fi
@@ -515,7 +536,7 @@ node::write_status() {
 
 # node::remove_scratch: the scratch dir holds the container env and the secrets list: never left.
 node::remove_scratch() {
-  [[ ${SM_KEEP_SCRATCH:-0} == 1 || ${NODE_SCRATCH_FOREIGN} == 1 ]] || rm -rf "${SM_SCRATCH}"
+  [[ ${SM_KEEP_SCRATCH} == 1 || ${NODE_SCRATCH_FOREIGN} == 1 ]] || rm -rf "${SM_SCRATCH}"
 }
 
 # node::stage_reap: run by the batch step after the tasks ended, on every node. A task that died
@@ -526,7 +547,7 @@ node::stage_reap() {
   local name
   name=$(run::container_name)
   if [[ -f ${SM_NODE_DIR}/status.json ]]; then
-    [[ ${SM_RUNTIME:-docker} != docker ]] || docker rm -f "${name}" >/dev/null 2>&1 || true
+    [[ ${SM_RUNTIME} != docker ]] || docker rm -f "${name}" >/dev/null 2>&1 || true
     node::remove_scratch
     return 0
   fi
@@ -535,7 +556,7 @@ node::stage_reap() {
   NODE_REASON="the sm-node task on $(hostname) died before saving its outputs (killed?); outputs recovered by the reaper"
   # shellcheck source=/dev/null
   [[ -f ${SM_SCRATCH}/context.sh ]] && source "${SM_SCRATCH}/context.sh"
-  if [[ ${SM_RUNTIME:-docker} == docker ]] && docker container inspect "${name}" >/dev/null 2>&1; then
+  if [[ ${SM_RUNTIME} == docker ]] && docker container inspect "${name}" >/dev/null 2>&1; then
     run::diagnose "${name}" "task died; container left behind"
     run::stop_container "${name}"
     RUN_EXIT=$(docker container inspect -f '{{.State.ExitCode}}' "${name}" 2>/dev/null || echo "")
@@ -555,9 +576,9 @@ node::stage_reap() {
 node::on_term() {
   NODE_TERMINATED=1
   log::warn node "received a termination signal; stopping the workload gracefully"
-  [[ ${SM_RUNTIME:-docker} == docker ]] && run::stop_container "$(run::container_name)"
+  [[ ${SM_RUNTIME} == docker ]] && run::stop_container "$(run::container_name)"
   # Bare metal: the workload is our child (under nsight-slurm only this task gets the signal).
-  if [[ ${SM_RUNTIME:-docker} == none && -n ${RUN_DOCKER_PID} ]]; then kill -TERM "${RUN_DOCKER_PID}" 2>/dev/null || true; fi
+  if [[ ${SM_RUNTIME} == none && -n ${RUN_DOCKER_PID} ]]; then kill -TERM "${RUN_DOCKER_PID}" 2>/dev/null || true; fi
   if [[ -n ${RUN_DOCKER_PID} ]]; then wait "${RUN_DOCKER_PID}" 2>/dev/null || true; fi
   if [[ -n ${SM_BARRIER_PID} ]]; then node::barrier_say "ABORT rank 0 ($(hostname)) was terminated"; fi
   node::stop_join

@@ -67,8 +67,8 @@ run::diagnose_host() {
 run::stop_container() {
   local name=$1
   docker container inspect "${name}" >/dev/null 2>&1 || return 0
-  log::cmd run docker stop -t "${SM_STOP_GRACE:-30}" "${name}"
-  timeout "$((${SM_STOP_GRACE:-30} + 15))" docker stop -t "${SM_STOP_GRACE:-30}" "${name}" >/dev/null 2>&1 || true
+  log::cmd run docker stop -t "${SM_STOP_GRACE}" "${name}"
+  timeout "$((SM_STOP_GRACE + 15))" docker stop -t "${SM_STOP_GRACE}" "${name}" >/dev/null 2>&1 || true
 }
 
 # run::hang_watch TARGET_ARGS...: the hang watch beside the workload (py/slurm_multi/hangwatch.py:
@@ -78,11 +78,11 @@ run::stop_container() {
 run::hang_watch() {
   RUN_HANG_PID=
   rm -f "${SM_SCRATCH}/hung"
-  ((${SM_HANG_TIMEOUT:-0} > 0)) || return 0
+  ((SM_HANG_TIMEOUT > 0)) || return 0
   # A cause holds its stop up to the peer grace until the other ranks' watches have spoken (a rerun
   # by hand has no peers running).
   local peers=()
-  ((${NODE_FROM_JOB:-0})) || peers=(--job-dir "${SM_JOBDIR}" --ranks "${SM_NTASKS:-${NNODES:-1}}" --hold "${SM_PEER_GRACE:-30}")
+  ((${NODE_FROM_JOB:-0})) || peers=(--job-dir "${SM_JOBDIR}" --ranks "${SM_NTASKS:-${NNODES:-1}}" --hold "${SM_PEER_GRACE}")
   (
     trap - TERM INT EXIT
     local rc=0 state line
@@ -179,7 +179,10 @@ run::docker() {
       local deadline=$((SECONDS + SM_TIMEOUT))
       while ((SECONDS < deadline)); do
         kill -0 "${task}" 2>/dev/null || exit 0
-        { sleep 1; } 2>/dev/null # (a killed sleep is not news)
+        [[ ! -e ${SM_SCRATCH}/run-done ]] || exit 0
+        # Never on the node log's pipe: a sleep orphaned by run::end_watchers would hold it open, and
+        # srun waits for that pipe (a whole second per job, measured by bench/cpu_profile.py).
+        sleep 1 >/dev/null 2>&1
       done
       # The workload ended first: this watchdog's sleep was cut short on purpose, nothing to do.
       [[ -e ${SM_SCRATCH}/run-done ]] && exit 0
@@ -270,7 +273,7 @@ RUN_PYXIS_RANK_SH='export SLURM_PROCID="${SM_PYXIS_PROCID:-$SLURM_PROCID}" SLURM
 
 # run::pyxis_step_name: the inner step's name (the nsight-slurm wrapper names its own).
 run::pyxis_step_name() {
-  if [[ ${SM_PROFILE:-none} == nsight-slurm ]]; then printf nsight-slurm-connector; else printf 'sm-rank%s' "${SM_RANK:-0}"; fi
+  if [[ ${SM_PROFILE} == nsight-slurm ]]; then printf nsight-slurm-connector; else printf 'sm-rank%s' "${SM_RANK:-0}"; fi
 }
 
 # run::pyxis_argv: the inner step's whole argv into RUN_ARGV: ONE --container-mounts (pyxis keeps
@@ -292,10 +295,10 @@ run::pyxis_argv() {
   native+=(--container-image="${sqsh}" --container-mounts="$(launch::container_mounts "${mounts[@]}")")
   # A manifest model runs in its run directory (prepare); any other command in the image's WORKDIR,
   # as docker runs it (recorded when the squashfs was imported).
-  workdir=${RUN_WORKDIR:-$(image::sidecar_get "${sqsh}.id" workdir)}
+  workdir=${RUN_WORKDIR:-$(cache::sidecar_get "${sqsh}.id" workdir)}
   [[ -z ${workdir} ]] || native+=(--container-workdir="${workdir}")
   RUN_ARGV=()
-  if [[ ${SM_PROFILE:-none} == nsight-slurm ]]; then
+  if [[ ${SM_PROFILE} == nsight-slurm ]]; then
     RUN_ARGV=(env SLURM_SUBMIT_DIR="${SM_JOBDIR}" "$(profile::nsight_bin)" srun "${native[@]}" --)
   else
     RUN_ARGV=(srun --job-name="$(run::pyxis_step_name)" "${native[@]}")
@@ -316,7 +319,7 @@ run::pyxis_stop() {
   [[ -n ${step} ]] || { log::warn run "no step of this rank to stop ($1)"; return 0; }
   log::cmd run scancel --signal=TERM "${SLURM_JOB_ID}.${step}"
   scancel --signal=TERM "${SLURM_JOB_ID}.${step}" 2>/dev/null || true
-  while [[ -n ${RUN_DOCKER_PID:-} ]] && kill -0 "${RUN_DOCKER_PID}" 2>/dev/null && ((waited < ${SM_STOP_GRACE:-30} * 5)); do
+  while [[ -n ${RUN_DOCKER_PID:-} ]] && kill -0 "${RUN_DOCKER_PID}" 2>/dev/null && ((waited < SM_STOP_GRACE * 5)); do
     sleep 0.2
     waited=$((waited + 1))
   done

@@ -112,7 +112,8 @@ refute_container_started() {
 
 @test "GPUs asked for that the node lacks: the node fails with both lists, no container starts" {
   manifest "${BATS_TEST_TMPDIR}/m.json" '{"gpu_vendor": "AMD", "docker_gpus": "0-7"}'
-  FAKE_AMDSMI_GPUS=4 PATH="${REPO_ROOT}/tests/fakes:${PATH}" SM_MANIFEST=${BATS_TEST_TMPDIR}/m.json node_task
+  # The fake amd-smi; the shim stays the docker (tests/fakes has a docker of its own).
+  FAKE_AMDSMI_GPUS=4 PATH="${BATS_TEST_TMPDIR}/shim:${REPO_ROOT}/tests/fakes:${PATH}" SM_MANIFEST=${BATS_TEST_TMPDIR}/m.json node_task
   assert_failure 2
   run status_field reason
   assert_output --regexp "GPUs? 4-7 .*asked for.*0-3"
@@ -293,21 +294,23 @@ EOF
   assert_failure
 }
 
-@test "settings: each option maps to its variable; a bad value is one line with exit 2" {
+@test "settings by hand on a node: the table's defaults fill what is unset; a bad value is one line with exit 2" {
   # shellcheck source=/dev/null
   for lib in log util settings; do source "${REPO_ROOT}/lib/${lib}.sh"; done
-  assert_equal "$(settings::option_var --image-cache)" SM_IMAGE_CACHE
-  assert_equal "$(settings::option_var --image-timeout)" SM_IMAGE_TIMEOUT
-  run settings::option_var --nope
-  assert_failure
-  SM_TIMEOUT=1 SM_HANG_TIMEOUT=1 SM_IMAGE_TIMEOUT=1 SM_BARRIER_TIMEOUT=1 SM_MASTER_PORT=70000 SM_STOP_GRACE=1 SM_PEER_GRACE=1 SM_PROFILE=none \
-    SM_RUNTIME=docker SM_COLLECT=true SM_IMAGE=x run settings::validate
+  run bash -c 'for lib in log util settings; do source "${REPO_ROOT}/lib/${lib}.sh"; done
+    unset SM_SETTINGS_RESOLVED; SM_HANG_TIMEOUT=7 MAD_DOCKER_BUILDS=/c settings::resolve_env
+    echo "${SM_RUNTIME} ${SM_HANG_TIMEOUT} ${SM_IMAGE_CACHE} ${SM_STOP_GRACE} ${SM_SETTINGS_RESOLVED}"'
+  assert_success
+  assert_output "docker 7 /c 30 1"
+  SM_MASTER_PORT=70000 run settings::resolve_env
   assert_failure 2
-  assert_output --partial "--master-port '70000' is not a TCP port"
-  SM_TIMEOUT=1 SM_HANG_TIMEOUT=1 SM_IMAGE_TIMEOUT=1 SM_BARRIER_TIMEOUT=1 SM_STOP_GRACE=1 SM_PEER_GRACE=1 SM_PROFILE=nsys \
-    SM_RUNTIME=docker SM_COLLECT=true SM_IMAGE=x SM_IMAGE_TRANSPORT=auto SM_RELAY_FANOUT=1 SM_PROFILE_OPTIONAL=maybe run settings::validate
+  assert_output "slurm-multi: --master-port (from SM_MASTER_PORT) '70000' is not a TCP port (1-65535)"
+  SM_PROFILE_OPTIONAL=maybe run settings::resolve_env
   assert_failure 2
-  assert_output --partial "--profile-optional 'maybe': expected true or false"
+  assert_output --partial "--profile-optional (from SM_PROFILE_OPTIONAL) 'maybe': expected true or false"
+  # Resolved once by the batch step: nothing to do (no helper starts).
+  SM_SETTINGS_RESOLVED=1 SM_MASTER_PORT=70000 SM_PYTHON=/nonexistent run settings::resolve_env
+  assert_success
 }
 
 @test "a node whose docker engine does not answer fails prepare with one line naming it, no container starts" {
