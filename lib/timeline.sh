@@ -1,15 +1,21 @@
 # shellcheck shell=bash
-# A node's timeline: one JSON line per event, appended to ${SM_NODE_DIR}/events.jsonl, which
+# A node's timeline: one line per event, appended to ${SM_NODE_DIR}/events.log, which
 # `slurm-multi results collect` turns into JOBDIR/timeline.json (+ .txt, .png) and the summary's
-# `time:` line (docs/results.md, "The timeline").
+# `time:` line (docs/results.md, "The timeline"). The format's one reader (and its other writer, the
+# hang watch) is py/slurm_multi/events.py, whose docstring is the format's reference.
 #
 #   timeline::event NAME [KEY=VALUE ...]
-#   -> {"t":1764500000.123456,"event":"NAME","rank":0,"host":"node1","KEY":"VALUE",...}
+#   -> 1764500000.123456 NAME rank=0 host=node1 KEY=VALUE ...
+#
+# Fields are separated by one space; every token (the name, each key and value) is percent-encoded:
+# `%`, space and the ASCII control characters (newline, tab, ...; DEL) become %XX, anything else is
+# written as it is, so no value can break its line or its field. Bash builds no JSON: the reader
+# types the values (a plain JSON number such as 12, -3, 0.25, 1e9 is a number, anything else a
+# string).
 #
 # Pure bash, no fork once the node dir exists (it runs on hot paths), and it never fails the caller:
-# a write error costs one warning per process, then silence. A VALUE that is a plain JSON number
-# (12, -3, 0.25, 1e9) is written as a number, anything else as a string. One printf of one short
-# line to an O_APPEND file is one write(), so a few processes of one node may append at once.
+# a write error costs one warning per process, then silence. One printf of one short line to an
+# O_APPEND file is one write(), so a few processes of one node may append at once.
 #
 # The events the node records (the reader knows these; any other name is kept as a point event, and
 # any X_start/X_end pair is drawn as a sub-step X):
@@ -21,7 +27,7 @@
 #   release                         rank 0: the image ID is out (workers may start loading)
 #   go                              the barrier let this node start
 #   container_start                 the workload's container (or process) started
-#   first_output                    its first output line
+#   first_output                    its first output line (written by the hang watch)
 #   exit code=N                     the workload ended
 
 TIMELINE_WARNED=${TIMELINE_WARNED:-0}
@@ -38,34 +44,29 @@ timeline::_warn() {
   return 0
 }
 
-# timeline::_json_string TEXT: TEXT as a JSON string literal, into REPLY.
-timeline::_json_string() {
-  local s=$1 out='' c i
-  s=${s//\\/\\\\}
-  s=${s//\"/\\\"}
-  s=${s//$'\n'/\\n}
-  s=${s//$'\r'/\\r}
-  s=${s//$'\t'/\\t}
-  # The other control characters are rare: a character loop only when there is one.
+# timeline::_encode TEXT: TEXT as a token of an event line (`%`, space and control characters as
+# %XX), into REPLY.
+timeline::_encode() {
+  local s=$1 out='' c i n
+  s=${s//%/%25}
+  s=${s// /%20}
+  s=${s//$'\n'/%0A}
+  s=${s//$'\t'/%09}
+  s=${s//$'\r'/%0D}
+  # The other control characters are rare: a character loop only when there is one. In a UTF-8
+  # locale [[:cntrl:]] also matches U+0080-U+009F, which are left as they are (only ASCII is encoded).
   if [[ ${s} == *[[:cntrl:]]* ]]; then
     for ((i = 0; i < ${#s}; i++)); do
       c=${s:i:1}
-      [[ ${c} == [[:cntrl:]] ]] && printf -v c '\\u%04x' "'${c}"
+      if [[ ${c} == [[:cntrl:]] ]]; then
+        printf -v n '%d' "'${c}"
+        if ((n < 32 || n == 127)); then printf -v c '%%%02X' "${n}"; fi
+      fi
       out+=${c}
     done
     s=${out}
   fi
-  REPLY="\"${s}\""
-}
-
-# timeline::_json_value TEXT: a plain JSON number as it is (no leading zeros, no +, no nan), else
-# a JSON string; into REPLY.
-timeline::_json_value() {
-  if [[ $1 =~ ^-?(0|[1-9][0-9]*)([.][0-9]+)?([eE][+-]?[0-9]+)?$ ]]; then
-    REPLY=$1
-  else
-    timeline::_json_string "$1"
-  fi
+  REPLY=${s}
 }
 
 # timeline::event NAME [KEY=VALUE ...]: append one event line; always returns 0.
@@ -77,12 +78,12 @@ timeline::event() {
   t=${EPOCHREALTIME:-}
   t=${t/,/.} # a locale's decimal comma
   [[ -n ${t} ]] || printf -v t '%(%s)T' -1
-  timeline::_json_string "${name}"
-  line="{\"t\":${t},\"event\":${REPLY}"
-  timeline::_json_value "${SM_RANK:-${SLURM_NODEID:-}}"
-  line+=",\"rank\":${REPLY}"
-  timeline::_json_string "${SLURMD_NODENAME:-${HOSTNAME:-}}"
-  line+=",\"host\":${REPLY}"
+  timeline::_encode "${name}"
+  line="${t} ${REPLY}"
+  timeline::_encode "${SM_RANK:-${SLURM_NODEID:-}}"
+  line+=" rank=${REPLY}"
+  timeline::_encode "${SLURMD_NODENAME:-${HOSTNAME:-}}"
+  line+=" host=${REPLY}"
   for kv in "$@"; do
     key=${kv%%=*}
     if [[ ${kv} != *=* || -z ${key} ]]; then
@@ -95,18 +96,17 @@ timeline::event() {
         continue
         ;;
     esac
-    timeline::_json_string "${key}"
-    line+=",${REPLY}:"
-    timeline::_json_value "${kv#*=}"
+    timeline::_encode "${key}"
+    line+=" ${REPLY}="
+    timeline::_encode "${kv#*=}"
     line+=${REPLY}
   done
-  line+='}'
   if [[ ! -d ${dir} ]]; then
     mkdir -p "${dir}" 2>/dev/null ||
       { timeline::_warn "cannot create ${dir}; event ${name} not recorded"; return 0; }
   fi
   # The redirection's own error message is silenced with the group's stderr.
-  { printf '%s\n' "${line}" >>"${dir}/events.jsonl"; } 2>/dev/null ||
-    timeline::_warn "cannot append to ${dir}/events.jsonl; event ${name} not recorded"
+  { printf '%s\n' "${line}" >>"${dir}/events.log"; } 2>/dev/null ||
+    timeline::_warn "cannot append to ${dir}/events.log; event ${name} not recorded"
   return 0
 }

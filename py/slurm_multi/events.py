@@ -1,8 +1,27 @@
-"""A node's events (node_<rank>/events.jsonl, written by lib/timeline.sh): read in one place.
+"""A node's events (node_<rank>/events.log): the one module that writes and reads their lines.
 
-Collect's timeline (results/timeline.py) and the batch step's watch (watch.py, no click) both read
-them here: `parse_event` for one line, `current_stage` for the stage a node is in now (its last
-`stage_start`), so nobody learns a node's stage by scraping node.log.
+lib/timeline.sh appends them from bash (`timeline::event NAME [KEY=VALUE ...]`), the hang watch
+through `write_event`; collect's timeline (results/timeline.py, via `parse_events`) and the batch
+step's watch and sm-demo (`current_stage`: a node's last `stage_start`) read them here, so nobody
+learns a node's stage by scraping node.log.
+
+One event per line, fields separated by one space:
+
+    1764500000.123456 stage_end rank=0 host=node1 stage=image status=ok
+
+- the time (epoch seconds, `$EPOCHREALTIME`), the event's name, then KEY=VALUE fields (`rank` and
+  `host` first, the node's); the first `=` of a field ends its key (a key's own `=` is `%3D`).
+- Every token (name, key, value) is percent-encoded: `%`, space and the ASCII control characters
+  (newline, tab, ...; DEL) are `%XX` (upper-case hex), everything else is itself. So a value cannot
+  break its line or its field, and nothing needs quoting.
+- A value that reads as a plain JSON number (`12`, `-3`, `0.25`, `1e9`; not `007`, `+1`, `nan`) is
+  a number, anything else a string (the name and `host` are always strings).
+- A line is written in one write() with its line end, so a few processes of one node may append at
+  once; a line without its line end (the file's last, torn by a kill mid-write) is not an event.
+
+Job directories of earlier versions have `events.jsonl` instead, one JSON object per line
+(`{"t":…,"event":…,"rank":…,"host":…,KEY:VALUE…}`): it is read too (`events_path`), and a line that
+starts with `{` is read as JSON in either file. What a reader gets is the same for both forms.
 
     python -S -m slurm_multi.events stages JOBDIR NRANKS   ->   node_0=image node_1=barrier ...
 """
@@ -12,16 +31,77 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
+import time
 from typing import Any
 
+from slurm_multi import statusfile
 from slurm_multi.logline import short
 
-EVENTS_FILE = "events.jsonl"
+EVENTS_FILE = "events.log"
+OLD_EVENTS_FILE = "events.jsonl"  # earlier versions: one JSON object per line (still read)
 MAX_EPOCH = 253_402_300_799.0  # 9999-12-31T23:59:59Z
 RESERVED_KEYS = ("t", "event", "rank", "host")
 MAX_VALUE_CHARS = 200
 TAIL_BYTES = 16384  # a node writes a few dozen events; its last stage_start is near the end
+
+_NUMBER = re.compile(rb"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+_ENCODED = re.compile(rb"%([0-9A-Fa-f]{2})")
+_TO_ENCODE = re.compile(r"[%\x00-\x20\x7f]")
+
+
+# ---- writing -------------------------------------------------------------------------------------
+
+
+def encode(text: str) -> str:
+    """A token as it goes on the line: `%`, space and the control characters as %XX."""
+    return _TO_ENCODE.sub(lambda m: f"%{ord(m.group()):02X}", text)
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"  # a string on the way back, as in the shell
+    if isinstance(value, float):
+        return repr(value) if math.isfinite(value) else str(value)  # 'inf' reads back as a string
+    return str(value)
+
+
+def format_event(name: str, when: float, **fields: Any) -> str:
+    """One event's line, without its line end."""
+    words = [f"{when:.6f}", encode(name)]
+    words += [
+        f"{encode(str(key)).replace('=', '%3D')}={encode(_value(value))}" for key, value in fields.items()
+    ]
+    return " ".join(words)
+
+
+def write_event(node_dir: str, name: str, when: float | None = None, **fields: Any) -> bool:
+    """Append one event (at `when`, default now) to the node's events.log; False when it could not
+    be written. Never raises: an event is never worth failing its caller. Pass `rank` and `host`
+    first, as lib/timeline.sh writes them."""
+    line = format_event(name, time.time() if when is None else when, **fields) + "\n"
+    try:
+        # One write() of the whole line to an O_APPEND file: concurrent writers never interleave.
+        fd = os.open(os.path.join(node_dir, EVENTS_FILE), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line.encode("utf-8", "surrogateescape"))
+        finally:
+            os.close(fd)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+# ---- reading -------------------------------------------------------------------------------------
+
+
+def events_path(node_dir: str) -> str:
+    """The node's events file: events.log, or an older job directory's events.jsonl when only that
+    one is there."""
+    path = os.path.join(node_dir, EVENTS_FILE)
+    old = os.path.join(node_dir, OLD_EVENTS_FILE)
+    return old if not os.path.exists(path) and os.path.exists(old) else path
 
 
 def finite(value: Any) -> float | None:
@@ -35,17 +115,56 @@ def finite(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
+def _decode(token: bytes) -> str:
+    if b"%" in token:
+        token = _ENCODED.sub(lambda m: bytes((int(m.group(1), 16),)), token)
+    return token.decode("utf-8", errors="replace")
+
+
+def _typed(token: bytes) -> Any:
+    """A value token as the reader sees it: a plain JSON number is a number, else a string (also
+    an integer too long for Python to read: over 4300 digits)."""
+    if _NUMBER.fullmatch(token):
+        try:
+            return float(token) if any(c in token for c in b".eE") else int(token)
+        except ValueError:
+            pass
+    return _decode(token)
+
+
+def parse_line(raw: bytes) -> dict[str, Any] | None:
+    """Every field of one line (either form) as {"t", "event", "rank", "host", KEY: VALUE...};
+    None when it is not an event line. No checks past the form: `parse_event` judges the values."""
+    raw = raw.strip()
+    if raw.startswith(b"{"):  # an events.jsonl line (earlier versions)
+        try:
+            data = json.loads(raw.decode("utf-8", errors="replace"))
+        except (ValueError, RecursionError):
+            return None
+        return data if isinstance(data, dict) else None
+    words = raw.split(b" ")
+    if len(words) < 2 or not _NUMBER.fullmatch(words[0]):
+        return None
+    fields: dict[str, Any] = {"t": _typed(words[0]), "event": _decode(words[1])}
+    for word in words[2:]:
+        key, equals, value = word.partition(b"=")
+        if not equals or not key:
+            return None  # not something a writer here writes: garbage
+        name = _decode(key)
+        if name not in ("t", "event"):  # the line's own, never a field's (no writer writes them)
+            fields[name] = _decode(value) if name == "host" else _typed(value)
+    return fields
+
+
 def parse_event(raw: bytes) -> dict[str, Any] | None:
-    """One line of events.jsonl as {"t", "event", extra keys...}; None when it is not an event.
+    """One line as {"t", "event", extra keys...}; None when it is not an event.
 
     Bytes that are not UTF-8 become U+FFFD (a host name in another encoding costs nothing); extra
-    values that are not a string, a finite number, a bool or null are left out.
+    values that are not a string, a finite number, a bool or null are left out (an old JSON line
+    may hold anything); `rank` and `host` are the node's, not the event's, and are left out too.
     """
-    try:
-        data = json.loads(raw.decode("utf-8", errors="replace"))
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(data, dict):
+    data = parse_line(raw)
+    if data is None:
         return None
     t = finite(data.get("t"))
     name = data.get("event")
@@ -62,21 +181,41 @@ def parse_event(raw: bytes) -> dict[str, Any] | None:
     return event
 
 
+def parse_events(data: bytes) -> tuple[list[dict[str, Any]], int, bool]:
+    """A file's bytes as (its events in file order, how many lines were skipped, whether the last
+    skipped line is the torn last one). Blank lines are no lines; a last line without its line end
+    is torn unless it is a whole JSON object (an old events.jsonl line)."""
+    events: list[dict[str, Any]] = []
+    skipped, torn = 0, False
+    lines = data.split(b"\n")
+    for number, raw in enumerate(lines, 1):
+        if not raw.strip():
+            continue
+        last = number == len(lines)  # no line end after it
+        event = parse_event(raw) if not last or raw.lstrip().startswith(b"{") else None
+        if event is None:
+            skipped += 1
+            torn = torn or last
+        else:
+            events.append(event)
+    return events, skipped, torn
+
+
 def current_stage(node_dir: str) -> str | None:
     """The stage of the node's last `stage_start` event; None before its first (or unreadable)."""
     try:
-        with open(os.path.join(node_dir, EVENTS_FILE), "rb") as handle:
+        with open(events_path(node_dir), "rb") as handle:
             handle.seek(0, os.SEEK_END)
             size = handle.tell()
             handle.seek(max(0, size - TAIL_BYTES))
-            lines = handle.read().splitlines()
+            data = handle.read()
     except OSError:
         return None
     if size > TAIL_BYTES:
-        lines = lines[1:]  # the first line of the tail may be cut
-    for raw in reversed(lines):
-        event = parse_event(raw)
-        if event is not None and event["event"] == "stage_start" and isinstance(event.get("stage"), str):
+        data = data[data.find(b"\n") + 1 :]  # the first line of the tail may be cut
+    events, _, _ = parse_events(data)
+    for event in reversed(events):
+        if event["event"] == "stage_start" and isinstance(event.get("stage"), str):
             return event["stage"]
     return None
 
@@ -85,7 +224,7 @@ def node_stage(jobdir: str, rank: int) -> str:
     """What a progress line shows for a rank: `finished` once it staged, else its current stage,
     else `starting`."""
     node_dir = os.path.join(jobdir, f"node_{rank}")
-    if os.path.exists(os.path.join(node_dir, "status.json")):
+    if statusfile.has_status(node_dir):
         return "finished"
     return current_stage(node_dir) or "starting"
 

@@ -42,6 +42,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slurm_multi import shell
+from slurm_multi.events import write_event
+from slurm_multi.statusfile import has_status
 
 EXIT_HUNG = 3
 CPU_BUSY_FRACTION = 0.02  # of one core, between two polls: below it, the processes are idle
@@ -389,7 +391,7 @@ class Peers:
         """Rank's watch has spoken (hang.json), its run ended (status.json), or its progress record
         shows output or CPU after `since` (it is not waiting on the cause)."""
         node_dir = os.path.join(self.job_dir, f"node_{rank}")
-        if any(os.path.exists(os.path.join(node_dir, name)) for name in ("hang.json", "status.json")):
+        if os.path.exists(os.path.join(node_dir, "hang.json")) or has_status(node_dir):
             return True
         try:
             with open(os.path.join(node_dir, "progress.json"), encoding="utf-8") as handle:
@@ -476,7 +478,7 @@ def _watch_loop(
         if size != state.output_size:
             if not state.printed:
                 state.printed = True
-                append_event(node_dir, "first_output", rank, node, now)
+                write_event(node_dir, "first_output", now, rank=rank, host=node)  # never fails
             state.output_size, state.last_output = size, now
         if cpu - state.cpu > CPU_BUSY_FRACTION * max(now - last_poll, 1e-3):
             state.last_cpu = now
@@ -500,17 +502,6 @@ def _watch_loop(
             print(hang["state"], hang_line(hang), flush=True)  # the caller reads: STATE LINE
             return EXIT_HUNG
     raise Stopped
-
-
-def append_event(node_dir: str, event: str, rank: int, node: str, when: float) -> None:
-    """One line on the node's timeline (events.jsonl, as lib/timeline.sh writes it); never fails."""
-    record = {"t": round(when, 6), "event": event, "rank": rank, "host": node}
-    line = json.dumps(record, separators=(",", ":"))
-    try:
-        with open(os.path.join(node_dir, "events.jsonl"), "a", encoding="utf-8") as out:
-            out.write(line + "\n")
-    except OSError:
-        pass
 
 
 def progress_document(state: Progress, rank: int, node: str, now: float) -> dict[str, Any]:

@@ -1,22 +1,155 @@
-"""Write a node's status.json: the one helper at the end of every node task, so it starts without
-click (`python -S -m slurm_multi.statusfile …`, ~10 ms instead of ~50 ms on a node's hot path).
-`slurm-multi node status` is the same function behind the click CLI.
+"""A node's status.json, the verdict's input: written and read here, nowhere else.
+
+The one helper at the end of every node task writes it, so this module starts without click
+(`python -S -m slurm_multi.statusfile …`, ~10 ms instead of ~50 ms on a node's hot path).
+`slurm-multi node status` is the same function behind the click CLI; the batch step's watch writes
+a "lost" status for the ranks of a dead node with it; collect, the watch, the hang watch, the
+events' progress line and `node from-job` read it with `read_status` / `has_status`.
 
     python -S -m slurm_multi.statusfile FILE RANK NODE EXIT_CODE REASON IMAGE_ID TERMINATED STAGE…
 
 STAGE is NAME:SECONDS:STATUS[:EXIT]; TERMINATED is 0 or 1. Exit 0 written, 2 bad arguments, 1 I/O.
+
+The document (the keys below are the contract: old job directories are judged by them):
+
+    {"rank": 1, "node": "node2", "exit_code": 0, "status": "ok", "reason": "", "image_id": "sha256:…",
+     "stages": {"prepare": {"seconds": 0.12, "status": "ok"}, "run": {"seconds": 30.1, "status": "ok",
+                "exit_code": 0}, …}}
+
+`status` is ok, failed, timeout (exit 124) or terminated (stopped by a signal with exit 0); the
+readers also meet the other words older versions or other writers used (lost, aborted).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Sequence
 from typing import Any
 
+STATUS_FILE = "status.json"  # in the node dir, JOBDIR/node_<rank>/
+
+# The document's keys.
+RANK = "rank"
+NODE = "node"
+EXIT_CODE = "exit_code"
+STATUS = "status"
+REASON = "reason"
+IMAGE_ID = "image_id"  # the image the rank ran (rank 0's is the job's: node from-job, collect)
+STAGES = "stages"  # name -> {SECONDS, STAGE_STATUS[, EXIT_CODE]}
+SECONDS = "seconds"
+STAGE_STATUS = "status"
+
+
+USAGE = "python -S -m slurm_multi.statusfile FILE RANK NODE EXIT_CODE REASON IMAGE_ID TERMINATED STAGE…"
+
 
 class StatusError(ValueError):
     """An argument that cannot go into status.json."""
+
+
+class Status:
+    """A status.json as read: its values as they are (a reader judges their types: a file another
+    version or a person wrote may hold anything), or `error`, why a file that is there cannot be
+    read as a JSON object (the reader reports it unreadable).
+
+    A plain class, not a dataclass: importing dataclasses costs this hot path ~10 ms.
+    """
+
+    __slots__ = ("document", "error")
+
+    def __init__(self, document: dict[str, Any] | None = None, error: str = "") -> None:
+        self.document: dict[str, Any] = {} if document is None else document
+        self.error = error
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Status) and (self.document, self.error) == (other.document, other.error)
+
+    def __repr__(self) -> str:
+        return f"Status({self.document!r}, error={self.error!r})"
+
+    @property
+    def readable(self) -> bool:
+        return not self.error
+
+    def get(self, key: str) -> Any:
+        return self.document.get(key)
+
+    @property
+    def node(self) -> Any:
+        return self.document.get(NODE)
+
+    @property
+    def exit_code(self) -> Any:
+        return self.document.get(EXIT_CODE)
+
+    @property
+    def status(self) -> Any:
+        return self.document.get(STATUS)
+
+    @property
+    def reason(self) -> Any:
+        return self.document.get(REASON)
+
+    @property
+    def image_id(self) -> Any:
+        return self.document.get(IMAGE_ID)
+
+    @property
+    def stages(self) -> dict[str, Any]:
+        """The stage table; {} when it is missing or not an object (an entry may still be anything)."""
+        stages = self.document.get(STAGES)
+        return stages if isinstance(stages, dict) else {}
+
+
+def status_path(node_dir: str) -> str:
+    return os.path.join(node_dir, STATUS_FILE)
+
+
+def has_status(node_dir: str) -> bool:
+    """The rank has staged: its status.json is there (readable or not)."""
+    return os.path.exists(status_path(node_dir))
+
+
+def _load(path: str) -> Any:
+    """json.load of the file opened as UTF-8 text (what results.shared.read_json does: without the
+    text layer when the bytes decode cleanly, the same outcome either way)."""
+    with open(path, "rb") as handle:
+        data = handle.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:  # let the text layer raise (and word) it
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    if "\r" in text:  # what text mode (universal newlines) does to line ends
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    return json.loads(text)
+
+
+def read_status(path: str) -> Status | None:
+    """The status.json at `path`; None when there is none (the task never staged); never raises.
+
+    A file that is there but cannot be read, is not JSON or is not a JSON object is a Status with
+    `error` (its first line: `Is a directory`, `Expecting value: line 1 column 1 (char 0)`,
+    `not a JSON object`). The file is read first and stat'ed only when that fails: the common case
+    costs one open.
+    """
+    try:
+        document = _load(path)
+    except OSError as exc:
+        error = exc.strerror or str(exc)
+    except (ValueError, RecursionError) as exc:  # a NUL in the path is a ValueError too: no file
+        error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    else:
+        if isinstance(document, dict):
+            return Status(document)
+        error = "not a JSON object"
+    try:
+        os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return Status({}, error)
 
 
 def status_document(
@@ -32,22 +165,22 @@ def status_document(
             raise StatusError(f"node status: --stage {spec!r}: expected NAME:SECONDS:STATUS[:EXIT]")
         name, seconds, state = parts[0], parts[1], parts[2]
         try:
-            entry: dict[str, Any] = {"seconds": float(seconds), "status": state}
+            entry: dict[str, Any] = {SECONDS: float(seconds), STAGE_STATUS: state}
             if len(parts) > 3 and parts[3] != "":
-                entry["exit_code"] = int(parts[3])
+                entry[EXIT_CODE] = int(parts[3])
         except ValueError:
             raise StatusError(
                 f"node status: --stage {spec!r}: seconds and exit code must be numbers"
             ) from None
         table[name] = entry
     return {
-        "rank": rank,
-        "node": node,
-        "exit_code": exit_code,
-        "status": status,
-        "reason": reason,
-        "image_id": image_id,
-        "stages": table,
+        RANK: rank,
+        NODE: node,
+        EXIT_CODE: exit_code,
+        STATUS: status,
+        REASON: reason,
+        IMAGE_ID: image_id,
+        STAGES: table,
     }
 
 
@@ -61,7 +194,7 @@ def write_status(path: str, document: dict[str, Any]) -> None:
 
 def main(argv: Sequence[str]) -> int:
     if len(argv) < 7:
-        print(f"slurm-multi: node status: usage: {__doc__.splitlines()[4].strip()}", file=sys.stderr)
+        print(f"slurm-multi: node status: usage: {USAGE}", file=sys.stderr)
         return 2
     path, rank, node, exit_code, reason, image_id, terminated, *stages = argv
     try:

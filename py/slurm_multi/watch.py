@@ -10,15 +10,13 @@ others. A node Slurm declared dead gets a "lost" status.json for each of its ran
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
 
-from slurm_multi import shell
+from slurm_multi import statusfile
 from slurm_multi.events import node_stage
 from slurm_multi.logline import talk
 
@@ -34,15 +32,6 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] not in (b"Z", b"X")
-
-
-def _read_status(path: str) -> dict[str, Any] | None:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def slurm_node_states(nodes: Sequence[str]) -> dict[str, str]:
@@ -76,22 +65,12 @@ def is_bad_state(state: str, not_responding: bool = False) -> bool:
 def write_lost_status(jobdir: str, rank: int, node: str, state: str) -> None:
     """A rank on a node Slurm declared dead will never stage: record that, so nobody waits for it."""
     directory = os.path.join(jobdir, f"node_{rank}")
-    path = os.path.join(directory, "status.json")
-    if os.path.exists(path):
+    if statusfile.has_status(directory):
         return
-    os.makedirs(directory, exist_ok=True)
-    shell.write_json(
-        path,
-        {
-            "rank": rank,
-            "node": node,
-            "exit_code": 137,
-            "status": "failed",
-            "reason": f"Slurm reports {node} {state}: the node (or its slurmd) died during the job",
-            "image_id": "",
-            "stages": {},
-        },
-    )
+    reason = f"Slurm reports {node} {state}: the node (or its slurmd) died during the job"
+    # Exit 137, no stages, no image: status "failed", as the node's own status.json would say.
+    document = statusfile.status_document(rank, node, 137, reason, "", (), terminated=False)
+    statusfile.write_status(statusfile.status_path(directory), document)
 
 
 def mark_lost(
@@ -151,10 +130,11 @@ def watch(
         if now >= next_check:
             next_check = now + check_every
             for rank in range(ranks):
-                status = _read_status(os.path.join(jobdir, f"node_{rank}", "status.json"))
-                if status is not None and status.get("exit_code") != 0:
-                    reason = status.get("reason") or f"exit {status.get('exit_code')}"
-                    talk("multi", f"node_{rank} ({status.get('node', '?')}) failed: {reason}; "
+                status = statusfile.read_status(statusfile.status_path(os.path.join(jobdir, f"node_{rank}")))
+                if status is not None and status.readable and status.exit_code != 0:
+                    reason = status.reason or f"exit {status.exit_code}"
+                    node = status.document.get(statusfile.NODE, "?")
+                    talk("multi", f"node_{rank} ({node}) failed: {reason}; "
                          f"the other nodes get {peer_grace:g} s before they are stopped")  # fmt: skip
                     failed_since = now
                     break

@@ -1,5 +1,6 @@
-"""slurm_multi.events: a node's events read in one place; the watch and sm-demo learn each node's
-stage from its last stage_start, never from node.log."""
+"""slurm_multi.events: a node's events written and read in one place (lib/timeline.sh writes the
+same lines from bash); the watch and sm-demo learn each node's stage from its last stage_start,
+never from node.log; an older job directory's events.jsonl (JSON lines) still reads."""
 
 from __future__ import annotations
 
@@ -9,12 +10,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-from slurm_multi import events, watch
+import pytest
+
+from slurm_multi import events, hangwatch, watch
 
 T0 = 1_764_500_000.0
 
 
 def event(name: str, **extra: object) -> str:
+    return events.format_event(name, T0, rank=0, host="node1", **extra) + "\n"
+
+
+def json_event(name: str, **extra: object) -> str:
     return json.dumps({"t": T0, "event": name, "rank": 0, "host": "node1", **extra}) + "\n"
 
 
@@ -24,7 +31,7 @@ def test_the_stage_is_the_last_stage_start_whatever_follows_it(tmp_path: Path):
     assert events.node_stage(str(tmp_path), 0) == "starting"  # no events yet
     lines = [event("stage_start", stage="prepare"), event("stage_end", stage="prepare", status="ok"),
              event("stage_start", stage="image"), event("image_load_start")]  # fmt: skip
-    (node / "events.jsonl").write_text("".join(lines) + '{"t": 17645')  # a torn last line
+    (node / "events.log").write_text("".join(lines) + event("stage_start", stage="run")[:-12])  # torn
     assert events.current_stage(str(node)) == "image"
     assert events.node_stage(str(tmp_path), 0) == "image"
     # The log says something else: it is not read.
@@ -34,21 +41,32 @@ def test_the_stage_is_the_last_stage_start_whatever_follows_it(tmp_path: Path):
     assert events.node_stage(str(tmp_path), 0) == "finished"
 
 
+def test_an_old_events_jsonl_is_read_when_there_is_no_events_log(tmp_path: Path):
+    node = tmp_path / "node_0"
+    node.mkdir()
+    (node / "events.jsonl").write_text(json_event("stage_start", stage="barrier") + '{"t": 17645')
+    assert events.events_path(str(node)) == str(node / "events.jsonl")
+    assert events.current_stage(str(node)) == "barrier"
+    (node / "events.log").write_text(event("stage_start", stage="run"))
+    assert events.events_path(str(node)) == str(node / "events.log")
+    assert events.current_stage(str(node)) == "run"
+
+
 def test_a_long_events_file_is_read_from_its_tail(tmp_path: Path):
     node = tmp_path / "node_0"
     node.mkdir()
     noise = event("first_output") * (2 * events.TAIL_BYTES // len(event("first_output")))
-    (node / "events.jsonl").write_text(
+    (node / "events.log").write_text(
         event("stage_start", stage="prepare") + noise + event("stage_start", stage="run")
     )
-    assert os.path.getsize(node / "events.jsonl") > events.TAIL_BYTES
+    assert os.path.getsize(node / "events.log") > events.TAIL_BYTES
     assert events.current_stage(str(node)) == "run"
 
 
 def test_the_watch_and_the_demo_read_the_same_stages(tmp_path: Path):
     for rank, stage in ((0, "barrier"), (1, "image")):
         (tmp_path / f"node_{rank}").mkdir()
-        (tmp_path / f"node_{rank}" / "events.jsonl").write_text(event("stage_start", stage=stage))
+        (tmp_path / f"node_{rank}" / "events.log").write_text(event("stage_start", stage=stage))
     assert watch.node_stage is events.node_stage
     env = dict(os.environ, PYTHONPATH=str(Path(events.__file__).parents[1]))
     done = subprocess.run([sys.executable, "-S", "-m", "slurm_multi.events", "stages", str(tmp_path), "3"],
@@ -57,3 +75,94 @@ def test_the_watch_and_the_demo_read_the_same_stages(tmp_path: Path):
     bad = subprocess.run([sys.executable, "-S", "-m", "slurm_multi.events", "stages", str(tmp_path)],
                          capture_output=True, text=True, env=env, check=False)  # fmt: skip
     assert bad.returncode == 2 and bad.stderr.startswith("usage:")
+
+
+# ---- the line format -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["plain", "a b", "tab\there", "line\nbreak", "cr\rlf", "50%", "%20 is not a space", "k=v=w", "", "größe",
+     "\x01\x1b[31mred\x7f", 'say "hi" \\'],
+)  # fmt: skip
+def test_a_value_comes_back_as_it_was_written_and_stays_on_its_line_and_field(value: str):
+    line = events.format_event("odd name", T0, rank=0, host="node 1", v=value, after="x")
+    assert "\n" not in line and "\r" not in line and line.count(" ") == 5
+    assert events.parse_line(line.encode()) == {
+        "t": T0, "event": "odd name", "rank": 0, "host": "node 1", "v": value, "after": "x"
+    }  # fmt: skip
+
+
+def test_a_key_may_hold_anything_too():
+    line = events.format_event("x", T0, **{"a=b c": "v=w"})
+    assert line.endswith(" a%3Db%20c=v=w")
+    assert events.parse_line(line.encode()) == {"t": T0, "event": "x", "a=b c": "v=w"}
+
+
+def test_plain_json_numbers_are_numbers_and_the_rest_strings():
+    line = b"1764500000.5 exit rank=r1 host=12 code=137 neg=-3 frac=0.25 sci=1e9 lead=007 plus=+1 word=nan"
+    assert events.parse_line(line) == {
+        "t": 1764500000.5, "event": "exit", "rank": "r1", "host": "12", "code": 137, "neg": -3,
+        "frac": 0.25, "sci": 1e9, "lead": "007", "plus": "+1", "word": "nan",
+    }  # fmt: skip
+
+
+def test_lines_of_either_form_give_the_same_event():
+    new = events.format_event("stage_end", T0, rank=0, host="node1", stage="image", status="ok", bytes=12)
+    old = json.dumps({"t": T0, "event": "stage_end", "rank": 0, "host": "node1", "stage": "image",
+                      "status": "ok", "bytes": 12})  # fmt: skip
+    assert events.parse_event(new.encode()) == events.parse_event(old.encode())
+    assert events.parse_event(new.encode()) == {
+        "t": T0, "event": "stage_end", "stage": "image", "status": "ok", "bytes": 12
+    }  # fmt: skip
+
+
+def test_parse_events_skips_what_is_not_an_event_and_names_a_torn_last_line():
+    whole = event("go") + "garbage here\n\n" + event("exit", code=0)
+    assert events.parse_events(whole.encode()) == (
+        [{"t": T0, "event": "go"}, {"t": T0, "event": "exit", "code": 0}], 1, False
+    )  # fmt: skip
+    torn = whole + event("stage_end", stage="run", status="ok")[:-5]  # `status=o`, no line end
+    found, skipped, is_torn = events.parse_events(torn.encode())
+    assert (len(found), skipped, is_torn) == (2, 2, True)
+    # An old JSON line is whole or not by itself: without a line end it still counts.
+    assert events.parse_events(json_event("go").rstrip("\n").encode()) == (
+        [{"t": T0, "event": "go"}],
+        0,
+        False,
+    )
+
+
+def test_write_event_appends_one_line_and_never_raises(tmp_path: Path):
+    assert events.write_event(str(tmp_path), "first_output", T0, rank=1, host="node2")
+    assert events.write_event(str(tmp_path), "note", T0 + 1, rank=1, host="node2", text="two\nlines")
+    assert (tmp_path / "events.log").read_text() == (
+        "1764500000.000000 first_output rank=1 host=node2\n"
+        "1764500001.000000 note rank=1 host=node2 text=two%0Alines\n"
+    )
+    assert events.write_event(str(tmp_path / "missing"), "x") is False
+    (tmp_path / "ro").mkdir()
+    (tmp_path / "ro" / "events.log").mkdir()  # a directory where the file should be
+    assert events.write_event(str(tmp_path / "ro"), "x") is False
+
+
+def test_the_hang_watch_writes_its_events_through_events_py():
+    source = Path(hangwatch.__file__).read_text()
+    assert hangwatch.write_event is events.write_event
+    assert "events.log" not in source and "events.jsonl" not in source
+
+
+def test_no_module_but_events_names_an_events_file():
+    import ast
+
+    package = Path(events.__file__).parent
+    offenders = []
+    for path in sorted(package.rglob("*.py")):
+        if path == Path(events.__file__):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                text = node.value.strip()
+                if text.rsplit("/", 1)[-1] in ("events.log", "events.jsonl") and " " not in text:
+                    offenders.append(f"{path.name}:{node.lineno}: {text!r}")
+    assert offenders == [], "read and write the events through slurm_multi.events"

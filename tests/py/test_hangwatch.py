@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from slurm_multi import hangwatch
+from slurm_multi.events import parse_line
 from slurm_multi.hangwatch import Target, Thread, classify, hang_line
 
 REPO = Path(__file__).resolve().parents[2]
@@ -84,7 +85,7 @@ def test_chatty_but_idle_is_not_hung(procs: list, tmp_path: Path) -> None:
     assert run_watch(proc.pid, out, tmp_path, 1.0) == 0
     assert not (tmp_path / "hang.json").exists()
     # Its first output line is on the node's timeline, once.
-    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    events = [parse_line(line) for line in (tmp_path / "events.log").read_bytes().splitlines()]
     assert [(e["event"], e["rank"], e["host"]) for e in events] == [("first_output", 1, "node2")]
 
 

@@ -1,6 +1,7 @@
 """results collect: the timeline, where the job's time went.
 
-Every node appends events to node_<rank>/events.jsonl (lib/timeline.sh); collect writes
+Every node appends events to node_<rank>/events.log (lib/timeline.sh; older job directories have
+events.jsonl, one JSON object per line, and are read the same); collect writes
 timeline.json, timeline.txt and (with matplotlib) timeline.png, and puts a `time:` line in the
 printed summary and summary.json. Every test reads real job directories built in tmp_path.
 """
@@ -17,8 +18,8 @@ import pytest
 from click.testing import CliRunner
 
 from slurm_multi.cli import group
+from slurm_multi.events import format_event, parse_event
 from slurm_multi.results import collect, timelinedraw
-from slurm_multi.results.timeline import parse_event
 
 REPO = Path(__file__).resolve().parents[2]
 T0 = 1_764_500_000.0  # 2025-11-30T10:53:20Z, the first event of the jobs below
@@ -46,10 +47,20 @@ STEPS = {
 
 
 def event(t: float, name: str, rank: int = 0, **keys: Any) -> str:
+    """One line of events.log, as lib/timeline.sh writes it."""
+    return format_event(name, T0 + t, rank=rank, host=f"node{rank + 1}", **keys)
+
+
+def json_event(t: float, name: str, rank: int = 0, **keys: Any) -> str:
+    """One line of an older job directory's events.jsonl."""
     return json.dumps({"t": T0 + t, "event": name, "rank": rank, "host": f"node{rank + 1}", **keys})
 
 
-def plan_events(rank: int, plan: list[tuple[str, float, float]], steps: list[Any] = ()) -> list[str]:
+def plan_events(
+    rank: int, plan: list[tuple[str, float, float]], steps: list[Any] = (), as_line: Any = event
+) -> list[str]:
+    """The node's lines (events.log's form; `as_line=json_event`: an older events.jsonl's)."""
+    event = as_line
     lines = []
     for stage, start, end in plan:
         lines.append(event(start, "stage_start", rank, stage=stage))
@@ -77,9 +88,11 @@ def make_job(
     plans: dict[int, list[tuple[str, float, float]]],
     events: dict[int, list[str] | str | bytes | None] | None = None,
     job: dict[str, Any] | None = None,
+    events_file: str = "events.log",
 ) -> Path:
-    """A successful job directory: status.json from the plans; events.jsonl as given (a list of
-    lines, raw text/bytes, or None for none); by default every node's events from its plan."""
+    """A successful job directory: status.json from the plans; events.log (or `events_file`) as
+    given (a list of lines, raw text/bytes, or None for none); by default every node's events from
+    its plan."""
     root.mkdir(parents=True)
     meta = {"job_id": "57", "model": "toy_model", "nnodes": len(plans), "results_csv": "perf_toy.csv"}
     meta["nodes"] = [f"node{rank + 1}" for rank in plans]
@@ -91,11 +104,11 @@ def make_job(
         (node_dir / "node.log").write_text("done\n")
         lines = plan_events(rank, plan, STEPS.get(rank, [])) if events is None else events.get(rank)
         if isinstance(lines, list):
-            (node_dir / "events.jsonl").write_text("".join(line + "\n" for line in lines))
+            (node_dir / events_file).write_text("".join(line + "\n" for line in lines))
         elif isinstance(lines, str):
-            (node_dir / "events.jsonl").write_text(lines)
+            (node_dir / events_file).write_text(lines)
         elif isinstance(lines, bytes):
-            (node_dir / "events.jsonl").write_bytes(lines)
+            (node_dir / events_file).write_bytes(lines)
     (root / f"node_{max(plans)}" / "perf_toy.csv").write_text(FULL_CSV)
     return root
 
@@ -188,7 +201,7 @@ def test_one_node_without_a_barrier_its_stages_are_the_path(tmp_path: Path):
 def test_a_stage_that_never_ended_is_unfinished_at_the_nodes_last_event(tmp_path: Path):
     plan = [("prepare", 0, 1), ("image", 1, 3), ("barrier", 3, 4), ("run", 4, 9)]
     lines = plan_events(0, plan)
-    lines = [line for line in lines if '"stage_end"' not in line or '"run"' not in line]  # killed in run
+    lines = [line for line in lines if " stage_end " not in line or "stage=run" not in line]  # killed in run
     jobdir = make_job(tmp_path / "57", {0: plan}, events={0: lines})
     collect(jobdir)
     run = read_timeline(jobdir)["nodes"][0]["stages"][-1]
@@ -257,41 +270,73 @@ def test_a_job_with_no_stage_times_has_an_empty_path_and_no_time_line(tmp_path: 
 def test_torn_and_garbage_lines_are_skipped_and_counted_in_one_warning(tmp_path: Path):
     good = plan_events(1, PLANS[1])
     bad = [
-        "not json at all",
+        "not an event at all",
         "[1, 2, 3]",
-        json.dumps({"event": "go"}),  # no time
+        "go rank=1",  # no time
+        "soon go",
+        "nan go",
+        f"{T0} go rank=1 stray",  # a field that is not KEY=VALUE
+        f"{T0} go =1",  # no key
+        f"{T0}",  # no event
+        f"{T0} %20 rank=1",  # a blank name
+        "-5 go",  # before 1970
+        json.dumps({"event": "go"}),  # the old JSON form: no time
         json.dumps({"t": "soon", "event": "go"}),
         '{"t": NaN, "event": "go"}',
         json.dumps({"t": T0, "event": ""}),
         json.dumps({"t": True, "event": "go"}),
     ]
-    text = "\n".join(good[:4] + bad + good[4:]) + "\n" + '{"t": 17645000'  # the last line torn
-    raw = text.encode() + b"\n\xff\xfe\x00 binary\n"
+    raw = "\n".join(good[:4] + bad + good[4:]).encode() + b"\n\xff\xfe\x00 binary\n"
     events = {0: plan_events(0, PLANS[0], STEPS[0]), 1: raw, 2: plan_events(2, PLANS[2], STEPS[2])}
     jobdir = make_job(tmp_path / "57", PLANS, events=events)
     result = run_collect(jobdir)
     assert result.exit_code == 0, result.output
     warnings = json.loads((jobdir / "summary.json").read_text())["warnings"]
-    assert warnings == ["node_1/events.jsonl: 9 lines skipped (not JSON events)"]
-    assert "warning: node_1/events.jsonl: 9 lines skipped" in result.stderr
+    assert warnings == ["node_1/events.log: 16 lines skipped (not events)"]
+    assert "warning: node_1/events.log: 16 lines skipped" in result.stderr
     lane = read_timeline(jobdir)["nodes"][1]
     assert [s["stage"] for s in lane["stages"]] == ["prepare", "image", "barrier", "run", "save-outputs"]
 
 
 def test_a_torn_last_line_is_named_as_such(tmp_path: Path):
-    lines = "".join(line + "\n" for line in plan_events(0, PLANS[0])) + '{"t": 1764500099.1, "ev'
+    # Cut after `stage=`: it would read as an event with an empty stage; without its line end it is none.
+    torn = event(99.1, "stage_start", 0, stage="run")
+    lines = "".join(line + "\n" for line in plan_events(0, PLANS[0])) + torn[: torn.index("stage=") + 6]
     jobdir = make_job(tmp_path / "57", {0: PLANS[0]}, events={0: lines})
+    summary = collect(jobdir)
+    assert summary.warnings == ["node_0/events.log: 1 line skipped (the last one torn (no line end))"]
+    assert read_timeline(jobdir)["nodes"][0]["stages"][-1]["stage"] == "save-outputs"
+
+
+def test_a_torn_last_line_of_an_old_events_jsonl_is_named_as_such(tmp_path: Path):
+    lines = "".join(line + "\n" for line in plan_events(0, PLANS[0], as_line=json_event))
+    jobdir = make_job(tmp_path / "57", {0: PLANS[0]}, events={0: lines + '{"t": 1764500099.1, "ev'},
+                      events_file="events.jsonl")  # fmt: skip
     summary = collect(jobdir)
     assert summary.warnings == ["node_0/events.jsonl: 1 line skipped (the last one torn (no line end))"]
     assert read_timeline(jobdir)["nodes"][0]["stages"][-1]["stage"] == "save-outputs"
 
 
+def test_an_old_job_directorys_events_jsonl_gives_the_same_timeline(tmp_path: Path):
+    new = make_job(tmp_path / "new" / "57", PLANS)
+    old_events = {rank: plan_events(rank, PLANS[rank], STEPS[rank], as_line=json_event) for rank in PLANS}
+    old = make_job(tmp_path / "old" / "57", PLANS, events=old_events, events_file="events.jsonl")
+    assert not list(old.glob("node_*/events.log"))
+    assert (collect(new).warnings, collect(old).warnings) == ([], [])
+    assert read_timeline(old) == read_timeline(new)
+    assert read_timeline(old)["nodes"][0]["source"] == "events"
+    # A job directory with both (never written so): events.log is the node's events.
+    (new / "node_0" / "events.jsonl").write_text(json_event(0, "stage_start", 0, stage="other") + "\n")
+    collect(new)
+    assert read_timeline(new) == read_timeline(old)
+
+
 def test_an_unreadable_events_file_is_a_warning_and_the_lane_comes_from_status_json(tmp_path: Path):
     jobdir = make_job(tmp_path / "57", {0: PLANS[0], 1: PLANS[1]}, events={0: plan_events(0, PLANS[0])})
-    (jobdir / "node_1" / "events.jsonl").mkdir()  # a directory: EISDIR
+    (jobdir / "node_1" / "events.log").mkdir()  # a directory: EISDIR
     summary = collect(jobdir)
     assert summary.verdict == "SUCCESS"
-    assert len(summary.warnings) == 1 and summary.warnings[0].startswith("node_1/events.jsonl: unreadable (")
+    assert len(summary.warnings) == 1 and summary.warnings[0].startswith("node_1/events.log: unreadable (")
     assert [lane["source"] for lane in read_timeline(jobdir)["nodes"]] == ["events", "status"]
 
 
@@ -301,7 +346,20 @@ def test_an_empty_events_file_is_no_events(tmp_path: Path):
     assert summary.warnings == [] and read_timeline(jobdir)["nodes"][0]["source"] == "status"
 
 
-def test_parse_event_keeps_plain_values_and_drops_the_rest():
+def test_parse_event_types_the_values_and_drops_the_nodes_own_keys():
+    line = event(0, "image_stream_end", 3, bytes=12, why="x" * 300, note="a b%c\nd", neg=-3, sci="1e9",
+                 lead="007", ok=True)  # fmt: skip
+    assert line.count(" ") == 10 and "\n" not in line  # time, name, 9 fields: none broke a field or the line
+    assert parse_event(line.encode()) == {
+        "t": T0, "event": "image_stream_end", "bytes": 12, "why": "x" * 197 + "...", "note": "a b%c\\x0ad",
+        "neg": -3, "sci": 1e9, "lead": "007", "ok": "true",
+    }  # fmt: skip
+    assert parse_event(b"1764500000 x big=1e999") == {"t": T0, "event": "x"}  # not finite: left out
+    assert parse_event(b"1e300 x") is None  # past year 9999
+    assert parse_event(b"-5 x") is None
+
+
+def test_parse_event_of_an_old_json_line_keeps_plain_values_and_drops_the_rest():
     line = {"t": T0, "event": "image_stream_end", "rank": 3, "host": "n4", "bytes": 12, "ok": True,
             "why": "x" * 300, "list": [1], "obj": {"a": 1}, "none": None}  # fmt: skip
     parsed = parse_event(json.dumps(line).encode())

@@ -15,7 +15,7 @@ One module per concern (docs/results.md has the rules):
 - jobdir      job.json, the node directories and each node's judgement (the manifest fallback)
 - hangs       the hang watch's progress.json and hang.json: which rank stopped first, who waited
 - stragglers  per stage, the rank much slower than the others (information, never a failure)
-- timeline    every node's events.jsonl as lanes, the critical path and where the time went
+- timeline    every node's events (events.log) as lanes, the critical path and where the time went
 - timelinedraw  timeline.json, timeline.txt and (with matplotlib) timeline.png
 - rows        perf.csv rows in madengine's columns
 - collect     the whole job: candidates, aggregate, verdict -> Summary

@@ -8,7 +8,6 @@ build_manifest.json (`--manifest`) only fills what an old job.json lacks.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -41,6 +40,7 @@ from slurm_multi.results.timeline import build_timeline
 from slurm_multi.results.timelinedraw import write_timeline
 from slurm_multi.results.values import format_number
 from slurm_multi.results.worldsize import check_world
+from slurm_multi.statusfile import read_status, status_path
 
 MAX_NODES = 100_000  # a larger nnodes is a typo, not a job: derive it from the node dirs
 
@@ -123,11 +123,8 @@ def rank0_image_id(root: Path, node_dir: str | None) -> str:
     """The image every node ran (rank 0's, sent in GO), from node_0/status.json if it says."""
     if node_dir is None:
         return ""
-    try:
-        data = json.loads((root / node_dir / "status.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return ""
-    return cell(data.get("image_id")) if isinstance(data, dict) else ""
+    status = read_status(status_path(os.path.join(root, node_dir)))
+    return cell(status.image_id) if status is not None and status.readable else ""
 
 
 def _candidates(jobdir: Path, nodes: Sequence[NodeReport], results_csv: str | None) -> list[Candidate]:

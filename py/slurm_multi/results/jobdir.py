@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from slurm_multi import statusfile
 from slurm_multi.common import usage_error
 from slurm_multi.redact import redact, secret_values
 from slurm_multi.results.logscan import ErrorHit, ErrorPattern, scan_log_file
@@ -201,7 +202,7 @@ def stage_order(stages: dict[str, Any]) -> list[str]:
 def _failed_stage(stages: dict[str, Any]) -> str | None:
     for name in stage_order(stages):
         info = stages[name]
-        if isinstance(info, dict) and info.get("status") not in (None, "ok", "skipped"):
+        if isinstance(info, dict) and info.get(statusfile.STAGE_STATUS) not in (None, "ok", "skipped"):
             return name
     return None
 
@@ -244,18 +245,16 @@ def read_node(
         report.reasons.append(f"{report.label}: no status.json (task never staged)")
         return report
     node_dir = os.path.join(jobdir, dirname)
-    status_path = os.path.join(node_dir, "status.json")
-    try:  # the common case first, without a stat: a status.json that reads as a JSON object
-        data = read_json(status_path)
-    except (OSError, ValueError, RecursionError):
-        data = None
-    if isinstance(data, dict):
-        _judge_status(data, report)  # it was read, so the node dir is a directory and it exists
-    elif not is_path(node_dir, "dir"):  # otherwise the checks in their usual order say what is wrong
+    status = statusfile.read_status(statusfile.status_path(node_dir))  # never raises
+    if status is None:
         report.reasons.append(f"{report.label}: no status.json (task never staged)")
-        return report
+        if not is_path(node_dir, "dir"):
+            return report
+    elif not status.readable:
+        report.status = "unreadable"
+        report.reasons.append(f"{report.label}: status.json unreadable: {status.error}")
     else:
-        _read_status(status_path, report)
+        _judge_status(status, report)
     log = os.path.join(node_dir, "node.log")
     if is_path(log, "file"):
         try:
@@ -279,35 +278,20 @@ def _redacted(hits: list[ErrorHit], known: Sequence[str] | None = None) -> list[
     return [ErrorHit(h.line, h.pattern, redact(h.text, known)) for h in hits] if known else hits
 
 
-def _read_status(path: PathLike, report: NodeReport) -> None:
-    if not is_path(path, "any"):
-        report.reasons.append(f"{report.label}: no status.json (task never staged)")
-        return
-    try:
-        data = read_json(path)
-        if not isinstance(data, dict):
-            raise ValueError("not a JSON object")
-    except (OSError, ValueError, RecursionError) as exc:
-        report.status = "unreadable"
-        report.reasons.append(f"{report.label}: status.json unreadable: {json_error(exc)}")
-        return
-    _judge_status(data, report)
-
-
-def _judge_status(data: dict[str, Any], report: NodeReport) -> None:
-    if isinstance(data.get("node"), str) and data["node"]:
-        report.node = data["node"]
-    stages = data.get("stages") if isinstance(data.get("stages"), dict) else {}
+def _judge_status(status: statusfile.Status, report: NodeReport) -> None:
+    if isinstance(status.node, str) and status.node:
+        report.node = status.node
+    stages = status.stages
     for name in stage_order(stages):
         info = stages[name]
-        seconds = _as_seconds(info.get("seconds")) if isinstance(info, dict) else None
+        seconds = _as_seconds(info.get(statusfile.SECONDS)) if isinstance(info, dict) else None
         if seconds is not None:
             report.stages[str(name)] = seconds
-            if isinstance(info.get("status"), str):
-                report.stage_status[str(name)] = short(info["status"], 40)
-    report.exit_code = as_int(data.get("exit_code"))
-    report.status = str(data.get("status") or "unknown")
+            if isinstance(info.get(statusfile.STAGE_STATUS), str):
+                report.stage_status[str(name)] = short(info[statusfile.STAGE_STATUS], 40)
+    report.exit_code = as_int(status.exit_code)
+    report.status = str(status.status or "unknown")
     if report.status != "ok" or report.exit_code not in (None, 0):
-        note = data.get("reason") if isinstance(data.get("reason"), str) else ""
+        note = status.reason if isinstance(status.reason, str) else ""
         reason = _status_reason(report.status, report.exit_code, stages, note)
         report.reasons.append(f"{report.label}: {reason}")

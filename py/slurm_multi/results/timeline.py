@@ -1,6 +1,7 @@
-"""The job's timeline: where its wall time went, from every node's events.jsonl (lib/timeline.sh).
+"""The job's timeline: where its wall time went, from every node's events.log (lib/timeline.sh writes
+it, slurm_multi.events reads it, and an older job directory's events.jsonl too).
 
-Each node appends one JSON line per event (`stage_start`/`stage_end`, `image_load_start`, `release`,
+Each node appends one line per event (`stage_start`/`stage_end`, `image_load_start`, `release`,
 `go`, ...). Collect reads them into one lane per node: stage intervals, sub-steps (any `X_start` /
 `X_end` pair, e.g. `image_save`) and point events, in seconds from the job start (the earliest event
 of any node). A node without events gets its lane from status.json's stage seconds, laid end to end
@@ -19,7 +20,7 @@ Without a barrier (one node, or a job that failed before it), it is the last nod
 stage's share of the wall time is its time on that path; the rest (gaps between the path's pieces)
 is `other`. A stage whose path time is mostly one sub-step names it: `image 62% (rank 0 save)`.
 
-Nothing here raises on what a node left: a missing events.jsonl is no event, a torn or garbage line
+Nothing here raises on what a node left: a missing events file is no event, a torn or garbage line
 is skipped and counted in one warning per file. Cross-node times assume the nodes' clocks agree
 (NTP); the picture is as good as they are.
 """
@@ -35,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from slurm_multi.events import EVENTS_FILE, parse_event
+from slurm_multi.events import events_path, parse_events
 from slurm_multi.results.jobdir import NodeReport, stage_order
 from slurm_multi.results.shared import read_at_most, utc_iso
 from slurm_multi.results.stragglers import Straggler
@@ -216,10 +217,10 @@ def _lane_dict(lane: Lane, flagged: set[tuple[str, int]]) -> dict[str, Any]:
 
 
 def read_events(path: str, name: str, warnings: list[str]) -> list[dict[str, Any]] | None:
-    """A node's events in time order; None when it has no events.jsonl (no warning).
+    """A node's events in time order; None when it has no events file (no warning).
 
     A line that is not an event (torn by a kill mid-write, garbage) is skipped; the skipped lines
-    of one file are one warning.
+    of one file are one warning. `name` is how the warning names the file.
     """
     try:
         with open(path, "rb") as handle:
@@ -232,19 +233,9 @@ def read_events(path: str, name: str, warnings: list[str]) -> list[dict[str, Any
     if len(data) > MAX_EVENTS_BYTES:
         data = data[: data.rfind(b"\n", 0, MAX_EVENTS_BYTES) + 1]
         warnings.append(f"{name}: larger than {MAX_EVENTS_BYTES // 1024 // 1024} MiB; the rest is ignored")
-    events, skipped, torn = [], 0, False
-    lines = data.split(b"\n")
-    for number, raw in enumerate(lines, 1):
-        if not raw.strip():
-            continue
-        event = parse_event(raw)
-        if event is None:
-            skipped += 1
-            torn = torn or number == len(lines)  # the last line, with no line end
-        else:
-            events.append(event)
+    events, skipped, torn = parse_events(data)
     if skipped:
-        what = "the last one torn (no line end)" if torn else "not JSON events"
+        what = "the last one torn (no line end)" if torn else "not events"
         warnings.append(f"{name}: {skipped} line{'s' if skipped > 1 else ''} skipped ({what})")
     events.sort(key=lambda e: e["t"])  # stable: a tie keeps the file's order
     return events
@@ -320,9 +311,8 @@ def build_timeline(
     for node in nodes:
         if node.dirname is None:
             continue
-        events = read_events(
-            os.path.join(root, node.dirname, EVENTS_FILE), f"{node.dirname}/{EVENTS_FILE}", warnings
-        )
+        path = events_path(os.path.join(root, node.dirname))
+        events = read_events(path, f"{node.dirname}/{os.path.basename(path)}", warnings)
         if events:
             raw[node.rank] = events
     times = [e["t"] for events in raw.values() for e in events]

@@ -100,7 +100,7 @@ def timeline_text(timeline: Timeline, title: str) -> str:
         lines.append(f"time: {timeline.text}")
     lines += [f"straggler (!): {s.describe()}" for s in timeline.stragglers]
     if timeline.approximate:
-        lines.append("status.json~: no events.jsonl; stage seconds laid end to end from the job start")
+        lines.append("status.json~: no events file; stage seconds laid end to end from the job start")
     if timeline.wall > 0 and any(lane.stages for lane in timeline.lanes):
         letters = _letters(timeline.lanes)
         used = [name for name in names if name in letters]
