@@ -1,9 +1,10 @@
 """Relay throughput through a chain of 1, 32 and 128 hops on loopback, against a plain TCP copy.
 
-One run: `slurm_multi.relay.loopback_chain` forks one process per rank on 127.0.0.1 (the real node
-code: handshake, 1 MiB frames, sha256 on every node, forwarding, trailer check, DONE rippling back
-to rank 0); rank 0 reads a synthetic stream from a pipe fed by a feeder process (as `docker save`
-would), every receiver writes to /dev/null. The figure is rank 0's first byte -> every hop verified.
+One run: `loopback_chain` forks one process per rank on 127.0.0.1 (the real node code of
+slurm_multi.relay: handshake, 1 MiB frames, sha256 on every node, forwarding, trailer check, DONE
+rippling back to rank 0); rank 0 reads a synthetic stream from a pipe fed by a feeder process (as
+`docker save` would), every receiver writes to /dev/null. The figure is rank 0's first byte ->
+every hop verified.
 
 - 1 hop: measured against the floor, one plain TCP copy of the same bytes between two processes
   (1 MiB sendall / recv_into, no framing, no hashing).
@@ -21,10 +22,13 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import resource
+import secrets
 import socket
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +37,137 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "py"))
 
 from benchlib import format_seconds, make_row, median, talk, write_rows  # noqa: E402
 
+from slurm_multi.common import HelperError, usage_error  # noqa: E402
+from slurm_multi.net import LOOPBACK, secs  # noqa: E402
+from slurm_multi.relay import CHUNK, Log, Plan, Result, relay_ports, run_node, widen_pipe  # noqa: E402
+
 HOPS = (1, 32, 128)
 DEFAULT_BYTES = 10**9
-CHUNK = 1 << 20
-LOOPBACK = "127.0.0.1"
+
+
+# --------------------------------------------------------------------------------------------------
+# The loopback chain (one process per hop on 127.0.0.1)
+
+
+@dataclass
+class BenchResult:
+    hops: int
+    nbytes: int
+    seconds: float  # rank 0's first byte -> every hop verified
+    cpu_seconds: float  # user + system CPU of every hop and the feeder
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.nbytes / 1e6 / self.seconds if self.seconds > 0 else 0.0
+
+
+def _bench_feeder(write_fd: int, nbytes: int, close_fds: Sequence[int]) -> None:
+    for fd in close_fds:
+        os.close(fd)
+    block = memoryview(os.urandom(CHUNK))
+    widen_pipe(write_fd)
+    left = nbytes
+    while left:
+        n = os.write(write_fd, block[: min(left, CHUNK)])
+        left -= n
+    os.close(write_fd)
+
+
+def _bench_node(plan: Plan, source_fd: int | None, conn: object, close_fds: Sequence[int]) -> None:
+    for fd in close_fds:  # only rank 0 and the feeder may hold the source pipe, or it never ends
+        os.close(fd)
+    out_fd = None if source_fd is not None else os.open(os.devnull, os.O_WRONLY)
+    try:
+        result = run_node(plan, source_fd, out_fd)
+        conn.send(("ok", result))  # type: ignore[attr-defined]
+    except HelperError as exc:
+        conn.send(("error", f"{exc.format_message()} (exit {exc.exit_code})"))  # type: ignore[attr-defined]
+
+
+def loopback_chain(
+    hops: int,
+    nbytes: int,
+    *,
+    fanout: int = 1,
+    master_port: int = 29500,
+    job_id: int | None = None,
+    timeout: float = 600.0,
+    stall_timeout: float = 120.0,
+    log: Log | None = None,
+) -> BenchResult:
+    """Move `nbytes` of synthetic data from rank 0 through `hops` more ranks, one process each.
+
+    Every process runs the real node code (frames, sha256, forwarding); receivers write to
+    /dev/null. The time runs from rank 0's first byte until every rank has verified the trailer.
+    With 128 hops on 2 CPUs each process waits long for a CPU, so the stall timeout is longer than
+    a node's default: a scheduling hiccup shows in the time instead of failing the run.
+    """
+    if hops < 1 or nbytes < 0:
+        raise usage_error("relay: bench needs --hops >= 1 and --bytes >= 0")
+    ctx = multiprocessing.get_context("fork")
+    token = secrets.token_hex(24)
+    job = secrets.randbelow(1 << 20) if job_id is None else job_id
+    nnodes = hops + 1
+
+    def ports_of(rank: int) -> list[int]:
+        return relay_ports(rank, master_port, job)
+
+    quiet: Log = log or (lambda _message: None)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    read_fd, write_fd = os.pipe()
+    feeder = ctx.Process(target=_bench_feeder, args=(write_fd, nbytes, [read_fd]), daemon=True)
+    procs, pipes = [], []
+    for rank in range(nnodes):
+        plan = Plan(
+            rank,
+            nnodes,
+            token,
+            fanout=fanout,
+            hosts=[f"hop{r}" for r in range(nnodes)],
+            ports_of=ports_of,
+            connect_timeout=60,
+            stall_timeout=stall_timeout,
+            loopback=True,
+            log=quiet,
+        )
+        parent_conn, child_conn = ctx.Pipe(duplex=False)
+        source, close = (read_fd, [write_fd]) if rank == 0 else (None, [read_fd, write_fd])
+        proc = ctx.Process(target=_bench_node, args=(plan, source, child_conn, close), daemon=True)
+        proc.start()
+        child_conn.close()
+        procs.append(proc)
+        pipes.append(parent_conn)
+    feeder.start()  # before closing our copies: it inherits both ends and closes the read end
+    os.close(read_fd)
+    os.close(write_fd)
+    results: list[tuple[str, object]] = []
+    try:
+        deadline = time.monotonic() + timeout
+        for rank, pipe in enumerate(pipes):
+            if not pipe.poll(max(0.0, deadline - time.monotonic())):
+                raise HelperError(f"relay: bench: rank {rank} did not finish within {secs(timeout)} s")
+            results.append(pipe.recv())
+    finally:
+        for proc in [*procs, feeder]:
+            proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+    errors = [str(value) for status, value in results if status != "ok"]
+    if errors:
+        raise HelperError(f"relay: bench failed: {errors[0]}")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    head = results[0][1]
+    assert isinstance(head, Result)
+    digests = {value.digest for _, value in results if isinstance(value, Result)}
+    if len(digests) != 1 or head.total != nbytes or head.nodes != hops:
+        raise HelperError(f"relay: bench: inconsistent results {results!r}")
+    return BenchResult(hops, nbytes, head.seconds, cpu)
+
+
+# --------------------------------------------------------------------------------------------------
+# The floor: a plain TCP copy
 
 
 def _floor_receiver(listener: socket.socket, conn: Any) -> None:
@@ -51,8 +182,6 @@ def _floor_receiver(listener: socket.socket, conn: Any) -> None:
 def tcp_floor(nbytes: int) -> tuple[float, float]:
     """(seconds, CPU seconds of both ends) to copy `nbytes` from one process to another over
     loopback TCP, nothing else."""
-    import resource
-
     before = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
     ctx = multiprocessing.get_context("fork")
     listener = socket.socket()
@@ -87,8 +216,6 @@ def tcp_floor(nbytes: int) -> tuple[float, float]:
 
 def measure_chain(hops: int, nbytes: int) -> tuple[float, float]:
     """(seconds, CPU seconds of all processes) of one loopback chain run."""
-    from slurm_multi.relay import loopback_chain
-
     result = loopback_chain(hops, nbytes, timeout=max(120.0, hops * nbytes / 2e7))
     return result.seconds, result.cpu_seconds
 

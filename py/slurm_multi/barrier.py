@@ -7,36 +7,12 @@ release aborts the workers too. (`barrier release|abort` do the same over TCP, f
 by hand or a worker that gives up.) Every worker runs `barrier join`, which prints rank 0's image
 ID once the barrier opens.
 
-Protocol: a challenge, then one line each way, UTF-8, `\\n`-terminated, at most 256 bytes including
-the newline (a trailing `\\r` is tolerated so `\\r\\n` clients work). Fields are separated by single
-ASCII spaces. The token never crosses the wire: rank 0 greets every connection with a fresh nonce S,
-the client picks its own nonce C, and each side signs its line with `auth.mac(token, ...)`
-(HMAC-SHA256 keyed by the token, over the fields joined by `|`). The first MAC field says the
-direction, so a signed request can never pass for a reply (or the other way round).
-
-    rank 0     -> CHALLENGE <S>                                         (on accept)
-    worker     -> READY <mac> <C> <rank> [image [<held-id>]|start]      (phase defaults to `start`)
-                  mac = mac(token, "to-rank0", "READY", S, C, rank, phase[, held-id])
-                  (held-id: the image ID this node already holds; serve --holds-file records it)
-    controller -> RELEASE <mac> <C> <image-id>  |  ABORT <mac> <C> <reason>
-                  mac = mac(token, "to-rank0", verb, S, C, image-id | reason)
-    rank 0     -> WAIT <mac> <rank>   (at once, to a READY it keeps waiting; then, later, one of:)
-    rank 0     -> GO <mac> <rank> <image-id>  |  ABORT <mac> <reason>  |  OK <mac>  |  ERR <reason>
-                  mac = mac(token, "from-rank0", verb, S, C, rank, image-id | reason | nothing)
-
-A line whose MAC does not verify (wrong token, or signed for another connection's S: a replay)
-gets `ERR bad token`. A client trusts GO/ABORT/OK only with a valid MAC over its own C, so a fake
-rank 0 cannot forge or replay them; `ERR` is not signed, so a client only ever moves on from the
-port that sent it to its next candidate.
+Protocol: a challenge, then one signed line each way (slurm_multi.wire says it all); ports and
+addresses: slurm_multi.net. This module is the server and its clients.
 
 `image` READYs are answered as soon as the image is released (a worker learns the image ID to load);
 `start` READYs are answered once every rank 1..nnodes-1 holds a live `start` connection and the image
 is released, and then the server exits 0.
-
-Strictness (decided once, here): a rank is ASCII decimal digits without sign, spaces or leading
-zeros (`1`, `12`; never `+1`, ` 1`, `01`, `１`) and 1 <= rank < nnodes. The token is 1-64 printable
-ASCII characters without spaces, read only from an environment variable and never printed or sent;
-MACs are compared in constant time. ERR replies never echo anything secret.
 
 Exit codes: 0 released/OK, 1 aborted or failed, 2 usage or rejected by rank 0, 3 timeout.
 """
@@ -44,9 +20,7 @@ Exit codes: 0 released/OK, 1 aborted or failed, 2 usage or rejected by rank 0, 3
 from __future__ import annotations
 
 import errno
-import ipaddress
 import os
-import re
 import selectors
 import socket
 import sys
@@ -55,304 +29,59 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import Callable
 
 import click
 
 from slurm_multi import EXIT_FAILURE, EXIT_OK, EXIT_TIMEOUT, EXIT_USAGE, auth
 from slurm_multi.common import HelperError, talk, timeout_error, usage_error
+from slurm_multi.net import (
+    ATTEMPT_TIMEOUT,
+    MAX_CANDIDATES,
+    PROOF_TIMEOUT,
+    Keepalive,
+    bind_first_free,
+    candidate_ports,
+    choose_bind_address,
+    connect_addresses,
+    describe,
+    keepalive,
+    peer,
+    secs,
+)
+from slurm_multi.wire import (
+    DEFAULT_TOKEN_ENV,
+    HELD_ID_RE,
+    IMAGE_ID_RE,
+    MAX_LINE,
+    PHASES,
+    RELEASE_ID_MAX,
+    Message,
+    ProtocolError,
+    Reply,
+    challenge_line,
+    parse_challenge,
+    parse_line,
+    parse_reply,
+    read_token,
+    reply_line,
+    request_line,
+)
 
-MAX_LINE = 256  # bytes per protocol line, newline included
-# `RELEASE <mac> <C> <image-id>\n` must fit MAX_LINE: a longer ID is released on the control pipe.
-RELEASE_ID_MAX = MAX_LINE - len("RELEASE   \n") - auth.MAC_HEX - auth.NONCE_HEX
-PHASES = ("image", "start")
-DEFAULT_TOKEN_ENV = "SM_BARRIER_TOKEN"
-LOCAL_RANGE_PATH = "/proc/sys/net/ipv4/ip_local_port_range"
-ROUTE_PATH = "/proc/net/route"
-FALLBACK_LOCAL_RANGE = (32768, 60999)  # Linux default when the sysctl cannot be read
-WINDOW_FLOOR = 10000
-# Capping the low window at the usual ephemeral start keeps nodes whose ranges differ only above
-# 32768 (60999 vs 65535, 32768 vs 40000) agreeing on the same ports.
-WINDOW_CEILING = 32768
-MIN_WINDOW = 1024
-MAX_CANDIDATES = 32
-
-# 1-64 bytes: an HMAC key no longer than SHA-256's block, so a bash HMAC never hashes the key first.
-TOKEN_RE = re.compile(r"[!-~]{1,64}")
-# The first field of every MAC: a request's MAC can never be passed off as a reply's (both have ABORT).
-TO_RANK0, FROM_RANK0 = "to-rank0", "from-rank0"
-RANK_RE = re.compile(r"0|[1-9][0-9]{0,8}")  # ASCII only: `\d` would accept unicode digits
-IMAGE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,159}")
-# What an image READY may say the worker holds: a local image ID, nothing else.
-HELD_ID_RE = re.compile(r"sha256:[0-9a-f]{64}")
-
-ATTEMPT_TIMEOUT = 5.0  # one TCP connect attempt
-# Our rank 0 greets every connection with its CHALLENGE at once; a candidate port that does not
-# within this is something else (a squatter, a silent listener) and the client moves on.
-PROOF_TIMEOUT = 2.0
 # A worker usually dials a moment before rank 0 listens: retry soon, then back off (doubling).
 BACKOFF_START, BACKOFF_MAX = 0.02, 2.0
 FLUSH_SECONDS = 2.0  # how long the server waits for its last lines to leave
 DRAIN_SECONDS = 1.0  # after an answer, keep reading (and discarding) so close() does not RST it
 NOTE_BUDGET, NOTE_WINDOW = 40, 10.0  # per-connection log lines allowed per window (floods are summed)
+# A worker node that dies without a FIN would otherwise count as present until the timeout; the
+# connections idle for minutes, so the probes may be slow (docs/barrier.md documents these).
+KEEPALIVE = Keepalive(idle=30, interval=10, probes=3)
 
 Log = Callable[[str], None]
 
 
 def _talk(message: str) -> None:
     talk("barrier", message)
-
-
-# --------------------------------------------------------------------------------------------------
-# Ports
-
-
-def read_local_port_range(path: str = LOCAL_RANGE_PATH) -> tuple[int, int]:
-    """The kernel's ephemeral port range, or Linux's default when it cannot be read."""
-    try:
-        lo, hi = (int(part) for part in Path(path).read_text().split())
-    except (OSError, ValueError):
-        return FALLBACK_LOCAL_RANGE
-    if 1 <= lo <= hi <= 65535:
-        return lo, hi
-    return FALLBACK_LOCAL_RANGE
-
-
-def port_window(local_range: tuple[int, int]) -> tuple[int, int]:
-    """A port window `[start, end)` that does not overlap the ephemeral range `local_range`."""
-    lo, hi = local_range
-    low_end = min(lo, WINDOW_CEILING)
-    if low_end - WINDOW_FLOOR >= MIN_WINDOW:
-        return WINDOW_FLOOR, low_end
-    if 65536 - (hi + 1) >= MIN_WINDOW:
-        return hi + 1, 65536
-    start, end = max(((1024, lo), (hi + 1, 65536)), key=lambda gap: gap[1] - gap[0])
-    if end - start < 2 * MAX_CANDIDATES:
-        raise ValueError(f"the ephemeral port range {lo}-{hi} leaves no room for the barrier port")
-    return start, end
-
-
-def derive_ports(master_port: int, job_id: int, local_range: tuple[int, int], count: int = 4) -> list[int]:
-    """`count` candidate ports, the same on every node of the job, outside the ephemeral range.
-
-    MASTER_PORT itself is skipped: the workload binds it on rank 0 right after the barrier.
-    """
-    if not 1 <= count <= MAX_CANDIDATES:
-        raise ValueError(f"count must be 1..{MAX_CANDIDATES}")
-    start, end = port_window(local_range)
-    size = end - start
-    base = (master_port * 1000003 + job_id) % size
-    ports: list[int] = []
-    offset = 0
-    while len(ports) < count:
-        port = start + (base + offset) % size
-        offset += 1
-        if port != master_port:
-            ports.append(port)
-    return ports
-
-
-def override_ports(port: int, count: int = 4) -> list[int]:
-    """An explicit first port followed by its successors (wrapping to 1024 past 65535)."""
-    return [p if p <= 65535 else p - 65536 + 1024 for p in range(port, port + count)]
-
-
-def candidate_ports(
-    ports: Sequence[int],
-    master_port: int | None,
-    job_id: int | None,
-    override: int | None,
-    count: int,
-    local_range: tuple[int, int] | None = None,
-) -> list[int]:
-    """Explicit --port values win, then --override/SM_BARRIER_PORT, then the derivation."""
-    if ports:
-        return list(dict.fromkeys(ports))
-    if override is not None:
-        return override_ports(override, count)
-    if master_port is None or job_id is None:
-        raise usage_error(
-            "barrier: no port to use; give --port, or --master-port and --job-id "
-            "(MASTER_PORT and SLURM_JOB_ID), or --override (SM_BARRIER_PORT)"
-        )
-    try:
-        return derive_ports(master_port, job_id, local_range or read_local_port_range(), count)
-    except ValueError as exc:
-        raise usage_error(f"barrier: {exc}; set SM_BARRIER_PORT on every node") from None
-
-
-# --------------------------------------------------------------------------------------------------
-# Protocol
-
-
-class ProtocolError(ValueError):
-    """A line that breaks the protocol; str() is the short reason sent back as `ERR <reason>`."""
-
-
-@dataclass(frozen=True)
-class Message:
-    kind: str  # READY | RELEASE | ABORT
-    rank: int = 0
-    phase: str = ""
-    image_id: str = ""
-    reason: str = ""
-    nonce: str = ""  # the client's nonce C: rank 0 signs its reply over it
-    holds: str = ""  # an image READY's: the image ID the worker already has (`sha256:…`), if any
-
-
-@dataclass(frozen=True)
-class Reply:
-    kind: str  # GO | ABORT | ERR | OK | WAIT
-    rank: int = 0
-    image_id: str = ""
-    reason: str = ""
-
-
-def decode_line(line: bytes | str, max_line: int = MAX_LINE) -> str:
-    """One protocol line (the barrier's and the relay's): UTF-8, printable, shorter than max_line,
-    its `\n` (and a `\r` before it) removed; ProtocolError otherwise."""
-    raw = line.encode("utf-8", "surrogatepass") if isinstance(line, str) else bytes(line)
-    if raw.endswith(b"\n"):
-        raw = raw[:-1]
-    if raw.endswith(b"\r"):
-        raw = raw[:-1]
-    if len(raw) >= max_line:
-        raise ProtocolError("line too long")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ProtocolError("not UTF-8") from None
-    if not text:
-        raise ProtocolError("empty line")
-    if not text.isprintable():
-        raise ProtocolError("unprintable character")
-    return text
-
-
-def parse_rank(text: str, nnodes: int) -> int:
-    """A worker rank: ASCII digits, no sign/space/leading zero, 1 <= rank < nnodes."""
-    if not RANK_RE.fullmatch(text):
-        raise ProtocolError("bad rank")
-    rank = int(text)
-    if not 1 <= rank < nnodes:
-        raise ProtocolError(f"rank out of range 1..{nnodes - 1}")
-    return rank
-
-
-def challenge_line(challenge: str) -> bytes:
-    """Rank 0's greeting on every connection: `CHALLENGE <S>`, S fresh from auth.new_nonce()."""
-    return f"CHALLENGE {challenge}\n".encode()
-
-
-def parse_challenge(line: bytes | str) -> str:
-    """The nonce S from rank 0's greeting; ProtocolError when the peer greets otherwise."""
-    verb, _, challenge = decode_line(line).partition(" ")
-    if verb != "CHALLENGE" or not auth.is_nonce(challenge):
-        raise ProtocolError("no challenge")
-    return challenge
-
-
-def _signed_fields(verb: str, rest: str) -> list[str]:
-    """What a line's MAC covers after its verb and nonces: READY's rank and phase (`start` when
-    left out), RELEASE's image ID, ABORT's reason, OK's nothing."""
-    if verb in ("ABORT", "RELEASE"):
-        return [rest]
-    if verb == "OK":
-        return []
-    fields = rest.split(" ")
-    return [*fields, "start"] if verb == "READY" and len(fields) == 1 else fields
-
-
-def _fit(head: Sequence[str], tail: str) -> str:
-    """`tail` on one line, cut so that `head… tail\\n` fits MAX_LINE (reasons are free text), with
-    no space left at the end, where a client's `read` would trim it from under the MAC."""
-    budget = MAX_LINE - 1 - sum(len(f.encode()) + 1 for f in head)
-    return " ".join(tail.splitlines()).encode()[:budget].decode("utf-8", "ignore").rstrip()
-
-
-def _signed_line(
-    token: str, direction: str, verb: str, challenge: str, nonce: str, fields: Sequence[str]
-) -> bytes:
-    """`verb <mac> [<C>] fields…` (the client's nonce C only on requests), an ABORT reason cut to
-    fit before it is signed. ValueError when any other line would not fit MAX_LINE."""
-    head = [verb, "0" * auth.MAC_HEX, *([nonce] if direction == TO_RANK0 else [])]
-    fields = list(fields)
-    if verb == "ABORT":
-        fields[-1] = _fit([*head, *fields[:-1]], fields[-1])
-    line = " ".join([*head, *fields]) + "\n"
-    if len(line.encode()) > MAX_LINE:
-        raise ValueError(f"{verb} line longer than {MAX_LINE} bytes")
-    head[1] = auth.mac(token, direction, verb, challenge, nonce, *fields)
-    return (" ".join([*head, *fields]) + "\n").encode()
-
-
-def request_line(token: str, verb: str, challenge: str, nonce: str, *fields: str) -> bytes:
-    """A client's line to rank 0 (READY rank phase | RELEASE image-id | ABORT reason), signed over
-    rank 0's challenge S and our nonce C."""
-    return _signed_line(token, TO_RANK0, verb, challenge, nonce, fields)
-
-
-def reply_line(token: str, verb: str, challenge: str, nonce: str, *fields: str) -> bytes:
-    """Rank 0's answer (GO rank image-id | ABORT reason | OK), signed over S and the client's C."""
-    return _signed_line(token, FROM_RANK0, verb, challenge, nonce, fields)
-
-
-def parse_line(line: bytes | str, token: str, nnodes: int, challenge: str) -> Message:
-    """Parse one line sent to rank 0 on the connection greeted with `challenge`; raise
-    ProtocolError (never anything else) when it is bad. The MAC is checked before the fields, so a
-    client without the token learns nothing but `bad token`."""
-    text = decode_line(line)
-    verb, _, rest = text.partition(" ")
-    if verb not in ("READY", "RELEASE", "ABORT"):
-        raise ProtocolError("unknown command")
-    given, _, rest = rest.partition(" ")
-    nonce, _, rest = rest.partition(" ")
-    fields = _signed_fields(verb, rest)
-    if not auth.is_nonce(nonce) or not auth.check(token, given, TO_RANK0, verb, challenge, nonce, *fields):
-        raise ProtocolError("bad token")
-    if verb == "ABORT":
-        return Message("ABORT", reason=rest.strip() or "no reason given", nonce=nonce)
-    if verb == "RELEASE":
-        if not IMAGE_ID_RE.fullmatch(rest):
-            raise ProtocolError("bad image id")
-        return Message("RELEASE", image_id=rest, nonce=nonce)
-    if len(fields) not in (2, 3):
-        raise ProtocolError("malformed READY")
-    rank = parse_rank(fields[0], nnodes)
-    if fields[1] not in PHASES:
-        raise ProtocolError("bad phase")
-    holds = fields[2] if len(fields) == 3 else ""
-    if holds and (fields[1] != "image" or not HELD_ID_RE.fullmatch(holds)):
-        raise ProtocolError("bad held image id")
-    return Message("READY", rank=rank, phase=fields[1], nonce=nonce, holds=holds)
-
-
-def parse_reply(line: bytes | str, token: str, challenge: str, nonce: str) -> Reply:
-    """Parse rank 0's answer to our line (sent with `nonce` on the connection greeted with
-    `challenge`); GO/ABORT/OK must carry rank 0's MAC over them (else it is not our barrier)."""
-    text = decode_line(line)
-    verb, _, rest = text.partition(" ")
-    if verb == "ERR":
-        return Reply("ERR", reason=rest.replace(token, "***") or "unspecified")
-    if verb not in ("GO", "ABORT", "OK", "WAIT"):
-        raise ProtocolError("unexpected reply")
-    given, _, rest = rest.partition(" ")
-    fields = _signed_fields(verb, rest)
-    if not auth.check(token, given, FROM_RANK0, verb, challenge, nonce, *fields):
-        raise ProtocolError(f"its {verb} is not signed with our token")
-    if verb == "OK":
-        if rest:
-            raise ProtocolError("malformed OK")
-        return Reply("OK")
-    if verb == "ABORT":
-        return Reply("ABORT", reason=rest.replace(token, "***").strip() or "no reason given")
-    if verb == "WAIT":
-        if len(fields) != 1 or not RANK_RE.fullmatch(fields[0]):
-            raise ProtocolError("malformed WAIT")
-        return Reply("WAIT", rank=int(fields[0]))
-    if len(fields) != 2 or not RANK_RE.fullmatch(fields[0]) or not IMAGE_ID_RE.fullmatch(fields[1]):
-        raise ProtocolError("malformed GO")
-    return Reply("GO", rank=int(fields[0]), image_id=fields[1])
 
 
 def format_ranks(ranks: Iterable[int]) -> str:
@@ -374,186 +103,6 @@ def format_ranks(ranks: Iterable[int]) -> str:
     return ",".join(spans)
 
 
-def _seconds(value: float) -> str:
-    return f"{value:.0f}" if value >= 10 or abs(value - round(value)) < 0.05 else f"{value:.1f}"
-
-
-def read_token(env_name: str) -> str:
-    """The barrier token from `$env_name`; it never travels in argv and is never printed."""
-    value = os.environ.get(env_name, "")
-    if not value:
-        raise usage_error(
-            f"barrier: ${env_name} is not set or empty; export the job's barrier token "
-            "(the batch step generates one) and pass its name with --token-env"
-        )
-    if not TOKEN_RE.fullmatch(value):
-        raise usage_error(f"barrier: ${env_name} must be 1-64 printable ASCII characters without spaces")
-    return value
-
-
-# --------------------------------------------------------------------------------------------------
-# Addresses
-
-
-def _is_loopback(address: str) -> bool:
-    try:
-        return ipaddress.IPv4Address(address).is_loopback
-    except ValueError:
-        return False
-
-
-def _is_ipv4_literal(host: str) -> bool:
-    try:
-        ipaddress.IPv4Address(host)
-    except ValueError:
-        return False
-    return True
-
-
-def resolve_ipv4(host: str) -> list[str]:
-    """IPv4 addresses of `host` in resolver order (the barrier listens on IPv4 only)."""
-    infos = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)
-    return list(dict.fromkeys(str(info[4][0]) for info in infos))
-
-
-def interface_ipv4(name: str) -> str | None:
-    """The primary IPv4 address of interface `name` (SIOCGIFADDR; sends nothing)."""
-    import fcntl
-    import struct
-
-    siocgifaddr = 0x8915
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        try:
-            packed = fcntl.ioctl(sock.fileno(), siocgifaddr, struct.pack("256s", name.encode()[:15]))
-        except OSError:
-            return None
-    return socket.inet_ntoa(packed[20:24])
-
-
-def _default_route_interfaces(route_path: str) -> list[str]:
-    try:
-        rows = Path(route_path).read_text().splitlines()[1:]
-    except OSError:
-        return []
-    found: list[tuple[int, str]] = []
-    for row in rows:
-        cols = row.split()
-        if len(cols) >= 8 and cols[1] == "00000000" and cols[7] == "00000000":
-            try:
-                if int(cols[3], 16) & 0x1:  # RTF_UP
-                    found.append((int(cols[6]), cols[0]))
-            except ValueError:
-                continue
-    return [name for _, name in sorted(found)]
-
-
-def routable_interface(route_path: str = ROUTE_PATH) -> tuple[str, str, str]:
-    """(interface, its IPv4 address, where the choice came from) of a non-loopback address of this
-    host: the default route's interface first (no traffic is sent)."""
-    for name in _default_route_interfaces(route_path):
-        address = interface_ipv4(name)
-        if address and not _is_loopback(address) and address != "0.0.0.0":
-            return name, address, f"{name}, the default route's interface"
-    try:
-        interfaces = [name for _, name in socket.if_nameindex()]
-    except OSError:
-        interfaces = []
-    for name in interfaces:
-        address = interface_ipv4(name)
-        if address and not _is_loopback(address) and address != "0.0.0.0":
-            return name, address, f"{name}, first interface with an IPv4 address"
-    raise HelperError("barrier: this host has no routable IPv4 address; pass --bind ADDR")
-
-
-def routable_local_address(route_path: str = ROUTE_PATH) -> tuple[str, str]:
-    """A non-loopback IPv4 address of this host and where it came from (no traffic is sent)."""
-    _, address, source = routable_interface(route_path)
-    return address, source
-
-
-def self_name_quirk(host: str) -> str:
-    """Why `host`'s first address is one peers cannot reach (Debian's 127.0.1.1 line, an fe80::
-    address first), or "" when it is fine. gloo and NCCL advertise that first address."""
-    try:
-        infos = socket.getaddrinfo(host, None, 0, socket.SOCK_STREAM)
-    except OSError:
-        return ""
-    if not infos:
-        return ""
-    first = ipaddress.ip_address(str(infos[0][4][0]).split("%")[0])
-    if first.is_loopback or first.is_link_local:
-        kind = "loopback" if first.is_loopback else "link-local"
-        return f"{host} resolves to {first} ({kind}) first"
-    return ""
-
-
-def bind_first_free(
-    address: str, ports: Sequence[int], backlog: int
-) -> tuple[socket.socket | None, list[str]]:
-    """Listen on the first of `ports` that is free on `address`: (socket, the ports found in use);
-    (None, all of them) when every one is. Any other error is raised, its `filename` the port."""
-    busy: list[str] = []
-    for port in ports:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((address, port))
-            sock.listen(backlog)
-        except OSError as exc:
-            sock.close()
-            if exc.errno == errno.EADDRINUSE:
-                busy.append(str(port))
-                continue
-            exc.filename = str(port)
-            raise
-        return sock, busy
-    return None, busy
-
-
-class BindChoice(NamedTuple):
-    address: str
-    why: str  # empty when `host` resolved to a routable address directly
-
-
-def choose_bind_address(
-    host: str,
-    resolve: Callable[[str], list[str]] | None = None,
-    routable: Callable[[], tuple[str, str]] | None = None,
-) -> BindChoice:
-    """The address rank 0 listens on: the first non-loopback IPv4 address of `host`.
-
-    When `host` resolves only to loopback (Debian maps the host name to 127.0.1.1) or not at all,
-    a listener there would strand every worker, so a routable local address is used instead.
-    """
-    resolve = resolve or resolve_ipv4
-    routable = routable or routable_local_address
-    try:
-        addresses = resolve(host)
-    except OSError as exc:
-        why = f"{host} does not resolve ({exc.strerror or exc})"
-    else:
-        for address in addresses:
-            if not _is_loopback(address) and address != "0.0.0.0":
-                return BindChoice(address, "")
-        why = f"{host} resolves to {', '.join(addresses) or 'nothing'} (loopback)"
-    address, source = routable()
-    return BindChoice(address, f"{why}; listening on {address} ({source}) instead")
-
-
-def connect_addresses(host: str) -> list[str]:
-    """Where a client dials `host`: its IPv4 addresses; for a name that resolves only to loopback
-    (this host, Debian style) also the routable address rank 0 listens on in that case."""
-    if _is_ipv4_literal(host):
-        return [host]
-    addresses = resolve_ipv4(host)
-    if addresses and all(_is_loopback(a) for a in addresses):
-        try:
-            addresses.append(routable_local_address()[0])
-        except HelperError:
-            pass
-    return list(dict.fromkeys(addresses))
-
-
 def raise_nofile_limit() -> None:
     """Raise the soft open-files limit to the hard one: thousands of ranks mean thousands of fds."""
     import resource
@@ -566,20 +115,6 @@ def raise_nofile_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
     except (ValueError, OSError):
         pass
-
-
-def _keepalive(sock: socket.socket) -> None:
-    # A worker node that dies without a FIN would otherwise count as present until the timeout.
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for name, value in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3)):
-        if hasattr(socket, name):
-            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
-
-
-def _peer(addr: object) -> str:
-    if isinstance(addr, tuple) and len(addr) >= 2:
-        return f"{addr[0]}:{addr[1]}"
-    return str(addr)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -855,15 +390,14 @@ class BarrierServer:
         present = set(self._waiters["start"]) | set(self._waiters["image"])
         missing = [r for r in range(1, self.nnodes) if r not in present]
         if self._released_at is None and self.image_timeout is not None:
-            parts = [f"--image-timeout ran out: rank 0 did not obtain its image within {_seconds(elapsed)} s"]
+            parts = [f"--image-timeout ran out: rank 0 did not obtain its image within {secs(elapsed)} s"]
         elif self._released_at is not None and self.barrier_timeout is not None:
             waited = time.monotonic() - self._released_at
             parts = [
-                "--barrier-timeout ran out: not every worker arrived within "
-                f"{_seconds(waited)} s of the release"
+                f"--barrier-timeout ran out: not every worker arrived within {secs(waited)} s of the release"
             ]
         else:
-            parts = [f"timeout after {_seconds(elapsed)} s"]
+            parts = [f"timeout after {secs(elapsed)} s"]
         if missing:
             parts.append(f"missing ranks {format_ranks(missing)} of {self.nnodes}")
             parts.append(f"connected: {format_ranks(present)}")
@@ -918,10 +452,10 @@ class BarrierServer:
                 return
             sock.setblocking(False)
             try:
-                _keepalive(sock)
+                keepalive(sock, KEEPALIVE)
             except OSError:
                 pass
-            conn = _Conn(sock, _peer(addr), challenge=auth.new_nonce())
+            conn = _Conn(sock, peer(addr), challenge=auth.new_nonce())
             self._conns.add(conn)
             self._sel.register(sock, selectors.EVENT_READ, conn)
             self._line_deadlines.append((time.monotonic() + self.line_timeout, conn))
@@ -1072,7 +606,7 @@ class BarrierServer:
             try:  # one short write to an O_APPEND file: whole lines, whoever reads it meanwhile
                 os.write(self._holds_fd, f"{msg.rank} {msg.holds or '-'}\n".encode())
             except OSError as exc:
-                self._log(f"cannot record what rank {msg.rank} holds ({_describe(exc)}); it gets the image")
+                self._log(f"cannot record what rank {msg.rank} holds ({describe(exc)}); it gets the image")
                 self._holds_fd = None
         # Signed at once, so a worker knows within seconds that this is our rank 0, and a port
         # where something greets like us but never answers is one it leaves in seconds, not hours.
@@ -1144,16 +678,6 @@ class BarrierServer:
 # Clients
 
 
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, ConnectionRefusedError):
-        return "connection refused"
-    if isinstance(exc, (socket.timeout, TimeoutError)):
-        return "timed out"
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror[:1].lower() + exc.strerror[1:]
-    return str(exc) or type(exc).__name__
-
-
 @dataclass
 class _Dialer:
     """Tries every (address, port) candidate in turn with backoff, and remembers what happened."""
@@ -1209,10 +733,10 @@ class _Dialer:
                             (address, port), timeout=min(ATTEMPT_TIMEOUT, remaining)
                         )
                     except OSError as exc:
-                        self.last_error = _describe(exc)
+                        self.last_error = describe(exc)
                         continue
                     try:
-                        _keepalive(sock)
+                        keepalive(sock, KEEPALIVE)
                     except OSError:
                         pass
                     return sock, port
@@ -1222,7 +746,7 @@ class _Dialer:
             if now >= next_reminder:
                 self.log(
                     f"rank 0 not answering yet on {self.describe_target()} ({self.last_error}); "
-                    f"retrying for {_seconds(deadline - now)} s more"
+                    f"retrying for {secs(deadline - now)} s more"
                 )
                 next_reminder = now + 30.0
             self.sleep(min(backoff, deadline - now))
@@ -1253,7 +777,7 @@ class _NoAnswer(ProtocolError):
     window: our rank 0 answers every line at once (WAIT, then GO later, for a READY it keeps)."""
 
     def __init__(self, verb: str, seconds: float) -> None:
-        super().__init__(f"it sent a CHALLENGE but no signed answer to {verb} within {_seconds(seconds)} s")
+        super().__init__(f"it sent a CHALLENGE but no signed answer to {verb} within {secs(seconds)} s")
 
 
 class _NoChallenge(ProtocolError):
@@ -1261,7 +785,7 @@ class _NoChallenge(ProtocolError):
     not our rank 0, which greets at once."""
 
     def __init__(self, seconds: float) -> None:
-        super().__init__(f"it accepted but sent no CHALLENGE within {_seconds(seconds)} s")
+        super().__init__(f"it accepted but sent no CHALLENGE within {secs(seconds)} s")
 
 
 def _exchange(sock: socket.socket, deadline: float, token: str, verb: str, *fields: str) -> Reply | None:
@@ -1370,12 +894,12 @@ def join(
             if wait_deadline is None:
                 raise timeout_error(
                     f"barrier: rank 0 did not answer on {dialer.describe_target()} after "
-                    f"{_seconds(time.monotonic() - started)} s ({dialer.attempts} attempts, "
+                    f"{secs(time.monotonic() - started)} s ({dialer.attempts} attempts, "
                     f"last error: {dialer.last_error}{dialer.met()}); is rank 0's task running?"
                 )
             raise timeout_error(
                 f"barrier: lost rank 0 on {dialer.describe_target()} and could not reconnect within "
-                f"the {_seconds(wait_timeout)} s wait budget ({dialer.attempts} attempts, "
+                f"the {secs(wait_timeout)} s wait budget ({dialer.attempts} attempts, "
                 f"last error: {dialer.last_error}{dialer.met()})"
             )
         sock, port = dialed
@@ -1392,12 +916,12 @@ def join(
             continue
         except (socket.timeout, TimeoutError):
             raise timeout_error(
-                f"barrier: no GO from rank 0 at {host}:{port} after {_seconds(wait_timeout)} s "
+                f"barrier: no GO from rank 0 at {host}:{port} after {secs(wait_timeout)} s "
                 f"(rank {rank}, phase {phase}); see rank 0's log for the missing ranks"
             ) from None
         except OSError as exc:
             reply = None
-            dialer.last_error = _describe(exc)
+            dialer.last_error = describe(exc)
         if reply is None:
             log(f"lost the connection to rank 0 at {host}:{port}; reconnecting")
             sleep(min(backoff, max(0.0, wait_deadline - time.monotonic())))
@@ -1440,7 +964,7 @@ def control(
                 raise _bad_token_error(dialer)
             raise timeout_error(
                 f"barrier: rank 0's barrier did not answer on {dialer.describe_target()} after "
-                f"{_seconds(time.monotonic() - started)} s ({dialer.attempts} attempts, "
+                f"{secs(time.monotonic() - started)} s ({dialer.attempts} attempts, "
                 f"last error: {dialer.last_error}{dialer.met()}); is `barrier serve` running?"
             )
         sock, port = dialed
@@ -1452,10 +976,10 @@ def control(
             continue
         except (socket.timeout, TimeoutError):
             raise timeout_error(
-                f"barrier: no answer from {host}:{port} after {_seconds(reply_timeout)} s"
+                f"barrier: no answer from {host}:{port} after {secs(reply_timeout)} s"
             ) from None
         except OSError as exc:
-            dialer.last_error = _describe(exc)
+            dialer.last_error = describe(exc)
             continue
         if reply is None:
             continue
@@ -1667,8 +1191,8 @@ def serve_cmd(
         barrier_timeout=timeout,
         holds_fd=holds_fd,
     )
-    budgets = f"barrier timeout {_seconds(timeout)} s" + (
-        f", image timeout {_seconds(image_timeout)} s" if image_timeout is not None else ""
+    budgets = f"barrier timeout {secs(timeout)} s" + (
+        f", image timeout {secs(image_timeout)} s" if image_timeout is not None else ""
     )
     _talk(
         f"listening on {server.address}:{server.port} (candidates {','.join(map(str, candidates))}); "
@@ -1705,8 +1229,7 @@ def _controller_target(
         except FileNotFoundError:
             if time.monotonic() >= deadline:
                 raise timeout_error(
-                    f"barrier: {ready_file} did not appear within {_seconds(wait)} s; "
-                    "is `barrier serve` running?"
+                    f"barrier: {ready_file} did not appear within {secs(wait)} s; is `barrier serve` running?"
                 ) from None
             time.sleep(0.1)
         except (OSError, ValueError):

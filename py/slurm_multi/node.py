@@ -242,7 +242,7 @@ def _job_nodes(env: Mapping[str, str]) -> list[str]:
 
 
 def _routable_ifname() -> str | None:
-    from slurm_multi.barrier import routable_interface
+    from slurm_multi.net import routable_interface
 
     try:
         return routable_interface()[0]
@@ -351,7 +351,7 @@ def reachable_self_address(ctx: Any, env: Mapping[str, str], host: str) -> None:
     """gloo advertises the first address the host's own name resolves to; when that is loopback or
     link-local (Debian's 127.0.1.1 line), peers dial it and never connect. Then the container gets
     GLOO_SOCKET_IFNAME naming the interface of this node's routable address, unless the user set it."""
-    from slurm_multi.barrier import routable_interface, self_name_quirk
+    from slurm_multi.net import routable_interface, self_name_quirk
 
     if "GLOO_SOCKET_IFNAME" in ctx.docker_env or "GLOO_SOCKET_IFNAME" in env:
         return
@@ -388,6 +388,8 @@ def _read_json(path: str, what: str) -> dict[str, Any]:
 def from_job(jobdir: str, rank: int, env: Mapping[str, str]) -> str:
     """Bash that sets what a stage of that job needs on this node: the job's settings (masked ones
     from this environment), its id, node list, rank 0's address and rank 0's image ID."""
+    from slurm_multi.statusfile import read_status, status_path
+
     job = _read_json(os.path.join(jobdir, "job.json"), "job.json")
     settings = job.get("settings")
     if not isinstance(settings, dict):
@@ -429,11 +431,13 @@ def from_job(jobdir: str, rank: int, env: Mapping[str, str]) -> str:
     if nodes:
         exports["MASTER_ADDR"] = str(nodes[0])
         exports["SLURM_JOB_NODELIST"] = ",".join(str(n) for n in nodes)
-    status0 = os.path.join(jobdir, "node_0", "status.json")
-    if os.path.exists(status0):
-        image_id = _read_json(status0, "rank 0's status").get("image_id") or ""
-        if image_id:
-            exports["SM_IMAGE_ID"] = str(image_id)
+    path0 = status_path(os.path.join(jobdir, "node_0"))
+    status0 = read_status(path0)
+    if status0 is not None and not status0.readable:
+        raise usage_error(f"node from-job: cannot read rank 0's status {path0}: {status0.error}")
+    image_id = status0.image_id if status0 is not None else ""
+    if image_id:
+        exports["SM_IMAGE_ID"] = str(image_id)
     command = [str(w) for w in job.get("command") or []]
     if any(MASK in word for word in command):
         raise usage_error(

@@ -7,10 +7,11 @@ bytes to its own children while it receives them. Nothing holds more than one fr
 Topology: ranks 0..N-1 in a tree of fanout K: the parent of r is (r-1)//K, its children are
 r*K+1 .. r*K+K below N. K=1 (the default) is a chain: r-1 -> r -> r+1.
 
-Ports: rank r listens on `derive_ports(MASTER_PORT, SLURM_JOB_ID + 64 + r*count, ...)` (barrier.py's
-derivation: the same on every node, outside the ephemeral range, never MASTER_PORT, clear of the
-barrier's own candidates), on the address `choose_bind_address` picks (never loopback). A child
-computes its parent's candidates the same way and dials them at `connect_addresses(parent host)`.
+Ports: rank r listens on `derive_ports(MASTER_PORT, SLURM_JOB_ID + 64 + r*count, ...)`
+(slurm_multi.net's derivation: the same on every node, outside the ephemeral range, never
+MASTER_PORT, clear of the barrier's own candidates), on the address `choose_bind_address` picks
+(never loopback). A child computes its parent's candidates the same way and dials them at
+`connect_addresses(parent host)`.
 
 Wire format (one TCP connection per parent -> child link; lines are ASCII and end in `\\n`):
 
@@ -67,24 +68,13 @@ from typing import Callable
 
 import click
 
-from slurm_multi import EXIT_FAILURE, auth
-from slurm_multi.barrier import (
-    MAX_CANDIDATES,
-    ProtocolError,
-    bind_first_free,
-    candidate_ports,
-    choose_bind_address,
-    connect_addresses,
-    decode_line,
-    read_token,
-)
+from slurm_multi import EXIT_FAILURE, auth, net
 from slurm_multi.common import HelperError, talk, timeout_error, usage_error
+from slurm_multi.wire import DEFAULT_TOKEN_ENV, RANK_RE, ProtocolError, decode_line, read_token
 
 MAGIC = "SM-RELAY/1"
 DEFAULT_PURPOSE = "image"
-DEFAULT_TOKEN_ENV = "SM_BARRIER_TOKEN"
 PURPOSE_RE = re.compile(r"[a-z0-9][a-z0-9._:-]{0,63}")
-RANK_RE = re.compile(r"0|[1-9][0-9]{0,8}")
 
 FRAME = struct.Struct("!cI16s")  # type, payload length, tag
 TAGGED = struct.Struct("!QcI")  # what a tag covers before the payload's digest: seq, type, length
@@ -99,17 +89,18 @@ MAX_LINE = 512  # bytes per protocol line, newline included
 MAX_REASON = 400
 
 # Relay ports sit past anything the barrier may use (at most MAX_CANDIDATES, plus MASTER_PORT).
-RELAY_PORT_OFFSET = 2 * MAX_CANDIDATES
+RELAY_PORT_OFFSET = 2 * net.MAX_CANDIDATES
 DEFAULT_PORT_COUNT = 4
 HANDSHAKE_TIMEOUT = 10.0  # a child's wait for the stream header once its parent proved the token
-PROOF_TIMEOUT = 2.0  # a peer's greeting or proof: a squatter on a candidate port costs at most this
 MAX_PENDING = 64  # handshakes a parent keeps open at once
-ATTEMPT_TIMEOUT = 5.0  # one TCP connect
 BACKOFF_START, BACKOFF_MAX = 0.05, 1.0
 READY_GRACE = 10.0  # a parent waits this much longer than a child, so the child's reason arrives
 ABORT_SEND_TIMEOUT = 1.0
 F_SETPIPE_SZ = 1031  # fcntl: a 1 MiB pipe moves the stream in fewer, larger reads and writes
-LOOPBACK = "127.0.0.1"
+# A peer that vanishes without a FIN (a node powered off) is noticed by the stall timer first;
+# keepalive is the backstop for an idle link (rank 0 waiting on its source, the DONE wait), so it
+# probes sooner than the barrier's. No Nagle delay on the status lines and small last frames.
+KEEPALIVE = net.Keepalive(idle=10, interval=5, probes=3, nodelay=True)
 
 Log = Callable[[str], None]
 
@@ -141,10 +132,6 @@ def size_text(nbytes: int) -> str:
     return f"{nbytes} bytes"
 
 
-def secs(value: float) -> str:
-    return f"{value:.0f}" if value >= 10 or abs(value - round(value)) < 0.05 else f"{value:.1f}"
-
-
 def rate_text(nbytes: int, seconds: float) -> str:
     return f"{nbytes / 1e6 / seconds:.0f} MB/s" if seconds > 0 else "- MB/s"
 
@@ -168,14 +155,14 @@ def relay_ports(
     --port P (override) gives rank r the ports P + r*count, and its successors.
     """
     if override is not None:
-        return candidate_ports((), None, None, override + rank * count, count)
+        return net.candidate_ports((), None, None, override + rank * count, count)
     if master_port is None or job_id is None:
         raise usage_error(
             "relay: no port to use; give --master-port and --job-id (MASTER_PORT and SLURM_JOB_ID), "
             "or --port (SM_RELAY_PORT) on every node"
         )
     try:
-        return candidate_ports(
+        return net.candidate_ports(
             (), master_port, job_id + RELAY_PORT_OFFSET + rank * count, None, count, local_range
         )
     except HelperError as exc:
@@ -439,30 +426,6 @@ class Link:
             pass
 
 
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, (socket.timeout, TimeoutError)):
-        return "timed out"
-    if isinstance(exc, ConnectionRefusedError):
-        return "connection refused"
-    if isinstance(exc, ConnectionResetError):
-        return "connection reset"
-    if isinstance(exc, BrokenPipeError):
-        return "broken pipe"
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror[:1].lower() + exc.strerror[1:]
-    return str(exc) or type(exc).__name__
-
-
-def _keepalive(sock: socket.socket) -> None:
-    # A peer that vanishes without a FIN (a node powered off) is noticed by the stall timer first;
-    # keepalive is the backstop for an idle link (rank 0 waiting on its source, the DONE wait).
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for name, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
-        if hasattr(socket, name):
-            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-
 def widen_pipe(fd: int) -> None:
     """Ask for a 1 MiB pipe buffer when `fd` is a pipe (best effort; a no-op for files)."""
     import fcntl
@@ -555,11 +518,11 @@ class Node:
     def listen(self) -> None:
         plan = self.plan
         if plan.loopback:
-            address = LOOPBACK
+            address = net.LOOPBACK
         else:
             own = plan.hosts[plan.rank] if plan.hosts else socket.gethostname()
             try:
-                choice = choose_bind_address(own)
+                choice = net.choose_bind_address(own)
             except HelperError:
                 raise self.fail(
                     f"{own} resolves only to loopback and this host has no routable IPv4 address to listen on"
@@ -571,9 +534,9 @@ class Node:
         if not ports:
             raise usage_error("relay: no candidate port to listen on")
         try:
-            sock, busy = bind_first_free(address, ports, 64)
+            sock, busy = net.bind_first_free(address, ports, 64)
         except OSError as exc:
-            raise self.fail(f"cannot listen on {address}:{exc.filename}: {_describe(exc)}") from None
+            raise self.fail(f"cannot listen on {address}:{exc.filename}: {net.describe(exc)}") from None
         if sock is not None:
             self.listener = sock
             kids = ", ".join(plan.name(r) for r in self.child_ranks)
@@ -593,13 +556,13 @@ class Node:
             raise usage_error(f"relay: {plan.me}: no host for {pname}; give --nodes or --parent-host")
         ports = plan.ports_of(self.parent)
         if plan.loopback:
-            addresses = [LOOPBACK]
+            addresses = [net.LOOPBACK]
         else:
             try:
-                addresses = connect_addresses(str(host))
+                addresses = net.connect_addresses(str(host))
             except OSError as exc:
                 raise usage_error(
-                    f"relay: {plan.me}: cannot resolve {host} ({pname}): {_describe(exc)}"
+                    f"relay: {plan.me}: cannot resolve {host} ({pname}): {net.describe(exc)}"
                 ) from None
         last_error, backoff = "nothing tried", BACKOFF_START
         while True:
@@ -609,9 +572,11 @@ class Node:
                     if left <= 0:
                         break
                     try:
-                        sock = socket.create_connection((address, port), timeout=min(ATTEMPT_TIMEOUT, left))
+                        sock = socket.create_connection(
+                            (address, port), timeout=min(net.ATTEMPT_TIMEOUT, left)
+                        )
                     except OSError as exc:
-                        last_error = _describe(exc)
+                        last_error = net.describe(exc)
                         continue
                     link = Link(sock, self.parent, pname, f"{address}:{port}")
                     try:
@@ -620,15 +585,15 @@ class Node:
                             return link
                         last_error = f"{link.where} {self.met[link.where]}"
                     except (OSError, ProtocolError) as exc:
-                        last_error = f"{link.where}: {_describe(exc)}"
-                        self.met[link.where] = _describe(exc)
+                        last_error = f"{link.where}: {net.describe(exc)}"
+                        self.met[link.where] = net.describe(exc)
                     except HelperError:
                         link.close()
                         raise
                     link.close()
             if time.monotonic() >= deadline:
                 span = f"{ports[0]}-{ports[-1]}" if len(ports) > 1 else str(ports[0])
-                shown = LOOPBACK if plan.loopback else host
+                shown = net.LOOPBACK if plan.loopback else host
                 met = "; ".join(f"{where}: {what}" for where, what in self.met.items())
                 hint = (
                     "; every node must get the same job token ($SM_BARRIER_TOKEN or --token-env)"
@@ -637,7 +602,7 @@ class Node:
                 )
                 raise timeout_error(
                     f"relay: {plan.me}: {pname} did not answer on {shown}:{span} within "
-                    f"{secs(plan.connect_timeout)} s (last error: {last_error}"
+                    f"{net.secs(plan.connect_timeout)} s (last error: {last_error}"
                     + (f"; met: {met}" if met else "")
                     + f"){hint}"
                 )
@@ -658,14 +623,14 @@ class Node:
     def _handshake_as_child(self, link: Link) -> bool:
         """True when `link` is our authenticated parent; False when it is another rank's relay."""
         plan = self.plan
-        _keepalive(link.sock)
+        net.keepalive(link.sock, KEEPALIVE)
         try:
-            nonce_p = parse_hello(link.read_line(PROOF_TIMEOUT))
+            nonce_p = parse_hello(link.read_line(net.PROOF_TIMEOUT))
         except ProtocolError as exc:
             raise ProtocolError(f"not a relay ({exc})") from None
         link.own_nonce, link.peer_nonce = auth.new_nonce(), nonce_p
         link.send(auth_line(plan.token, nonce_p, plan.rank, plan.purpose, link.own_nonce))
-        verb, rank_p, text = parse_answer(link.read_line(PROOF_TIMEOUT))
+        verb, rank_p, text = parse_answer(link.read_line(net.PROOF_TIMEOUT))
         if verb == "DENY":
             # Unsigned: our parent's word or anyone's on this port. Never the end: the next candidate.
             self.met[link.where] = f"refused us: {text}"
@@ -688,7 +653,7 @@ class Node:
         """A fresh connection: our HELLO goes out at once; its AUTH is read when it comes."""
         link = Link(sock, -1, "an unknown peer", where, own_nonce=auth.new_nonce(), started=time.monotonic())
         try:
-            _keepalive(sock)
+            net.keepalive(sock, KEEPALIVE)
             sock.settimeout(ABORT_SEND_TIMEOUT)
             link.send(hello_line(link.own_nonce))
         except OSError:
@@ -703,7 +668,9 @@ class Node:
             rank, purpose, nonce_c, given = parse_auth(line)
         except ProtocolError as exc:
             self._refuse(
-                link, f"no valid AUTH ({_describe(exc)})", f"bad handshake from {where}: {_describe(exc)}"
+                link,
+                f"no valid AUTH ({net.describe(exc)})",
+                f"bad handshake from {where}: {net.describe(exc)}",
             )
             return None
         if not auth.check(plan.token, given, nonce_p, str(rank), purpose, "child"):
@@ -726,7 +693,7 @@ class Node:
             link.send(f"OK {plan.rank} {proof}\n".encode() + header_line(plan.purpose))
         except OSError as exc:
             link.close()
-            self.refused.append(f"{link.name} dropped during the handshake ({_describe(exc)})")
+            self.refused.append(f"{link.name} dropped during the handshake ({net.describe(exc)})")
             return None
         return link
 
@@ -767,16 +734,20 @@ class Node:
                     missing = ", ".join(plan.name(r) for r in waiting)
                     refused = f"; refused meanwhile: {'; '.join(self.refused[-3:])}" if self.refused else ""
                     raise timeout_error(
-                        f"relay: {plan.me}: {missing} did not connect within {secs(plan.connect_timeout)} s"
-                        f"{refused}; is its relay recv running with the same --nodes/--job-id/token?"
+                        f"relay: {plan.me}: {missing} did not connect within "
+                        f"{net.secs(plan.connect_timeout)} s{refused}; "
+                        "is its relay recv running with the same --nodes/--job-id/token?"
                     )
-                for link in [link for link in pending.values() if now - link.started >= PROOF_TIMEOUT]:
+                for link in [link for link in pending.values() if now - link.started >= net.PROOF_TIMEOUT]:
                     drop(link)
                     self._refuse(
-                        link, "no AUTH in time", f"{link.where} sent no AUTH within {secs(PROOF_TIMEOUT)} s"
+                        link,
+                        "no AUTH in time",
+                        f"{link.where} sent no AUTH within {net.secs(net.PROOF_TIMEOUT)} s",
                     )
                 wait = min(
-                    [deadline - now, 1.0] + [link.started + PROOF_TIMEOUT - now for link in pending.values()]
+                    [deadline - now, 1.0]
+                    + [link.started + net.PROOF_TIMEOUT - now for link in pending.values()]
                 )
                 for key, _ in sel.select(max(0.0, wait)):
                     if key.data is None:
@@ -788,7 +759,7 @@ class Node:
                         line = link.take_line()
                     except (OSError, ProtocolError) as exc:
                         alive, line = False, None
-                        self.refused.append(f"bad handshake from {link.where}: {_describe(exc)}")
+                        self.refused.append(f"bad handshake from {link.where}: {net.describe(exc)}")
                     if line is None and alive:
                         continue
                     drop(link)
@@ -821,9 +792,9 @@ class Node:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
-                self.refused.append(f"accept failed ({_describe(exc)})")
+                self.refused.append(f"accept failed ({net.describe(exc)})")
                 return
-            link = self._greet(sock, f"{addr[0]}:{addr[1]}")
+            link = self._greet(sock, net.peer(addr))
             if link is None:
                 continue
             if len(pending) >= MAX_PENDING:
@@ -870,9 +841,9 @@ class Node:
                 now = time.monotonic()
                 for link in [link for link in pending.values() if until[link.rank] <= now]:
                     why = (
-                        f"showed no progress for {secs(quiet_for)} s after the trailer (no DONE, no WAIT)"
+                        f"showed no progress for {net.secs(quiet_for)} s after the trailer (no DONE, no WAIT)"
                         if quiet_for is not None
-                        else f"was not {verb} within {secs(self.plan.connect_timeout)} s"
+                        else f"was not {verb} within {net.secs(self.plan.connect_timeout)} s"
                     )
                     if done(link, (False, 0, why)):
                         return results
@@ -886,7 +857,7 @@ class Node:
                     try:
                         alive = link.feed()
                     except OSError as exc:
-                        alive, why = False, _describe(exc)
+                        alive, why = False, net.describe(exc)
                     else:
                         why = "closed the connection"
                     if not alive and done(link, (False, 0, f"{why} before {verb}")):
@@ -941,7 +912,7 @@ class Node:
             except OSError as exc:
                 if isinstance(exc, (socket.timeout, TimeoutError)):
                     why = (
-                        f"took no bytes for {secs(self.plan.stall_timeout)} s after "
+                        f"took no bytes for {net.secs(self.plan.stall_timeout)} s after "
                         f"{size_text(sent_so_far)}: it is frozen, its output is blocked, or its link is down"
                     )
                 else:
@@ -949,7 +920,7 @@ class Node:
                     why = (
                         f"failed after {size_text(sent_so_far)}: {said}"
                         if said
-                        else f"dropped the connection after {size_text(sent_so_far)} ({_describe(exc)})"
+                        else f"dropped the connection after {size_text(sent_so_far)} ({net.describe(exc)})"
                     )
                 link.failed = why
                 link.close()
@@ -1057,13 +1028,13 @@ class Node:
                 up.read_into(body)
             except (socket.timeout, TimeoutError):
                 raise timeout_error(
-                    f"relay: {plan.me}: no bytes from {up.name} for {secs(plan.stall_timeout)} s after "
+                    f"relay: {plan.me}: no bytes from {up.name} for {net.secs(plan.stall_timeout)} s after "
                     f"{size_text(total)}: {up.name.split(' (')[0]} is frozen or its link is down"
                 ) from None
             except ProtocolError as exc:
                 raise self.fail(f"protocol error from {up.name} after {size_text(total)}: {exc}") from None
             except OSError as exc:
-                cut = "" if isinstance(exc, ConnectionError) and not exc.errno else f" ({_describe(exc)})"
+                cut = "" if isinstance(exc, ConnectionError) and not exc.errno else f" ({net.describe(exc)})"
                 raise self.fail(
                     f"stream from {up.name} ended after {size_text(total)} of an unfinished stream{cut}: "
                     f"{up.name.split(' (')[0]} died or its link broke"
@@ -1086,8 +1057,8 @@ class Node:
                         write_all(out_fd, body)
                     except OSError as exc:
                         raise self.fail(
-                            f"cannot write the stream to stdout after {size_text(total)} ({_describe(exc)}); "
-                            "did the reader (docker load) exit? see its error above"
+                            f"cannot write the stream to stdout after {size_text(total)} "
+                            f"({net.describe(exc)}); did the reader (docker load) exit? see its error above"
                         ) from None
                 stream = chain(stream, digest)
                 total += length
@@ -1146,7 +1117,9 @@ class Node:
                 link.sock.sendall(frame)
             except OSError as exc:
                 said = self._failure_said(link)
-                link.failed = f"failed: {said}" if said else f"dropped before the trailer ({_describe(exc)})"
+                link.failed = (
+                    f"failed: {said}" if said else f"dropped before the trailer ({net.describe(exc)})"
+                )
                 link.close()
         live = self._live()
         window = self.plan.stall_timeout
@@ -1241,131 +1214,6 @@ def run_node(
 
 
 # --------------------------------------------------------------------------------------------------
-# Loopback bench (one process per hop on 127.0.0.1; never used by send/recv)
-
-
-@dataclass
-class BenchResult:
-    hops: int
-    nbytes: int
-    seconds: float  # rank 0's first byte -> every hop verified
-    cpu_seconds: float  # user + system CPU of every hop and the feeder
-
-    @property
-    def mb_per_s(self) -> float:
-        return self.nbytes / 1e6 / self.seconds if self.seconds > 0 else 0.0
-
-
-def _bench_feeder(write_fd: int, nbytes: int, close_fds: Sequence[int]) -> None:
-    for fd in close_fds:
-        os.close(fd)
-    block = memoryview(os.urandom(CHUNK))
-    widen_pipe(write_fd)
-    left = nbytes
-    while left:
-        n = os.write(write_fd, block[: min(left, CHUNK)])
-        left -= n
-    os.close(write_fd)
-
-
-def _bench_node(plan: Plan, source_fd: int | None, conn: object, close_fds: Sequence[int]) -> None:
-    for fd in close_fds:  # only rank 0 and the feeder may hold the source pipe, or it never ends
-        os.close(fd)
-    out_fd = None if source_fd is not None else os.open(os.devnull, os.O_WRONLY)
-    try:
-        result = run_node(plan, source_fd, out_fd)
-        conn.send(("ok", result))  # type: ignore[attr-defined]
-    except HelperError as exc:
-        conn.send(("error", f"{exc.format_message()} (exit {exc.exit_code})"))  # type: ignore[attr-defined]
-
-
-def loopback_chain(
-    hops: int,
-    nbytes: int,
-    *,
-    fanout: int = 1,
-    master_port: int = 29500,
-    job_id: int | None = None,
-    timeout: float = 600.0,
-    stall_timeout: float = 120.0,
-    log: Log | None = None,
-) -> BenchResult:
-    """Move `nbytes` of synthetic data from rank 0 through `hops` more ranks, one process each.
-
-    Every process runs the real node code (frames, sha256, forwarding); receivers write to
-    /dev/null. The time runs from rank 0's first byte until every rank has verified the trailer.
-    With 128 hops on 2 CPUs each process waits long for a CPU, so the stall timeout is longer than
-    a node's default: a scheduling hiccup shows in the time instead of failing the run.
-    """
-    import multiprocessing
-    import resource
-    import secrets
-
-    if hops < 1 or nbytes < 0:
-        raise usage_error("relay: bench needs --hops >= 1 and --bytes >= 0")
-    ctx = multiprocessing.get_context("fork")
-    token = secrets.token_hex(24)
-    job = secrets.randbelow(1 << 20) if job_id is None else job_id
-    nnodes = hops + 1
-
-    def ports_of(rank: int) -> list[int]:
-        return relay_ports(rank, master_port, job)
-
-    quiet: Log = log or (lambda _message: None)
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    read_fd, write_fd = os.pipe()
-    feeder = ctx.Process(target=_bench_feeder, args=(write_fd, nbytes, [read_fd]), daemon=True)
-    procs, pipes = [], []
-    for rank in range(nnodes):
-        plan = Plan(
-            rank,
-            nnodes,
-            token,
-            fanout=fanout,
-            hosts=[f"hop{r}" for r in range(nnodes)],
-            ports_of=ports_of,
-            connect_timeout=60,
-            stall_timeout=stall_timeout,
-            loopback=True,
-            log=quiet,
-        )
-        parent_conn, child_conn = ctx.Pipe(duplex=False)
-        source, close = (read_fd, [write_fd]) if rank == 0 else (None, [read_fd, write_fd])
-        proc = ctx.Process(target=_bench_node, args=(plan, source, child_conn, close), daemon=True)
-        proc.start()
-        child_conn.close()
-        procs.append(proc)
-        pipes.append(parent_conn)
-    feeder.start()  # before closing our copies: it inherits both ends and closes the read end
-    os.close(read_fd)
-    os.close(write_fd)
-    results: list[tuple[str, object]] = []
-    try:
-        deadline = time.monotonic() + timeout
-        for rank, pipe in enumerate(pipes):
-            if not pipe.poll(max(0.0, deadline - time.monotonic())):
-                raise HelperError(f"relay: bench: rank {rank} did not finish within {secs(timeout)} s")
-            results.append(pipe.recv())
-    finally:
-        for proc in [*procs, feeder]:
-            proc.join(5)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-    errors = [str(value) for status, value in results if status != "ok"]
-    if errors:
-        raise HelperError(f"relay: bench failed: {errors[0]}")
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    head = results[0][1]
-    assert isinstance(head, Result)
-    digests = {value.digest for _, value in results if isinstance(value, Result)}
-    if len(digests) != 1 or head.total != nbytes or head.nodes != hops:
-        raise HelperError(f"relay: bench: inconsistent results {results!r}")
-    return BenchResult(hops, nbytes, head.seconds, cpu)
-
-
-# --------------------------------------------------------------------------------------------------
 # CLI
 
 CONTEXT = {"help_option_names": ["-h", "--help"]}
@@ -1452,7 +1300,7 @@ def _node_options(func: Callable) -> Callable:
                      help="SLURM job id (an input of the port derivation)."),
         click.option("--port", type=click.IntRange(1024, 65535), envvar="SM_RELAY_PORT", show_envvar=True,
                      help="Instead of the derivation: rank r listens on PORT + r*count and successors."),
-        click.option("--count", type=click.IntRange(1, MAX_CANDIDATES), default=DEFAULT_PORT_COUNT,
+        click.option("--count", type=click.IntRange(1, net.MAX_CANDIDATES), default=DEFAULT_PORT_COUNT,
                      show_default=True, help="Candidate ports per rank."),
         click.option("--connect-timeout", type=click.FloatRange(min=0), default=120, show_default=True,
                      help="Seconds for the parent to answer and every child to connect."),
@@ -1561,7 +1409,7 @@ def _recv_into(plan: Plan, argv: list[str]) -> Result:
     try:
         loader = subprocess.Popen(argv, stdin=subprocess.PIPE)
     except OSError as exc:
-        raise usage_error(f"relay: cannot start the loader {argv[0]!r}: {_describe(exc)}") from None
+        raise usage_error(f"relay: cannot start the loader {argv[0]!r}: {net.describe(exc)}") from None
     assert loader.stdin is not None
     verified = False
 
@@ -1599,7 +1447,7 @@ def _recv_into(plan: Plan, argv: list[str]) -> Result:
 @click.option("--job-id", type=click.IntRange(min=0), envvar="SLURM_JOB_ID", show_envvar=True)
 @click.option("--port", type=click.IntRange(1024, 65535), envvar="SM_RELAY_PORT", show_envvar=True)
 @click.option(
-    "--count", type=click.IntRange(1, MAX_CANDIDATES), default=DEFAULT_PORT_COUNT, show_default=True
+    "--count", type=click.IntRange(1, net.MAX_CANDIDATES), default=DEFAULT_PORT_COUNT, show_default=True
 )
 def port_cmd(rank: int, master_port: int | None, job_id: int | None, port: int | None, count: int) -> None:
     """Print the candidate ports RANK listens on, one per line (the same on every node).
@@ -1609,33 +1457,6 @@ def port_cmd(rank: int, master_port: int | None, job_id: int | None, port: int |
     """
     for candidate in relay_ports(rank, master_port, job_id, port, count):
         click.echo(candidate)
-
-
-@cli.command("bench", context_settings=CONTEXT)
-@click.option("--hops", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--bytes", "nbytes", type=click.IntRange(min=0), default=10**9, show_default=True)
-@click.option("--fanout", type=click.IntRange(min=1), default=1, show_default=True)
-def bench_cmd(hops: int, nbytes: int, fanout: int) -> None:
-    """Loopback only: move BYTES through HOPS relay processes on 127.0.0.1; print one JSON line.
-
-    \b
-    Example: slurm-multi relay bench --hops 32 --bytes 1000000000
-    """
-    import json
-
-    result = loopback_chain(hops, nbytes, fanout=fanout)
-    _talk(f"{hops} hop(s): {size_text(nbytes)} in {result.seconds:.2f} s ({result.mb_per_s:.0f} MB/s)")
-    click.echo(
-        json.dumps(
-            {
-                "hops": hops,
-                "bytes": nbytes,
-                "seconds": result.seconds,
-                "mb_per_s": result.mb_per_s,
-                "cpu_seconds": result.cpu_seconds,
-            }  # fmt: skip
-        )
-    )
 
 
 if __name__ == "__main__":

@@ -26,20 +26,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import squatters
-from slurm_multi import auth, barrier, dockerapi
-from slurm_multi.barrier import (
-    BarrierAborted,
-    BarrierServer,
-    ProtocolError,
-    choose_bind_address,
-    derive_ports,
-    format_ranks,
-    join,
-    parse_challenge,
-    parse_line,
-    parse_reply,
-)
+from slurm_multi import auth, barrier, dockerapi, net, wire
+from slurm_multi.barrier import BarrierAborted, BarrierServer, format_ranks, join
 from slurm_multi.common import HelperError
+from slurm_multi.net import choose_bind_address, derive_ports
+from slurm_multi.wire import ProtocolError, parse_challenge, parse_line, parse_reply
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "tok-" + secrets.token_hex(8)
@@ -208,20 +199,20 @@ def control_line(port: int, verb: str, rest: str) -> str:
 
 
 @contextlib.contextmanager
-def impostor(*answers: Callable[[str, barrier.Message], bytes | None]) -> Iterator[SimpleNamespace]:
+def impostor(*answers: Callable[[str, wire.Message], bytes | None]) -> Iterator[SimpleNamespace]:
     """A fake rank 0 on 127.0.0.1. For each answer in turn it accepts one connection, greets it with
     a fresh CHALLENGE, reads the client's line (checked with the real token: the client is genuine)
     and sends `answer(challenge, message)`, or closes without a word for None."""
     listener = socket.create_server((LOOPBACK, 0))
     listener.settimeout(10)
-    seen: list[tuple[str, barrier.Message]] = []
+    seen: list[tuple[str, wire.Message]] = []
 
     def run() -> None:
         for answer in answers:
             sock, _ = listener.accept()
             with sock:
                 challenge = auth.new_nonce()
-                sock.sendall(barrier.challenge_line(challenge))
+                sock.sendall(wire.challenge_line(challenge))
                 line = read_line(sock)
                 message = parse_line(line.encode(), TOKEN, 4, challenge)
                 seen.append((line, message))
@@ -372,7 +363,7 @@ def test_derived_ports_never_land_in_the_ephemeral_range(
 
 
 def test_derived_ports_skip_master_port_itself() -> None:
-    start, end = barrier.port_window((32768, 60999))
+    start, end = net.port_window((32768, 60999))
     master_port = 12345
     job_id = (master_port - start - master_port * 1000003) % (end - start)  # base lands on MASTER_PORT
     ports = derive_ports(master_port, job_id, (32768, 60999), 4)
@@ -386,23 +377,23 @@ def test_common_ranges_agree_so_nodes_with_different_sysctls_still_meet() -> Non
 
 
 def test_override_and_explicit_ports() -> None:
-    assert barrier.override_ports(20000, 4) == [20000, 20001, 20002, 20003]
-    assert barrier.override_ports(65535, 3) == [65535, 1024, 1025]
-    assert barrier.candidate_ports((5000, 5001), 29500, 1, 20000, 4) == [5000, 5001]
-    assert barrier.candidate_ports((), 29500, 1, 20000, 2) == [20000, 20001]
+    assert net.override_ports(20000, 4) == [20000, 20001, 20002, 20003]
+    assert net.override_ports(65535, 3) == [65535, 1024, 1025]
+    assert net.candidate_ports((5000, 5001), 29500, 1, 20000, 4) == [5000, 5001]
+    assert net.candidate_ports((), 29500, 1, 20000, 2) == [20000, 20001]
     with pytest.raises(HelperError) as err:
-        barrier.candidate_ports((), None, None, None, 4)
+        net.candidate_ports((), None, None, None, 4)
     assert err.value.exit_code == 2
 
 
 def test_local_port_range_is_read_not_assumed(tmp_path: Path) -> None:
     good = tmp_path / "range"
     good.write_text("15000\t65000\n")
-    assert barrier.read_local_port_range(str(good)) == (15000, 65000)
+    assert net.read_local_port_range(str(good)) == (15000, 65000)
     garbage = tmp_path / "garbage"
     garbage.write_text("nope\n")
-    assert barrier.read_local_port_range(str(garbage)) == (32768, 60999)
-    assert barrier.read_local_port_range(str(tmp_path / "missing")) == (32768, 60999)
+    assert net.read_local_port_range(str(garbage)) == (32768, 60999)
+    assert net.read_local_port_range(str(tmp_path / "missing")) == (32768, 60999)
 
 
 def test_port_command_prints_the_candidates_one_per_line() -> None:
@@ -410,7 +401,7 @@ def test_port_command_prints_the_candidates_one_per_line() -> None:
     env = {"MASTER_PORT": None, "SLURM_JOB_ID": None, "SM_BARRIER_PORT": None}
     result = runner.invoke(barrier.cli, ["port", "--master-port", "29500", "--job-id", "4242"], env=env)
     assert result.exit_code == 0, result.output
-    expected = derive_ports(29500, 4242, barrier.read_local_port_range(), 4)
+    expected = derive_ports(29500, 4242, net.read_local_port_range(), 4)
     assert result.output.split() == [str(p) for p in expected]
     result = runner.invoke(barrier.cli, ["port", "--count", "2"], env={**env, "SM_BARRIER_PORT": "21000"})
     assert result.output.split() == ["21000", "21001"]
@@ -524,13 +515,12 @@ def test_the_mac_is_hmac_sha256_over_the_documented_fields() -> None:
 
     ready_mac = hmac_hex(f"to-rank0|READY|{s}|{c}|1|start")
     assert (
-        barrier.request_line("k3y", "READY", s, c, "1", "start")
-        == f"READY {ready_mac} {c} 1 start\n".encode()
+        wire.request_line("k3y", "READY", s, c, "1", "start") == f"READY {ready_mac} {c} 1 start\n".encode()
     )
     go_mac = hmac_hex(f"from-rank0|GO|{s}|{c}|1|sha256:abc")
-    assert barrier.reply_line("k3y", "GO", s, c, "1", "sha256:abc") == f"GO {go_mac} 1 sha256:abc\n".encode()
-    assert barrier.reply_line("k3y", "OK", s, c) == f"OK {hmac_hex(f'from-rank0|OK|{s}|{c}')}\n".encode()
-    assert barrier.challenge_line(s) == f"CHALLENGE {s}\n".encode()
+    assert wire.reply_line("k3y", "GO", s, c, "1", "sha256:abc") == f"GO {go_mac} 1 sha256:abc\n".encode()
+    assert wire.reply_line("k3y", "OK", s, c) == f"OK {hmac_hex(f'from-rank0|OK|{s}|{c}')}\n".encode()
+    assert wire.challenge_line(s) == f"CHALLENGE {s}\n".encode()
 
 
 def test_an_image_ready_says_which_image_id_the_worker_holds_under_the_mac() -> None:
@@ -542,7 +532,7 @@ def test_an_image_ready_says_which_image_id_the_worker_holds_under_the_mac() -> 
     line = from_template(f"READY {{sig}} 2 image {held}").decode().replace(held, "sha256:" + "f" * 64)
     with pytest.raises(ProtocolError, match="bad token"):
         parse_line(line.encode(), TOKEN, 4, S)
-    assert barrier.request_line(TOKEN, "READY", S, C, "2", "image", held) == from_template(
+    assert wire.request_line(TOKEN, "READY", S, C, "2", "image", held) == from_template(
         f"READY {{sig}} 2 image {held}\n"
     )
 
@@ -561,21 +551,17 @@ def test_parse_line_controller_messages() -> None:
 def test_a_signed_line_never_outgrows_max_line() -> None:
     reason = "é" * 300  # multi-byte characters are cut whole, then signed as cut
     for line in (
-        barrier.request_line(TOKEN, "ABORT", S, C, reason),
-        barrier.reply_line(TOKEN, "ABORT", S, C, reason),
+        wire.request_line(TOKEN, "ABORT", S, C, reason),
+        wire.reply_line(TOKEN, "ABORT", S, C, reason),
     ):
-        assert len(line) <= barrier.MAX_LINE
-    assert parse_line(barrier.request_line(TOKEN, "ABORT", S, C, reason), TOKEN, 2, S).reason.startswith("éé")
-    image_id = "r/" + "x" * (barrier.RELEASE_ID_MAX - 2)
-    assert (
-        parse_line(barrier.request_line(TOKEN, "RELEASE", S, C, image_id), TOKEN, 2, S).image_id == image_id
-    )
+        assert len(line) <= wire.MAX_LINE
+    assert parse_line(wire.request_line(TOKEN, "ABORT", S, C, reason), TOKEN, 2, S).reason.startswith("éé")
+    image_id = "r/" + "x" * (wire.RELEASE_ID_MAX - 2)
+    assert parse_line(wire.request_line(TOKEN, "RELEASE", S, C, image_id), TOKEN, 2, S).image_id == image_id
     with pytest.raises(ValueError):
-        barrier.request_line(TOKEN, "RELEASE", S, C, image_id + "x")  # never cut: a wrong ID is worse
+        wire.request_line(TOKEN, "RELEASE", S, C, image_id + "x")  # never cut: a wrong ID is worse
     longest = "r/" + "x" * 158  # the longest image ID still fits GO
-    assert (
-        parse_reply(barrier.reply_line(TOKEN, "GO", S, C, "99999", longest), TOKEN, S, C).image_id == longest
-    )
+    assert parse_reply(wire.reply_line(TOKEN, "GO", S, C, "99999", longest), TOKEN, S, C).image_id == longest
 
 
 @settings(max_examples=300, deadline=None)
@@ -602,19 +588,19 @@ def test_only_plain_ascii_decimal_ranks_in_range_are_accepted(rank_text: str, nn
 
 
 def test_parse_reply_checks_rank0s_mac_and_never_repeats_the_token() -> None:
-    go = barrier.reply_line(TOKEN, "GO", S, C, "2", "sha256:abc")
-    assert parse_reply(go, TOKEN, S, C) == barrier.Reply("GO", 2, "sha256:abc")
+    go = wire.reply_line(TOKEN, "GO", S, C, "2", "sha256:abc")
+    assert parse_reply(go, TOKEN, S, C) == wire.Reply("GO", 2, "sha256:abc")
     assert (
-        parse_reply(barrier.reply_line(TOKEN, "ABORT", S, C, "build failed"), TOKEN, S, C).reason
+        parse_reply(wire.reply_line(TOKEN, "ABORT", S, C, "build failed"), TOKEN, S, C).reason
         == "build failed"
     )
-    assert parse_reply(barrier.reply_line(TOKEN, "OK", S, C), TOKEN, S, C).kind == "OK"
+    assert parse_reply(wire.reply_line(TOKEN, "OK", S, C), TOKEN, S, C).kind == "OK"
     assert TOKEN not in parse_reply(f"ERR weird {TOKEN}", TOKEN, S, C).reason
     request_mac = auth.mac(TOKEN, "to-rank0", "ABORT", S, C, "stop")
     forged = [
-        barrier.reply_line("other-token", "GO", S, C, "2", "sha256:abc"),
-        barrier.reply_line(TOKEN, "GO", S, auth.new_nonce(), "2", "sha256:abc"),  # another client's GO
-        barrier.reply_line(TOKEN, "GO", auth.new_nonce(), C, "2", "sha256:abc"),
+        wire.reply_line("other-token", "GO", S, C, "2", "sha256:abc"),
+        wire.reply_line(TOKEN, "GO", S, auth.new_nonce(), "2", "sha256:abc"),  # another client's GO
+        wire.reply_line(TOKEN, "GO", auth.new_nonce(), C, "2", "sha256:abc"),
         go.replace(b"sha256:abc", b"sha256:bad"),  # the image ID is inside the MAC
         f"ABORT {request_mac} stop",  # a signed request is never a reply
         f"GO {TOKEN} 2 sha256:abc",  # the old protocol
@@ -690,7 +676,7 @@ def test_default_route_interface_is_read_from_proc_net_route(tmp_path: Path) -> 
         "ib0\t00000000\t010011AC\t0003\t0\t0\t200\t00000000\t0\t0\t0\n"
         "eth0\t00000000\t010200C0\t0003\t0\t0\t100\t00000000\t0\t0\t0\n"
     )
-    assert barrier._default_route_interfaces(str(route)) == ["eth0", "ib0"]
+    assert net._default_route_interfaces(str(route)) == ["eth0", "ib0"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -978,8 +964,8 @@ def test_timeout_names_missing_ranks_and_aborts_connected_workers() -> None:
 
 
 def test_join_returns_the_image_id_and_reconnects_after_a_drop_with_a_fresh_nonce() -> None:
-    def go(challenge: str, msg: barrier.Message) -> bytes:
-        return barrier.reply_line(TOKEN, "GO", challenge, msg.nonce, "2", "sha256:abc")
+    def go(challenge: str, msg: wire.Message) -> bytes:
+        return wire.reply_line(TOKEN, "GO", challenge, msg.nonce, "2", "sha256:abc")
 
     with impostor(lambda challenge, msg: None, go) as rank0:  # rank 0 drops us once while we wait
         image = join(LOOPBACK, [rank0.port], TOKEN, 2, connect_timeout=5, wait_timeout=5, log=lambda m: None)
@@ -993,11 +979,11 @@ def test_join_returns_the_image_id_and_reconnects_after_a_drop_with_a_fresh_nonc
     ("answer", "verb"),
     [
         (lambda s, m: f"GO {'0' * 64} 1 sha256:evil\n".encode(), "GO"),
-        (lambda s, m: barrier.reply_line("other-token", "GO", s, m.nonce, "1", "sha256:evil"), "GO"),
+        (lambda s, m: wire.reply_line("other-token", "GO", s, m.nonce, "1", "sha256:evil"), "GO"),
         # A GO that the real rank 0 signed for another connection, replayed to us.
-        (lambda s, m: barrier.reply_line(TOKEN, "GO", s, auth.new_nonce(), "1", "sha256:evil"), "GO"),
+        (lambda s, m: wire.reply_line(TOKEN, "GO", s, auth.new_nonce(), "1", "sha256:evil"), "GO"),
         (lambda s, m: f"GO {TOKEN} 1 sha256:evil\n".encode(), "GO"),  # the old protocol
-        (lambda s, m: barrier.reply_line("other-token", "ABORT", s, m.nonce, "fake"), "ABORT"),
+        (lambda s, m: wire.reply_line("other-token", "ABORT", s, m.nonce, "fake"), "ABORT"),
     ],
 )  # fmt: skip
 def test_join_refuses_a_reply_that_rank_0_did_not_sign(answer: Callable[..., bytes], verb: str) -> None:
@@ -1013,8 +999,8 @@ def test_join_refuses_a_reply_that_rank_0_did_not_sign(answer: Callable[..., byt
 
 
 def test_join_cli_against_a_fake_rank_0_exits_1_in_one_line() -> None:
-    def fake_go(challenge: str, msg: barrier.Message) -> bytes:
-        return barrier.reply_line("guessed-token", "GO", challenge, msg.nonce, "1", "sha256:evil")
+    def fake_go(challenge: str, msg: wire.Message) -> bytes:
+        return wire.reply_line("guessed-token", "GO", challenge, msg.nonce, "1", "sha256:evil")
 
     with impostor(fake_go) as rank0:
         result = slurm_multi(
@@ -1042,7 +1028,7 @@ def test_join_gives_up_on_a_peer_that_never_sends_a_challenge() -> None:
         with pytest.raises(HelperError) as err:
             join(LOOPBACK, [port], TOKEN, 1, connect_timeout=30, wait_timeout=30, log=lambda m: None)
     # Not the whole wait budget: our rank 0 greets at once, so the proof window is seconds.
-    assert time.monotonic() - started < barrier.PROOF_TIMEOUT + 2
+    assert time.monotonic() - started < net.PROOF_TIMEOUT + 2
     assert err.value.exit_code == 1
     assert str(err.value) == (
         f"barrier: {LOOPBACK}:{port} is not our barrier (it accepted but sent no CHALLENGE within 2 s)"
@@ -1051,21 +1037,21 @@ def test_join_gives_up_on_a_peer_that_never_sends_a_challenge() -> None:
 
 def forged_go(sock: socket.socket) -> None:
     """A fake CHALLENGE, then a GO that no token signed."""
-    sock.sendall(barrier.challenge_line(auth.new_nonce()))
+    sock.sendall(wire.challenge_line(auth.new_nonce()))
     sock.recv(512)
     sock.sendall(f"GO {'0' * 64} 1 sha256:evil\n".encode())
 
 
 def unsigned_err(sock: socket.socket) -> None:
     """A fake CHALLENGE, then an ERR (unsigned, as every ERR is): the old join ended on it, exit 2."""
-    sock.sendall(barrier.challenge_line(auth.new_nonce()))
+    sock.sendall(wire.challenge_line(auth.new_nonce()))
     sock.recv(512)
     sock.sendall(b"ERR rank out of range\n")
 
 
 def greets_then_silent(sock: socket.socket) -> None:
     """A CHALLENGE (anyone can send one), then nothing: the old join waited its whole budget."""
-    sock.sendall(barrier.challenge_line(auth.new_nonce()))
+    sock.sendall(wire.challenge_line(auth.new_nonce()))
     sock.recv(512)
 
 
@@ -1086,8 +1072,8 @@ def squatter(kind: str) -> contextlib.AbstractContextManager[int]:
 
 @pytest.mark.parametrize("kind", ["silent", "banner", "forged-go", "err", "greets-then-silent"])
 def test_a_squatter_on_the_first_candidate_costs_a_join_seconds_not_the_job(kind: str) -> None:
-    def go(challenge: str, msg: barrier.Message) -> bytes:
-        return barrier.reply_line(TOKEN, "GO", challenge, msg.nonce, "1", "sha256:abc")
+    def go(challenge: str, msg: wire.Message) -> bytes:
+        return wire.reply_line(TOKEN, "GO", challenge, msg.nonce, "1", "sha256:abc")
 
     lines: list[str] = []
     with squatter(kind) as first, impostor(go) as rank0:
@@ -1096,21 +1082,21 @@ def test_a_squatter_on_the_first_candidate_costs_a_join_seconds_not_the_job(kind
             LOOPBACK, [first, rank0.port], TOKEN, 1, connect_timeout=30, wait_timeout=30, log=lines.append
         )
     assert image == "sha256:abc"
-    assert time.monotonic() - started < barrier.PROOF_TIMEOUT + 3
+    assert time.monotonic() - started < net.PROOF_TIMEOUT + 3
     assert any(f"{LOOPBACK}:{first} is not our rank 0 (" in line for line in lines), lines
 
 
 def test_a_controller_skips_a_squatter_and_a_join_names_what_it_met_on_every_candidate() -> None:
     with (
         squatter("banner") as first,
-        impostor(lambda c, m: barrier.reply_line(TOKEN, "OK", c, m.nonce)) as rank0,
+        impostor(lambda c, m: wire.reply_line(TOKEN, "OK", c, m.nonce)) as rank0,
     ):
         barrier.control(LOOPBACK, [first, rank0.port], TOKEN, "RELEASE", "sha256:abc", log=lambda m: None)
     assert [(m.kind, m.image_id) for _, m in rank0.seen] == [("RELEASE", "sha256:abc")]
     for kind in ("err", "greets-then-silent"):
         with (
             squatter(kind) as first,
-            impostor(lambda c, m: barrier.reply_line(TOKEN, "OK", c, m.nonce)) as rank0,
+            impostor(lambda c, m: wire.reply_line(TOKEN, "OK", c, m.nonce)) as rank0,
         ):
             barrier.control(LOOPBACK, [first, rank0.port], TOKEN, "ABORT", "stop", log=lambda m: None)
         assert [m.kind for _, m in rank0.seen] == ["ABORT"]
@@ -1127,7 +1113,7 @@ def test_a_controller_skips_a_squatter_and_a_join_names_what_it_met_on_every_can
 
 def test_release_cli_refuses_an_image_id_too_long_for_a_signed_line() -> None:
     image_id = "registry.example.com/" + "x" * 140  # 161 > 149, still a valid reference
-    assert barrier.IMAGE_ID_RE.fullmatch(image_id[:160])
+    assert wire.IMAGE_ID_RE.fullmatch(image_id[:160])
     result = CliRunner().invoke(
         barrier.cli,
         ["release", "--image-id", image_id[:160], "--master-addr", LOOPBACK, "--port", str(free_ports(1)[0])],
@@ -1509,7 +1495,7 @@ def test_a_host_name_resolving_to_an_unreachable_address_first_is_a_quirk(
         (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("10.0.0.9", 0)),
     ]
     monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: infos)
-    why = barrier.self_name_quirk("node1")
+    why = net.self_name_quirk("node1")
     assert (quirk in why) if quirk else why == ""
 
 
@@ -1521,11 +1507,9 @@ def test_gloo_is_told_the_routable_interface_only_for_the_quirk_and_only_when_un
     from slurm_multi import node
 
     monkeypatch.setattr(
-        barrier, "routable_interface", lambda: ("eth7", "10.77.0.11", "eth7, the default route's")
+        net, "routable_interface", lambda: ("eth7", "10.77.0.11", "eth7, the default route's")
     )
-    monkeypatch.setattr(
-        barrier, "self_name_quirk", lambda host: f"{host} resolves to 127.0.1.1 (loopback) first"
-    )
+    monkeypatch.setattr(net, "self_name_quirk", lambda host: f"{host} resolves to 127.0.1.1 (loopback) first")
     ctx = SimpleNamespace(docker_env={"A": "1"})
     node.reachable_self_address(ctx, {}, "node1")
     assert ctx.docker_env == {"A": "1", "GLOO_SOCKET_IFNAME": "eth7"}
@@ -1533,7 +1517,7 @@ def test_gloo_is_told_the_routable_interface_only_for_the_quirk_and_only_when_un
                      (SimpleNamespace(docker_env={}), {"GLOO_SOCKET_IFNAME": "ib0"})):  # fmt: skip
         node.reachable_self_address(ctx, env, "node1")
         assert ctx.docker_env.get("GLOO_SOCKET_IFNAME", "ib0") == "ib0"
-    monkeypatch.setattr(barrier, "self_name_quirk", lambda host: "")
+    monkeypatch.setattr(net, "self_name_quirk", lambda host: "")
     ctx = SimpleNamespace(docker_env={})
     node.reachable_self_address(ctx, {}, "node1")
     assert ctx.docker_env == {}

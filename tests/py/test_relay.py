@@ -20,8 +20,8 @@ from click.testing import CliRunner
 
 import squatters
 from slurm_multi import EXIT_FAILURE, EXIT_TIMEOUT, EXIT_USAGE, auth, relay
-from slurm_multi.barrier import candidate_ports, read_local_port_range
 from slurm_multi.common import HelperError
+from slurm_multi.net import candidate_ports, read_local_port_range
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "job-token-" + "a" * 20
@@ -826,15 +826,6 @@ def test_send_and_recv_on_this_hosts_routable_address_deliver_the_stream(tmp_pat
         assert proc.returncode == 0, err.decode()
         assert (tmp_path / f"out{rank}").read_bytes() == payload
     assert TOKEN.encode() not in send.stderr + b"".join(errs)
-
-
-# --------------------------------------------------------------------------------------------------
-# Loopback bench
-
-
-def test_the_loopback_bench_moves_the_bytes_through_every_hop():
-    result = relay.loopback_chain(3, 2_000_000)
-    assert result.hops == 3 and result.nbytes == 2_000_000 and result.seconds > 0 and result.mb_per_s > 0
 
 
 def test_the_fault_hook_is_one_rank_s_and_ignores_anything_else() -> None:
