@@ -37,6 +37,9 @@ help: ## list the targets
 	@echo "Variables: NODES=$(NODES) (demo), EXAMPLE=$(EXAMPLE) (demo: toy|torchrun), RUNTIME=$(RUNTIME) (demo: docker|pyxis), PROFILE=$(PROFILE) (demo), NODE=$(NODE) (toy-image, torch-image), JOBDIR= (collect)"
 
 setup: $(STAMP) ## install Debian packages (as root) and create .venv (idempotent)
+	@# The helpers' bytecode, compiled once: a job user who cannot write py/ (or runs with
+	@# PYTHONDONTWRITEBYTECODE) would otherwise recompile every module at every helper start.
+	@$(PY) -m compileall -q py
 
 $(STAMP): pyproject.toml
 	@if [ "$$(id -u)" = 0 ]; then tests/cluster/install-packages; else echo "setup: not root, skipping Debian packages" >&2; fi

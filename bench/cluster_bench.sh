@@ -244,26 +244,25 @@ transport_rows() {
   cache=${work}/cache-relay
   "${ROOT}/examples/toy/build-image" --node node1 --tag "${BENCH_IMAGE}" --pad-mb "${mb}" >/dev/null
   sed "s#\"toy/model:local\"#\"${BENCH_IMAGE}\"#" "${ROOT}/examples/toy/build_manifest.json" >"${work}/manifest.json"
-  local -A relay_cold=() relay_floor=()
-  local pipelined=() pfloor=() warm=() wcold=()
+  local -A relay_cold=() relay_floor=() relay_hand=()
+  local pipelined=() pfloor=() phand=() warm=() wcold=() cpu=${work}/cpu
+  mkdir -p "${cpu}"
   for ((i = 0; i < repeats; i++)); do
     for n in 2 3 4; do
       clear_workers "${n}"
-      job=$(cd "${work}" && sbatch --parsable -N"${n}" -o /dev/null "${ROOT}/sbatch/multi.sbatch" \
-        --manifest "${work}/manifest.json" --image-transport relay --out "${work}/out" --collect false -- true)
-      [[ $(wait_job "${job}") == 0 ]] || log::die bench "cold relay job ${job} (${n} nodes) did not succeed; see ${work}/out" 1
+      job=$(cd "${work}" && profiled "${cpu}/relay-${n}-${i}.json" cold_job "${n}" --image-transport relay)
       dir=$(find "${work}/out" -mindepth 2 -maxdepth 2 -name "${job}" | head -n 1)
       relay_cold[${n}]+="$(stage_max "${dir}" image),"
       relay_floor[${n}]+="$(floor_seconds "${n}" "${work}"),"
+      relay_hand[${n}]+="$(profiled "${cpu}/hand-${n}-${i}.json" hand_pipeline_seconds "${n}" "${work}"),"
     done
     # Pipelined with the cache, 3 nodes: the tar is written while the workers load; then warm
-    # (its floor first: measuring it clears the workers, and warm means they keep the image).
+    # (its floors first: measuring them clears the workers, and warm means they keep the image).
     pfloor+=("$(floor_seconds 3 "${work}")")
+    phand+=("$(profiled "${cpu}/handtar-3-${i}.json" hand_pipeline_seconds 3 "${work}" "${work}/hand.tar")")
     clear_workers 3
     rm -rf "${cache}" && mkdir -p "${cache}"
-    job=$(cd "${work}" && sbatch --parsable -N3 -o /dev/null "${ROOT}/sbatch/multi.sbatch" --manifest "${work}/manifest.json" \
-      --image-cache "${cache}" --out "${work}/out" --collect false -- true)
-    [[ $(wait_job "${job}") == 0 ]] || log::die bench "cold pipelined job ${job} did not succeed; see ${work}/out" 1
+    job=$(cd "${work}" && profiled "${cpu}/pipelined-3-${i}.json" cold_job 3 --image-cache "${cache}")
     dir=$(find "${work}/out" -mindepth 2 -maxdepth 2 -name "${job}" | head -n 1)
     pipelined+=("$(stage_max "${dir}" image)")
     wcold+=("${pipelined[-1]}")
@@ -279,6 +278,25 @@ transport_rows() {
     --baseline "max(one docker save, 2 concurrent docker loads), by hand" \
     --samples "$(join "${pipelined[@]}")" --baseline-samples "$(join "${pfloor[@]}")" --target "<= 1.15x" \
     --out "${out}/image-pipelined-vs-floor.json"
+  local hand="docker save on node1 | tee | concurrent docker loads on the other nodes, by hand (no toolkit)"
+  for n in 2 3 4; do
+    CPU_OPTS=()
+    cpu_files cpu "${cpu}/relay-${n}-"*.json
+    cpu_files baseline-cpu "${cpu}/hand-${n}-"*.json
+    row --row "image: cold relay vs hand pipeline (${n} nodes, ${size})" \
+      --what "image stage of a ${n}-node job (slowest node), --image-transport relay, no shared storage" \
+      --baseline "${hand} ($((n - 1)) loads), same run" \
+      --samples "${relay_cold[${n}]%,}" --baseline-samples "${relay_hand[${n}]%,}" --target "<= 1.15x" \
+      "${CPU_OPTS[@]}" --out "${out}/image-relay-${n}-vs-hand.json"
+  done
+  CPU_OPTS=()
+  cpu_files cpu "${cpu}/pipelined-3-"*.json
+  cpu_files baseline-cpu "${cpu}/handtar-3-"*.json
+  row --row "image: cold pipelined (cache) vs hand pipeline (3 nodes, ${size})" \
+    --what "image stage of a 3-node job (slowest node) with --image-cache: the stream is written into the cache as it passes" \
+    --baseline "${hand} (2 loads, tee also writes the tar), same run" \
+    --samples "$(join "${pipelined[@]}")" --baseline-samples "$(join "${phand[@]}")" --target "<= 1.15x" \
+    "${CPU_OPTS[@]}" --out "${out}/image-pipelined-vs-hand.json"
   for n in 2 3 4; do
     row --row "image: cold relay, no cache (${n} nodes, ${size})" \
       --what "image stage of a ${n}-node job (slowest node), --image-transport relay, no shared storage" \
@@ -296,6 +314,71 @@ transport_rows() {
   clear_workers 4
   "${EXEC}" node1 docker image rm -f "${BENCH_IMAGE}" >/dev/null 2>&1 || true
   rm -f "${ROOT}"/examples/toy/pad/*.bin
+}
+
+# hand_pipeline_seconds N WORK [TAR]: the same transport with no toolkit, the floor a pipelined
+# relay is held to: `docker save` on node1 piped through one tee to N-1 concurrent `docker load`s on
+# nodes 2..N, each on its own engine (tests/cluster/exec; tee on node1, as rank 0's tee is), all at
+# once on the same cores and disk.
+# With TAR, tee also writes the tar there (what the pipelined job writes into its cache).
+hand_pipeline_seconds() {
+  local n=$1 work=$2 tar=${3:-} t i rc=0 pids=() fifos=()
+  clear_workers "${n}"
+  t=$(now)
+  for ((i = 2; i < n; i++)); do
+    rm -f "${work}/hand.${i}" && mkfifo "${work}/hand.${i}"
+    "${EXEC}" "node${i}" docker load -q <"${work}/hand.${i}" >/dev/null &
+    pids+=($!) fifos+=("${work}/hand.${i}")
+  done
+  "${EXEC}" node1 docker save "${BENCH_IMAGE}" | "${EXEC}" node1 tee "${fifos[@]}" ${tar:+"${tar}"} |
+    "${EXEC}" "node${n}" docker load -q >/dev/null || rc=$?
+  # A tee that never started leaves the other loads blocked opening their FIFO: end them.
+  ((rc == 0)) || kill "${pids[@]}" 2>/dev/null || true
+  for i in "${pids[@]}"; do wait "${i}" || rc=$?; done
+  local took
+  took=$(since "${t}")
+  rm -f "${fifos[@]}" ${tar:+"${tar}"}
+  ((rc == 0)) || log::die bench "the hand pipeline (docker save | tee | $((n - 1)) docker loads) failed (exit ${rc})" 1
+  clear_workers "${n}"
+  printf '%s' "${took}"
+}
+
+# profiled OUT CMD...: run CMD with bench/cpu_profile.py recording every cluster process's CPU into
+# OUT (JSON); CMD's stdout is passed on. BENCH_CPU_PROFILE=0: CMD alone, no OUT; BENCH_CPU_ACCT=0:
+# the /proc poll alone, without the kernel's process accounting.
+profiled() {
+  local out=$1 rc=0 start=()
+  shift
+  if [[ ${BENCH_CPU_PROFILE:-1} == 0 ]]; then
+    "$@"
+    return
+  fi
+  start=("${PY}" "${ROOT}/bench/cpu_profile.py" start "${out}.d" --max-seconds "$((${BENCH_JOB_TIMEOUT:-600} + 120))")
+  [[ ${BENCH_CPU_ACCT:-1} != 0 ]] || start+=(--no-acct)
+  "${start[@]}" || log::die bench "cannot start the CPU recorder" 1
+  ("$@") || rc=$? # a subshell: a log::die in CMD still stops the recorder
+  "${PY}" "${ROOT}/bench/cpu_profile.py" stop "${out}.d" --out "${out}" || log::warn bench "no CPU profile in ${out}"
+  [[ -n ${BENCH_CPU_KEEP:-} ]] || rm -rf "${out}.d"
+  return "${rc}"
+}
+
+# cpu_files KIND FILE...: append `--KIND FILE` to CPU_OPTS for each FILE that holds a profile
+# (cluster_rows.py reads them: the row carries the CPU by role, measured side against baseline).
+cpu_files() {
+  local kind=$1 file
+  shift
+  for file in "$@"; do [[ ! -s ${file} ]] || CPU_OPTS+=("--${kind}" "${file}"); done
+}
+
+# cold_job N ARG...: run one N-node job of the bench manifest (in WORK, the current directory) with
+# ARGs, running `true`, and wait for it; prints its id. A job that fails ends the row group.
+cold_job() {
+  local n=$1 job
+  shift
+  job=$(sbatch --parsable -N"${n}" -o /dev/null "${ROOT}/sbatch/multi.sbatch" --manifest "${PWD}/manifest.json" \
+    "$@" --out "${PWD}/out" --collect false -- true)
+  [[ $(wait_job "${job}") == 0 ]] || log::die bench "cold job ${job} (${n} nodes, $*) did not succeed; see ${PWD}/out" 1
+  printf '%s' "${job}"
 }
 
 # clear_workers N: the bench image on node1 only (nodes 2..N lose it).
@@ -331,6 +414,26 @@ print(max(times) if times else 0.0)
 PY
 }
 
+# want_group NAME: true when BENCH_CLUSTER_GROUPS (comma-separated: overhead, image, transport,
+# pyxis; default all) names NAME. Unknown names are an error, not a silent empty table.
+want_group() {
+  local groups=${BENCH_CLUSTER_GROUPS:-overhead,image,transport,pyxis} item
+  local -a items
+  IFS=, read -r -a items <<<"${groups}"
+  for item in "${items[@]}"; do
+    case ${item} in overhead | image | transport | pyxis) ;; *) log::die bench "BENCH_CLUSTER_GROUPS: unknown group '${item}' (use overhead, image, transport, pyxis)" 2 ;; esac
+  done
+  [[ ,${groups}, == *,"$1",* ]]
+}
+
+# stop_recorders WORK: end any CPU recorder a failed row group left running (process accounting off).
+stop_recorders() {
+  local dir
+  for dir in "$1"/cpu/*.d; do
+    [[ -d ${dir} ]] && "${PY}" "${ROOT}/bench/cpu_profile.py" off "${dir}" || true
+  done
+}
+
 main() {
   local repeats=3 out="" quick=0
   while (($#)); do
@@ -349,18 +452,26 @@ main() {
   local work
   work=$(mktemp -d /tmp/sm-bench.XXXXXX)
   # shellcheck disable=SC2064 # expand now: work is local
-  trap "rm -rf '${work}'" EXIT
+  trap "stop_recorders '${work}'; rm -rf '${work}'" EXIT
   ensure_nodes 4
   # Each group in a subshell: one that fails (log::die) costs its own rows, never the others'.
   local failed=()
-  log::info bench "toolkit overhead (${repeats} runs each side)"
-  (overhead_row "${repeats}" "${out}" "${work}") || failed+=(overhead)
-  log::info bench "image distribution (${repeats} runs each)"
-  (image_rows "${repeats}" "${out}" "${work}") || failed+=(image)
-  log::info bench "image transport: relay and pipelined, ~1 GB (${repeats} runs each)"
-  (transport_rows "${repeats}" "${out}" "${work}") || failed+=(transport)
-  log::info bench "pyxis (${repeats} runs each)"
-  (pyxis_rows "${repeats}" "${out}" "${work}") || failed+=(pyxis)
+  if want_group overhead; then
+    log::info bench "toolkit overhead (${repeats} runs each side)"
+    (overhead_row "${repeats}" "${out}" "${work}") || failed+=(overhead)
+  fi
+  if want_group image; then
+    log::info bench "image distribution (${repeats} runs each)"
+    (image_rows "${repeats}" "${out}" "${work}") || failed+=(image)
+  fi
+  if want_group transport; then
+    log::info bench "image transport: relay and pipelined, ~1 GB (${repeats} runs each)"
+    (transport_rows "${repeats}" "${out}" "${work}") || failed+=(transport)
+  fi
+  if want_group pyxis; then
+    log::info bench "pyxis (${repeats} runs each)"
+    (pyxis_rows "${repeats}" "${out}" "${work}") || failed+=(pyxis)
+  fi
   ((${#failed[@]} == 0)) || log::die bench "row groups that failed: ${failed[*]} (see above); the others' rows are written"
 }
 

@@ -49,3 +49,76 @@ fake_scontrol() {
   run cat "${TRACE}"
   assert_line "up --no-install --nodes 4"
 }
+
+# A fake tests/cluster/exec and docker: `save` writes 300 kB, `load` keeps what it read per node.
+# shellcheck disable=SC2016 # $1, $* and $@ expand in the fake, not here
+fake_nodes() {
+  export LOADED=${BATS_TEST_TMPDIR}/loaded
+  mkdir -p "${LOADED}"
+  printf '#!/bin/bash\nnode=$1; shift; echo "exec ${node} $*" >>"%s"; NODE=${node} exec "$@"\n' "${TRACE}" >"${BATS_TEST_TMPDIR}/shim/exec"
+  cat >"${BATS_TEST_TMPDIR}/shim/docker" <<'SH'
+#!/bin/bash
+case $1 in
+  save) head -c 300000 /dev/zero ;;
+  load) [[ -z ${FAIL_LOAD_ON:-} || ${FAIL_LOAD_ON} != "${NODE}" ]] || exit 7; cat >"${LOADED}/${NODE}" ;;
+  image) ;;
+esac
+SH
+  chmod +x "${BATS_TEST_TMPDIR}/shim/exec" "${BATS_TEST_TMPDIR}/shim/docker"
+  EXEC=${BATS_TEST_TMPDIR}/shim/exec
+}
+
+@test "the hand pipeline feeds one docker save to a concurrent docker load on every other node" {
+  fake_nodes
+  run hand_pipeline_seconds 4 "${BATS_TEST_TMPDIR}" "${BATS_TEST_TMPDIR}/hand.tar"
+  assert_success
+  assert_output --regexp '^[0-9]+\.[0-9]+$'
+  for node in node2 node3 node4; do
+    [[ $(stat -c %s "${LOADED}/${node}") == 300000 ]] || fail "${node} loaded $(stat -c %s "${LOADED}/${node}") bytes"
+  done
+  [[ ! -e ${LOADED}/node1 ]] || fail "node1 (the source) loaded too"
+  run grep -c "^exec node1 docker save toy/model:bench$" "${TRACE}"
+  assert_output 1
+  run grep -c "^exec node1 tee " "${TRACE}" # tee on the source node, writing the tar as well
+  assert_output 1
+  assert_file_not_exists "${BATS_TEST_TMPDIR}/hand.tar" # measured, then removed
+}
+
+@test "a load that fails in the hand pipeline fails the row group, not a silent floor" {
+  fake_nodes
+  FAIL_LOAD_ON=node2 run hand_pipeline_seconds 3 "${BATS_TEST_TMPDIR}"
+  assert_failure
+  assert_output --partial "the hand pipeline (docker save | tee | 2 docker loads) failed"
+}
+
+@test "BENCH_CLUSTER_GROUPS picks the row groups and rejects an unknown one" {
+  BENCH_CLUSTER_GROUPS=transport,pyxis run want_group pyxis
+  assert_success
+  BENCH_CLUSTER_GROUPS=transport run want_group overhead
+  assert_failure
+  run want_group image # default: every group
+  assert_success
+  BENCH_CLUSTER_GROUPS=transprot run want_group transport
+  assert_failure 2
+  assert_output --partial "unknown group 'transprot'"
+}
+
+@test "only CPU profiles that were written become row options" {
+  : >"${BATS_TEST_TMPDIR}/empty.json"
+  echo '{}' >"${BATS_TEST_TMPDIR}/a.json"
+  CPU_OPTS=()
+  cpu_files baseline-cpu "${BATS_TEST_TMPDIR}/a.json" "${BATS_TEST_TMPDIR}/empty.json" "${BATS_TEST_TMPDIR}/missing-*.json"
+  [[ ${CPU_OPTS[*]} == "--baseline-cpu ${BATS_TEST_TMPDIR}/a.json" ]] || fail "got: ${CPU_OPTS[*]}"
+}
+
+@test "a profiled command keeps its output and leaves a CPU summary (none with BENCH_CPU_PROFILE=0)" {
+  BENCH_CPU_ACCT=0 run profiled "${BATS_TEST_TMPDIR}/cpu.json" echo measured
+  assert_success
+  assert_output measured
+  run "${PY}" -c 'import json, sys; d = json.load(open(sys.argv[1])); print(d["acct"], sorted(d["cpu_s"]))' "${BATS_TEST_TMPDIR}/cpu.json"
+  assert_output "False ['load', 'other', 'python', 'relay', 'save', 'tee']"
+  assert_file_not_exists "${BATS_TEST_TMPDIR}/cpu.json.d"
+  BENCH_CPU_PROFILE=0 run profiled "${BATS_TEST_TMPDIR}/none.json" echo plain
+  assert_output plain
+  assert_file_not_exists "${BATS_TEST_TMPDIR}/none.json"
+}

@@ -244,6 +244,11 @@ def test_collect_bench_runs_in_process_and_through_the_cli() -> None:
     assert row["target"] is None  # the target applies at 1,000 node dirs
 
 
+def test_the_loopback_chain_moves_the_bytes_through_every_hop() -> None:
+    result = relay_bench.loopback_chain(3, 2_000_000)
+    assert result.hops == 3 and result.nbytes == 2_000_000 and result.seconds > 0 and result.mb_per_s > 0
+
+
 def test_relay_bench_measures_each_chain_against_one_hop_and_one_hop_against_tcp() -> None:
     rows = relay_bench.run(hops=[1, 3], nbytes=3_000_000, repeats=1, warmup=False)
     assert [row["row"] for row in rows] == [
@@ -391,3 +396,148 @@ def test_cluster_hook_reports_a_failing_cluster_script(tmp_path: Path) -> None:
     assert done.returncode == 1
     (row,) = report.load_rows(sorted(out.glob("*.json")))
     assert row["skipped"].startswith("failed: exit 3")
+
+
+# --------------------------------------------------------------------------------------------------
+# cpu_profile.py: where a cluster row's CPU goes (acct records, roles, the row's `cpu` field)
+
+
+def _acct_record(pid: int, ppid: int, comm: bytes, start: int, wall_ticks: float, cpu_ticks: int) -> bytes:
+    import cpu_profile
+
+    # struct acct_v3: flag, version 3, tty, exitcode, uid, gid, pid, ppid, btime, etime, utime,
+    # stime, mem, io, rw, minflt, majflt, swaps, comm. utime is comp_t: 13-bit mantissa, base-8 exp.
+    fields = (0, 3, 0, 0, 0, 0, pid, ppid, start, wall_ticks, cpu_ticks, 0, 0, 0, 0, 0, 0, 0, comm)
+    return cpu_profile.ACCT_V3.pack(*fields)
+
+
+def test_acct_records_parse_with_comp_t_times_and_other_versions_are_skipped() -> None:
+    import cpu_profile
+
+    assert cpu_profile.comp_t(250) == 250
+    assert cpu_profile.comp_t((1 << 13) | 100) == 800  # exponent 1: mantissa * 8
+    data = _acct_record(10, 1, b"docker", 1000, 150.0, (1 << 13) | 25)
+    data += b"\x00\x02" + bytes(62)  # a version-2 record: skipped
+    (rec,) = cpu_profile.parse_acct(data)
+    assert rec == {"pid": 10, "ppid": 1, "comm": "docker", "start": 1000.0, "wall_s": 1.5, "cpu_s": 2.0}
+
+
+@pytest.mark.parametrize(
+    ("comm", "argv", "node", "parent", "role"),
+    [
+        ("dockerd", ["dockerd"], "node1", "", "save"),
+        ("containerd", ["containerd"], "node3", "dockerd", "load"),
+        ("exe", [], "node2", "dockerd", "load"),  # dockerd's re-executed docker-untar
+        ("exe", [], "node2", "bash", "other"),
+        ("docker", ["docker", "save", "toy/model:bench"], "node1", "", "save"),
+        ("docker", ["docker", "load", "-q"], "node2", "", "load"),
+        ("docker", ["docker", "image", "inspect", "x"], "node1", "", "other"),
+        ("tee", ["tee", "-p", "/c/x.tar"], "node1", "", "tee"),
+        ("python", ["/v/python", "-m", "slurm_multi", "relay", "recv", "--rank", "1"], "node2", "", "relay"),
+        ("python", ["/v/bin/python", "-m", "slurm_multi", "node", "prepare"], "node2", "", "python"),
+        ("bash", ["bash", "bin/sm-node"], "node1", "", "other"),
+    ],
+)
+def test_each_process_gets_its_transport_role(
+    comm: str, argv: list[str], node: str, parent: str, role: str
+) -> None:
+    import cpu_profile
+
+    assert cpu_profile.role_of(comm, argv, node, "node1", parent) == role
+
+
+def _recording() -> tuple[dict, list[dict]]:
+    """A recorder's document and acct records: dockerd alive throughout, a save CLI and a relay
+    the poll saw, a tee only acct saw (its node from its parent), and a host process."""
+    doc = {
+        "started": 1000.0, "ended": 1010.0, "acct": True,
+        "machine_s": {"user": 12.0, "nice": 0.0, "system": 6.0, "idle": 1.5, "iowait": 0.5, "irq": 0.0,
+                      "softirq": 1.0, "steal": 0.0},
+        "procs": [
+            {"pid": 5, "ppid": 1, "comm": "dockerd", "argv": ["dockerd"], "node": "node1", "start": 900.0,
+             "cpu_at_start": 40.0, "cpu_last": 43.5, "alive_at_start": True, "alive_at_end": True},
+            {"pid": 20, "ppid": 19, "comm": "docker", "argv": ["docker", "save", "img"], "node": "node1",
+             "start": 1000.2, "cpu_at_start": 0.0, "cpu_last": 0.3, "alive_at_start": False},
+            {"pid": 21, "ppid": 19, "comm": "python", "node": "node1", "start": 1000.3,
+             "argv": ["/v/bin/python", "-m", "slurm_multi", "relay", "send"], "cpu_at_start": 0.0,
+             "cpu_last": 0.5, "alive_at_start": False},
+            {"pid": 30, "ppid": 1, "comm": "pytest", "argv": ["pytest"], "node": "host", "start": 990.0,
+             "cpu_at_start": 5.0, "cpu_last": 7.0, "alive_at_start": True, "alive_at_end": True},
+        ],
+    }  # fmt: skip
+    acct = [
+        {"pid": 20, "ppid": 19, "comm": "docker", "start": 1000.0, "wall_s": 6.0, "cpu_s": 0.4},
+        {"pid": 21, "ppid": 19, "comm": "python", "start": 1000.0, "wall_s": 6.5, "cpu_s": 0.9},
+        {"pid": 22, "ppid": 21, "comm": "tee", "start": 1001.0, "wall_s": 0.1, "cpu_s": 0.2},
+    ]
+    return doc, acct
+
+
+def test_attribution_uses_acct_for_exited_processes_deltas_for_daemons_and_parents_for_nodes() -> None:
+    import cpu_profile
+
+    doc, acct = _recording()
+    procs = {p["pid"]: p for p in cpu_profile.attribute(doc, acct, "node1")}
+    assert procs[5]["cpu_s"] == pytest.approx(3.5) and procs[5]["role"] == "save"  # only the window
+    assert procs[20]["cpu_s"] == pytest.approx(0.4) and procs[20]["wall_s"] == 6.0  # acct, not the poll
+    assert procs[21]["role"] == "relay" and procs[21]["label"] == "slurm-multi relay send"
+    assert procs[22]["node"] == "node1" and procs[22]["role"] == "tee"  # acct only: its parent's node
+    assert procs[30]["role"] == "host" and procs[30]["cpu_s"] == pytest.approx(2.0)
+    summary = cpu_profile.summarize(list(procs.values()), doc)
+    assert summary["cpu_s"]["save"] == pytest.approx(3.9) and summary["cpu_s"]["relay"] == pytest.approx(0.9)
+    assert summary["total_cpu_s"] == pytest.approx(5.0) and summary["host_cpu_s"] == pytest.approx(2.0)
+    assert summary["machine_busy_s"] == pytest.approx(19.0)
+    assert summary["unattributed_s"] == pytest.approx(12.0)  # 19 busy - 5 cluster - 2 host
+    assert summary["cpu_s_by_node"]["save@node1"] == pytest.approx(3.9)
+
+
+def test_cluster_rows_carry_the_cpu_of_both_sides_and_say_it_when_a_target_is_missed(tmp_path: Path) -> None:
+    import cluster_rows
+    import cpu_profile
+
+    doc, acct = _recording()
+    measured = cpu_profile.summarize(cpu_profile.attribute(doc, acct, "node1"), doc)
+    baseline = json.loads(json.dumps(measured))
+    baseline["cpu_s"]["relay"], baseline["total_cpu_s"] = 0.0, 4.1
+    paths = {}
+    for name, summary in (("m", measured), ("b", baseline)):
+        paths[name] = tmp_path / f"{name}.json"
+        paths[name].write_text(json.dumps(summary))
+    out = tmp_path / "row.json"
+    args = ["--row", "r", "--what", "w", "--baseline", "b", "--target", "<= 1.15x", "--notes", "n."]
+    args += ["--cpu", str(paths["m"]), "--baseline-cpu", str(paths["b"]), "--out", str(out)]
+    assert cluster_rows.main([*args, "--samples", "2.0", "--baseline-samples", "1.0"]) == 0
+    (row,) = json.loads(out.read_text())
+    assert row["met"] is False
+    assert row["cpu"]["delta_s"]["relay"] == pytest.approx(0.9)
+    measured_cpu = row["cpu"]["measured"]
+    assert measured_cpu["runs"] == 1 and measured_cpu["cpu_s"]["save"] == pytest.approx(3.9)
+    note = "n; CPU s per run, measured vs baseline: save 3.90 vs 3.90, relay 0.90 vs 0.00"
+    assert row["notes"].startswith(note)
+    # Met: the cpu field stays in the JSON, the notes stay short.
+    assert cluster_rows.main([*args, "--samples", "1.0", "--baseline-samples", "1.0"]) == 0
+    (row,) = json.loads(out.read_text())
+    assert row["met"] is True and row["notes"] == "n." and "cpu" in row
+    # No profiles (BENCH_CPU_PROFILE=0): no cpu field at all.
+    plain = ["--row", "r", "--what", "w", "--baseline", "b", "--out", str(out)]
+    assert cluster_rows.main([*plain, "--samples", "1", "--baseline-samples", "1"]) == 0
+    assert "cpu" not in json.loads(out.read_text())[0]
+
+
+def test_the_recorder_runs_in_the_background_and_counts_a_node_process(tmp_path: Path) -> None:
+    # A fake cluster state whose one "node" is this test's own network namespace.
+    (tmp_path / "state" / "node1").mkdir(parents=True)
+    (tmp_path / "state" / "node1" / "slurmd.pid").write_text(f"{os.getpid()}\n")
+    rec, out = tmp_path / "rec", tmp_path / "cpu.json"
+    script = str(BENCH / "cpu_profile.py")
+    start = [sys.executable, script, "start", str(rec), "--no-acct", "--state", str(tmp_path / "state")]
+    subprocess.run(start, check=True, timeout=30)
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4: pass\ntime.sleep(0.7)"
+    subprocess.run([sys.executable, "-c", burn], check=True, timeout=30)
+    stop = [sys.executable, script, "stop", str(rec), "--out", str(out)]
+    subprocess.run(stop, check=True, timeout=30)
+    summary = json.loads(out.read_text())
+    assert summary["acct"] is False and summary["window_s"] > 0.5
+    assert summary["cpu_s"]["python"] >= 0.35  # the burner, seen by the poll on "node1"
+    assert not (rec / "recorder.pid").exists()
+    assert subprocess.run([sys.executable, script, "off", str(rec)], timeout=30).returncode == 0
