@@ -129,6 +129,12 @@ e2e::wait_job() {
       PENDING | RUNNING | CONFIGURING | COMPLETING | SUSPENDED | "") sleep 0.3 ;;
       *)
         JOB_RC=$(grep -o ' ExitCode=[0-9]*' <<<"${line}" | cut -d= -f2)
+        # A job Slurm could not launch (JobLaunchFailure: FAILED, ExitCode=0:53) never ran our
+        # script: its exit code 0 is no verdict.
+        if [[ ${state} == FAILED && ${JOB_RC} == 0 ]]; then
+          JOB_RC=$((128 + $(grep -o ' ExitCode=[0-9]*:[0-9]*' <<<"${line}" | cut -d: -f2)))
+          echo "job ${JOB_ID} FAILED without an exit code of its own (${line##*Reason=}); JOB_RC=${JOB_RC}" >&2
+        fi
         export JOB_ID JOB_RC JOB_STATE=${state}
         return 0
         ;;
