@@ -208,6 +208,8 @@ def plan_command(
         table.validate(resolved, has_command=bool(parsed.command))
     except table.SettingsError as exc:
         raise usage_error(str(exc)) from None
+    for warning in table.unused(resolved):
+        talk("settings", warning)
     job_id = job_id or env.get("SLURM_JOB_ID") or ("DRYRUN" if dry else "")
     if not job_id:
         raise usage_error(

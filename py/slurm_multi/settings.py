@@ -472,6 +472,44 @@ def _validate_nsight(r: Resolved, words: Sequence[str]) -> None:
             )
 
 
+# ---- options that do nothing here -----------------------------------------------------------------
+
+_PROFILING = ("SM_FRAMEWORK", "SM_PROFILE_START_ITER", "SM_PROFILE_STOP_ITER", "SM_PROFILE_TOOL_OPTIONS",
+              "SM_PROFILE_DIR", "SM_NSYS_PATH", "SM_NSYS_HOST_PATH", "SM_FLUSH_SETTLE_SECONDS",
+              "SM_FLUSH_TIMEOUT_SECONDS", "SM_PROFILE_OPTIONAL", "SM_PROFILE_STOP_GRACE",
+              "SM_NVTX_INJECTION_PATH")  # fmt: skip
+_NSIGHT = ("SM_NSIGHT_SLURM_HOME", "SM_NSIGHT_SLURM_MODE", "SM_NSIGHT_SLURM_TOOL_PATH")
+
+
+def unused(r: Resolved) -> list[str]:
+    """A warning for each setting the user gave that does nothing in this configuration (the job
+    runs; the user learns their option was not what made it run so)."""
+    v = r.values
+    runtime, profile = v["SM_RUNTIME"], v["SM_PROFILE"]
+    why: dict[str, str] = {}
+    if profile == "none":
+        why.update({n: "with --profile none" for n in _PROFILING + _NSIGHT})
+    elif profile != "nsight-slurm":
+        why.update({n: f"with --profile {profile}" for n in _NSIGHT})
+    if runtime != "docker":
+        reason = "the squashfs is shared, nothing is relayed" if runtime == "pyxis" else "there is no image"
+        why.update(
+            {n: f"with --runtime {runtime} ({reason})" for n in ("SM_IMAGE_TRANSPORT", "SM_RELAY_FANOUT")}
+        )
+    elif v["SM_IMAGE_TRANSPORT"] == "cache":
+        why["SM_RELAY_FANOUT"] = "with --image-transport cache"
+    if runtime != "pyxis":
+        why["SM_CONTAINER_IMAGE"] = f"with --runtime {runtime}"
+    if runtime == "none":
+        why["SM_IMAGE_CACHE"] = "with --runtime none (there is no image)"
+    out = []
+    for s in TABLE:
+        source = r.label(s.name)
+        if s.name in why and source and source != "default" and not source.startswith("sbatch"):
+            out.append(f"{flag_of(r, s.name)} {v[s.name]} does nothing {why[s.name]}; ignored")
+    return out
+
+
 # ---- what people read: --help, docs/options.md ---------------------------------------------------
 
 

@@ -93,6 +93,18 @@ def mark_lost(
     return lost
 
 
+def _exit_waiter(pid: int):  # noqa: ANN202 - a callable taking seconds
+    """A wait of at most N seconds that returns the moment `pid` exits (a pidfd: the verdict does not
+    wait out a poll interval after the last rank ended); a plain sleep where pidfds are missing."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return time.sleep
+    import select
+
+    return lambda seconds: select.select([fd], [], [], seconds)
+
+
 def watch(
     jobdir: str,
     nodes: Sequence[str],
@@ -108,8 +120,9 @@ def watch(
     failed_since: float | None = None
     now = time.monotonic()
     next_check, next_nodes, next_progress = now, now + node_check_every, now + progress_every
+    ended = _exit_waiter(srun_pid)
     while _alive(srun_pid):
-        time.sleep(0.1)
+        ended(0.1)
         now = time.monotonic()
         if failed_since is not None:
             if now - failed_since >= peer_grace:

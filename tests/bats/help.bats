@@ -60,7 +60,7 @@ print("heavy:", sorted(m for m in ("pandas", "zmq") if m in sys.modules))'
 
 @test "bin/ commands reject an unknown option with a one-line error and the usage, exit 2" {
   local cmd
-  for cmd in bin/sm-node bin/sm-demo tests/cluster/up examples/toy/build-image; do
+  for cmd in bin/sm-demo tests/cluster/up examples/toy/build-image; do
     run "${REPO_ROOT}/${cmd}" --no-such-option
     assert_failure 2
     assert_line --index 0 --partial "unknown option '--no-such-option'"

@@ -94,7 +94,13 @@ refute_container_started() {
   assert_output --partial "unknown stage 'bogus'"
   run "${REPO_ROOT}/bin/sm-node" --frobnicate
   assert_failure 2
-  assert_line --index 0 --partial "unknown option '--frobnicate'"
+  # One line, no log prefix, no usage dump (that is --help's).
+  assert_output "sm-node: unknown option '--frobnicate'; bin/sm-node --help shows the usage"
+  # A job dir that is not one: our line, not an internal helper's click usage block.
+  run "${REPO_ROOT}/bin/sm-node" --from-job /nonexistent --rank 0 --stage run
+  assert_failure 2
+  assert_output --regexp "^sm-node: --from-job /nonexistent: no job.json there; give a job's dir [^$]*$"
+  refute_output --partial "Usage:"
 }
 
 @test "a whole single-node task runs prepare, image, barrier, run, save-outputs and writes status.json" {

@@ -127,7 +127,7 @@ teardown() {
   "${REPO_ROOT}/examples/toy/build-image" --node node1 --pad-mb 96 >/dev/null
   local cache=${BATS_TEST_TMPDIR}/cache
   mkdir -p "${cache}"
-  local lib="source ${REPO_ROOT}/lib/log.sh; source ${REPO_ROOT}/lib/util.sh; source ${REPO_ROOT}/lib/settings.sh; source ${REPO_ROOT}/lib/image.sh; SM_IMAGE=toy/model:local"
+  local lib="source ${REPO_ROOT}/lib/log.sh; source ${REPO_ROOT}/lib/util.sh; source ${REPO_ROOT}/lib/settings.sh; source ${REPO_ROOT}/lib/image.sh; settings::resolve_env; SM_IMAGE=toy/model:local"
   local id key
   id=$(e2e::image_id node1)
   key=$(bash -c "${lib}; image::cache_key toy/model:local")
@@ -162,7 +162,7 @@ teardown() {
 @test "two jobs saving the same image at once end with one valid tar" {
   local cache=${BATS_TEST_TMPDIR}/cache
   mkdir -p "${cache}"
-  local lib="source ${REPO_ROOT}/lib/log.sh; source ${REPO_ROOT}/lib/util.sh; source ${REPO_ROOT}/lib/settings.sh; source ${REPO_ROOT}/lib/image.sh; SM_IMAGE=toy/model:local"
+  local lib="source ${REPO_ROOT}/lib/log.sh; source ${REPO_ROOT}/lib/util.sh; source ${REPO_ROOT}/lib/settings.sh; source ${REPO_ROOT}/lib/image.sh; settings::resolve_env; SM_IMAGE=toy/model:local"
   local id key
   e2e::toy_image_only_on node1
   "${REPO_ROOT}/tests/cluster/exec" node2 docker image rm -f toy/model:local >/dev/null 2>&1 || true

@@ -223,3 +223,40 @@ def test_env_cli_writes_bash_with_every_value_and_refuses_a_bad_one(tmp_path):
         == "slurm-multi: --hang-timeout (from SM_HANG_TIMEOUT) 'x': expected a whole number of seconds, "
         "0 or more (SM_HANG_TIMEOUT)\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("env", "argv", "warning"),
+    [
+        (
+            {},
+            ["--runtime", "pyxis", "--relay-fanout", "2"],
+            "--relay-fanout 2 does nothing with --runtime pyxis",
+        ),
+        (
+            {},
+            ["--image-transport", "cache", "--relay-fanout", "3"],
+            "--relay-fanout 3 does nothing with --image-transport",
+        ),
+        (
+            {"SM_NSYS_PATH": "/x/nsys"},
+            [],
+            "--nsys-path (from SM_NSYS_PATH) /x/nsys does nothing with --profile none",
+        ),
+        (
+            {},
+            ["--profile", "nsys", "--nsight-slurm-mode", "manual"],
+            "--nsight-slurm-mode manual does nothing with",
+        ),
+        ({}, ["--container-image", "a.sqsh"], "--container-image a.sqsh does nothing with --runtime docker"),
+    ],
+)
+def test_an_option_that_does_nothing_here_is_named(env, argv, warning):
+    assert any(warning in line for line in table.unused(resolved({"SM_IMAGE": "x", **env}, argv)))
+
+
+def test_defaults_and_what_does_matter_are_not_warned_about():
+    assert table.unused(resolved({}, ["--runtime", "pyxis"])) == []
+    assert (
+        table.unused(resolved({}, ["--profile", "nsys", "--profile-dir", "/r", "--relay-fanout", "2"])) == []
+    )
