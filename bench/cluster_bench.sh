@@ -66,7 +66,7 @@ overhead_row() {
 set -euo pipefail
 cd "${work}"
 export SM_HOME="${ROOT}" SM_PYTHON="${PY}"
-run_toolkit() { bash "${ROOT}/sbatch/multi.sbatch" --manifest "${ROOT}/examples/toy/build_manifest.json" --image-cache "${cache}" --out "${work}/out" >/dev/null 2>&1; }
+run_toolkit() { bash "${ROOT}/sbatch/multi.sbatch" --manifest "${ROOT}/examples/toy/build_manifest.json" --image-cache "${cache}" --out "${work}/out" "\$@" >/dev/null 2>&1; }
 run_bare() {
   srun --nodes=2 --ntasks-per-node=1 bash -c 'docker run --rm --network host -e RANK=\$SLURM_NODEID -e NODE_RANK=\$SLURM_NODEID -e NNODES=2 -e WORLD_SIZE=2 -e MASTER_ADDR=node1 -e MASTER_PORT=29500 toy/model:local sh run.sh --steps 20' >/dev/null 2>&1
 }
@@ -76,18 +76,25 @@ run_bare
 for i in \$(seq ${repeats}); do
   t=\$(now); run_toolkit; echo "toolkit \$(awk -v a=\$t -v b=\$(now) 'BEGIN { print b - a }')"
   t=\$(now); run_bare; echo "bare \$(awk -v a=\$t -v b=\$(now) 'BEGIN { print b - a }')"
+  t=\$(now); run_toolkit --fitness off; echo "nofitness \$(awk -v a=\$t -v b=\$(now) 'BEGIN { print b - a }')"
 done
 SCRIPT
   local lines
   lines=$(timeout "${BENCH_JOB_TIMEOUT:-600}" salloc -N2 --immediate=60 --quiet bash "${work}/overhead.sh")
-  local toolkit bare
+  local toolkit bare nofitness
   toolkit=$(awk '$1 == "toolkit" { print $2 }' <<<"${lines}" | paste -sd,)
   bare=$(awk '$1 == "bare" { print $2 }' <<<"${lines}" | paste -sd,)
+  nofitness=$(awk '$1 == "nofitness" { print $2 }' <<<"${lines}" | paste -sd,)
   row --row "toolkit overhead, warm 2-node toy job" \
     --what "bash sbatch/multi.sbatch --manifest toy (warm cache, image on both nodes) inside salloc -N2, incl. collect" \
     --baseline "srun -N2 docker run --rm --network host toy/model:local sh run.sh --steps 20" \
     --samples "${toolkit}" --baseline-samples "${bare}" --target "<= 1.3x" \
     --notes "same allocation for both; the toy trains ~1.3 s" --out "${out}/toolkit-overhead.json"
+  row --row "toolkit overhead without the fitness stage (--fitness off)" \
+    --what "the row above with --fitness off: the fitness stage costs the difference of the two ratios (target <= 0.05x)" \
+    --baseline "srun -N2 docker run --rm --network host toy/model:local sh run.sh --steps 20" \
+    --samples "${nofitness}" --baseline-samples "${bare}" --target "<= 1.3x" \
+    --notes "same allocation as the row above, interleaved with it" --out "${out}/toolkit-overhead-nofitness.json"
 }
 
 image_rows() {

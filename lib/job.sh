@@ -13,9 +13,9 @@ JOB_TEARDOWN_STARTED=0
 job::plan() {
   local plan
   plan=$(mktemp "${TMPDIR:-/tmp}/sm-plan.XXXXXX") || log::die multi "cannot create a temp file" 1
-  local argv=(job plan --batch-args --emit "${plan}" --submit-dir "${SLURM_SUBMIT_DIR:-${PWD}}")
+  local argv=(plan --batch-args --emit "${plan}" --submit-dir "${SLURM_SUBMIT_DIR:-${PWD}}")
   ((${#JOB_NODES[@]})) && argv+=(--nodes "${JOB_NODES[*]}")
-  if ! util::helper "${argv[@]}" -- "$@"; then
+  if ! util::fast "${argv[@]}" -- "$@"; then
     rm -f "${plan}"
     # The plan's own one line is already on stderr: said once, not twice.
     ((UTIL_ERROR_SHOWN)) && exit 2
@@ -45,7 +45,9 @@ job::run() {
   # The logger ignores SIGTERM (scancel signals the whole batch step): teardown must still be heard.
   exec > >(trap '' TERM INT HUP; util::redact | tee -a "${SM_BATCH_LOG}") 2>&1
   log::enable_debug
-  log::info multi "job ${SLURM_JOB_ID}: ${SLURM_JOB_NUM_NODES} nodes (${SLURM_JOB_NODELIST}), outputs in ${SM_JOBDIR}"
+  log::info multi "job ${SLURM_JOB_ID}: ${SLURM_JOB_NUM_NODES} nodes (${SLURM_JOB_NODELIST}), outputs in ${SM_JOBDIR}$(job::attempt_note)"
+  # Before anything runs: a node that an earlier job found bad is not used (requeued without it).
+  job::respect_quarantine
   job::traps
   if declare -F profile::before_steps >/dev/null; then
     profile::before_steps || log::die multi "profiling setup failed (see ${SM_BATCH_LOG})" 1
@@ -228,6 +230,9 @@ job::teardown() {
   # The reaper cannot reach a node that died; Slurm may have declared it dead meanwhile.
   job::all_staged || job::mark_lost
   teardown::post_cleanup
+  # A node that failed the fitness check: quarantined for later jobs, and this job requeued without
+  # it (--on-bad-node requeue) once this attempt's evidence is judged and kept.
+  job::judge_fitness && job::on_bad_nodes
   if settings::truthy "${SM_COLLECT}"; then
     rc=0
     # Collect reads job.json (written by the plan), never the manifest.
@@ -235,10 +240,129 @@ job::teardown() {
     # after the verdict is known; bin/sm-collect draws it on request.
     local cargs=("${SM_JOBDIR}" --no-picture)
     [[ -z ${SM_PERF_CSV:-} ]] || cargs+=(--perf-csv "${SM_PERF_CSV}")
-    util::sm_logged multi results collect "${cargs[@]}" || rc=$?
+    util::fast_logged multi results.collect_main "${cargs[@]}" || rc=$?
     log::info multi "verdict: $( ((rc == 0)) && echo SUCCESS || echo FAILURE) (${SM_JOBDIR}/summary.json)"
   fi
   exit "${rc}"
+}
+
+# ---- bad nodes: the fitness verdict, the quarantine, the requeue ---------------------------------
+
+# job::attempt_note: ", attempt N" on a requeued job's first line.
+job::attempt_note() {
+  ((${SLURM_RESTART_COUNT:-0} == 0)) || printf ', attempt %s (requeued %s time(s))' "$((SLURM_RESTART_COUNT + 1))" "${SLURM_RESTART_COUNT}"
+}
+
+# job::respect_quarantine: the allocation holds a node of the shared quarantine (--state-dir): the
+# job requeues itself without it before anything runs, or, with no requeue left, fails naming it.
+# An unreadable quarantine is said and not used (the fitness check still runs on every node).
+job::respect_quarantine() {
+  [[ -n ${SM_STATE_DIR:-} ]] || return 0
+  local out node reason job until bad=() why=()
+  if ! out=$(util::py -S -m slurm_multi.quarantine check --state-dir "${SM_STATE_DIR}" --nodes "${JOB_NODES[*]}" 2>&1); then
+    log::warn multi "the quarantine in ${SM_STATE_DIR} is not used: ${out#slurm-multi: }"
+    return 0
+  fi
+  [[ -n ${out} ]] || return 0
+  while IFS=$'\t' read -r node reason job until; do
+    [[ -n ${node} ]] || continue
+    bad+=("${node}")
+    why+=("${node}"$'\t'"quarantined until ${until} by job ${job}: ${reason}")
+    log::warn multi "node ${node} is quarantined until ${until} (job ${job}: ${reason})"
+  done <<<"${out}"
+  JOB_BAD_NODES=("${why[@]}")
+  job::requeue_without quarantine && return 0
+  log::die multi "the allocation holds quarantined node(s) ${bad[*]}: submit with sbatch --exclude=$(IFS=,; echo "${bad[*]}"), or release them: bin/slurm-multi quarantine remove --state-dir ${SM_STATE_DIR} ${bad[*]}" 1
+}
+
+# job::judge_fitness: the bad nodes of this attempt, from every node's fitness.json and status.json
+# (slurm_multi.fitness), into JOB_BAD_NODES (`<node>\t<reason>` each); false when there are none.
+job::judge_fitness() {
+  JOB_BAD_NODES=()
+  [[ ${SM_FITNESS} != off ]] || return 1
+  local out
+  if ! out=$(util::py -S -m slurm_multi.fitness judge --jobdir "${SM_JOBDIR}" --nodes "${JOB_NODES[*]}" 2>&1); then
+    log::warn multi "cannot judge the fitness reports: ${out#slurm-multi: }"
+    return 1
+  fi
+  [[ -n ${out} ]] || return 1
+  local rank node reason
+  while IFS=$'\t' read -r rank node reason; do
+    [[ -n ${node} ]] || continue
+    JOB_BAD_NODES+=("${node}"$'\t'"${reason}")
+    log::error multi "bad node ${node} (rank ${rank}): ${reason}"
+  done <<<"${out}"
+  ((${#JOB_BAD_NODES[@]}))
+}
+
+# job::on_bad_nodes: quarantine them (--quarantine-hours) and, with --on-bad-node requeue, judge
+# this attempt (its own summary), keep its evidence and requeue the job without them.
+job::on_bad_nodes() {
+  local entry nodes=()
+  for entry in "${JOB_BAD_NODES[@]}"; do nodes+=("${entry%%$'\t'*}"); done
+  if [[ -n ${SM_STATE_DIR:-} ]] && ((SM_QUARANTINE_HOURS > 0)); then
+    for entry in "${JOB_BAD_NODES[@]}"; do
+      util::py -S -m slurm_multi.quarantine add --state-dir "${SM_STATE_DIR}" --job "${SLURM_JOB_ID}" \
+        --hours "${SM_QUARANTINE_HOURS}" --reason "${entry#*$'\t'}" "${entry%%$'\t'*}" ||
+        log::warn multi "could not quarantine ${entry%%$'\t'*} in ${SM_STATE_DIR} (see the line above)"
+    done
+    log::info multi "quarantined for ${SM_QUARANTINE_HOURS} h in ${SM_STATE_DIR}: ${nodes[*]} (bin/slurm-multi quarantine list)"
+  fi
+  [[ ${SM_ON_BAD_NODE} == requeue ]] || return 0
+  if settings::truthy "${SM_COLLECT}"; then
+    util::fast_logged multi results.collect_main "${SM_JOBDIR}" --no-picture || true
+  fi
+  job::requeue_without fitness || log::error multi "the job is not requeued: it fails with this attempt's verdict"
+}
+
+# job::requeue_without CAUSE: requeue this job without the nodes of JOB_BAD_NODES, through Slurm
+# (the job's excluded nodes grow by them; `scontrol requeuehold`, then `release`: a running job's
+# ExcNodeList cannot be changed). This attempt's files move to <jobdir>/attempt_<N>/ with a
+# requeue.json saying why. Exits the batch step on success; false when no requeue is left or Slurm
+# refused (the caller fails the job).
+job::requeue_without() {
+  local cause=$1 attempt=${SLURM_RESTART_COUNT:-0} excluded entry nodes=()
+  for entry in "${JOB_BAD_NODES[@]}"; do nodes+=("${entry%%$'\t'*}"); done
+  if ((attempt >= SM_MAX_REQUEUES)); then
+    log::error multi "not requeued: this is attempt $((attempt + 1)) and --max-requeues ${SM_MAX_REQUEUES} are used"
+    return 1
+  fi
+  excluded=$(scontrol show job -o "${SLURM_JOB_ID}" 2>/dev/null | grep -o 'ExcNodeList=[^ ]*' | cut -d= -f2)
+  [[ ${excluded} != "(null)" ]] || excluded=
+  excluded=$({ [[ -z ${excluded} ]] || slurm::hostnames "${excluded}"; printf '%s\n' "${nodes[@]}"; } | sort -u | paste -sd, -)
+  job::keep_attempt "${attempt}" "${cause}" "${excluded}"
+  log::info multi "requeueing job ${SLURM_JOB_ID} without ${nodes[*]} (excluded now: ${excluded}); attempt $((attempt + 2)) runs on other nodes"
+  # The requeue signals this batch step: the calls below must still run.
+  trap '' TERM INT
+  local rc=0
+  scontrol update "JobId=${SLURM_JOB_ID}" Requeue=1 && scontrol requeuehold "${SLURM_JOB_ID}" || rc=$?
+  if ((rc == 0)); then
+    scontrol update "JobId=${SLURM_JOB_ID}" "ExcNodeList=${excluded}" || rc=$?
+    # Released whatever the update did: a job left held would never run.
+    scontrol release "${SLURM_JOB_ID}" || rc=$?
+  fi
+  if ((rc != 0)); then
+    log::error multi "Slurm refused the requeue of job ${SLURM_JOB_ID} (exit ${rc}; see the lines above)"
+    return 1
+  fi
+  trap - EXIT
+  exit 0
+}
+
+# job::keep_attempt N CAUSE EXCLUDED: <jobdir>/attempt_<N>/ gets this attempt's node dirs, job.json,
+# summary and batch log (the logger goes on writing there: a rename keeps the open file), and
+# requeue.json: when (seconds from the batch step's start), why, the nodes excluded and each one's reason.
+job::keep_attempt() {
+  local dir=${SM_JOBDIR}/attempt_$1 entry f
+  mkdir -p "${dir}"
+  local reasons=()
+  for entry in "${JOB_BAD_NODES[@]}"; do reasons+=("${entry}"); done
+  util::py -S -m slurm_multi.attempts write "${dir}/requeue.json" "$1" "$2" "${SECONDS}" "$3" "${reasons[@]}" ||
+    log::warn multi "could not write ${dir}/requeue.json"
+  for f in "${SM_JOBDIR}"/node_* "${SM_JOBDIR}"/{job.json,summary.json,perf.csv,timeline.json,timeline.txt,batch.log,profile-flush.json,profile,.pre-cleanup.done}; do
+    [[ -e ${f} ]] && mv -f "${f}" "${dir}/"
+  done
+  return 0
 }
 
 # ---- dry run -------------------------------------------------------------------------------------
@@ -273,7 +397,7 @@ job::dry_run_prepare() {
   export MASTER_PORT=${SM_MASTER_PORT} SM_SCRATCH="${TMPDIR:-/tmp}/slurm-multi.${SLURM_JOB_ID}.r$2" SM_OUTPUT_DIR=/sm-out
   local argv=(node prepare --scratch "${dir}" --no-detect --node-scratch "${SM_SCRATCH}")
   ((${#SM_CMD[@]})) && argv+=(-- "${SM_CMD[@]}")
-  util::helper "${argv[@]}" 2>/dev/null || log::die multi "${UTIL_ERROR}" 2
+  util::fast "${argv[@]}" 2>/dev/null || log::die multi "${UTIL_ERROR}" 2
   cat "${dir}/secrets" >>"$1/secrets"
   # shellcheck source=/dev/null
   source "${dir}/context.sh"
@@ -291,6 +415,7 @@ job::dry_run_plan() {
   job::srun_argv
   printf 'Batch step (on the first node)\n  %s\n\n' "$(printf '%q ' "${JOB_SRUN_ARGV[@]}")"
   job::dry_run_runtime
+  job::dry_run_fitness
   if declare -F profile::dry_run_panel >/dev/null; then
     profile::dry_run_panel "${nnodes}"
   fi
@@ -322,6 +447,33 @@ job::dry_run_runtime() {
   esac
   printf 'Runtime %s\n' "${SM_RUNTIME}"
   printf '  %-16s %s\n' "hang watch" "${hang}" "stop" "${stop}" "peer grace" "${SM_PEER_GRACE} s after one rank fails, the others are stopped"
+  printf '\n'
+}
+
+# job::dry_run_fitness: the fitness stage's plan and the quarantine as it stands.
+job::dry_run_fitness() {
+  printf 'Fitness (every node, after prepare, before any image moves)\n'
+  if [[ ${SM_FITNESS} == off ]]; then
+    printf '  %-16s %s\n\n' checks "off (--fitness off)"
+    return 0
+  fi
+  local on_bad="fail the job naming it (--on-bad-node fail)"
+  [[ ${SM_ON_BAD_NODE} != requeue ]] || on_bad="requeue the job without it, at most ${SM_MAX_REQUEUES} time(s) (--on-bad-node requeue)"
+  printf '  %-16s %s\n' checks "the ${SM_RUNTIME} runtime answers; free disk for the image and the outputs; no other job's process on a GPU; every node reaches every other on the job's fitness port (derived from MASTER_PORT and the job ID); a ring bandwidth probe; the clocks (docs/bad-nodes.md)" \
+    bound "--fitness-timeout ${SM_FITNESS_TIMEOUT} s" "a bad node" "${on_bad}"
+  if [[ -z ${SM_STATE_DIR:-} ]] || ((SM_QUARANTINE_HOURS == 0)); then
+    printf '  %-16s %s\n\n' quarantine "off"
+    return 0
+  fi
+  local listing
+  if ! listing=$(util::sm quarantine list --state-dir "${SM_STATE_DIR}" 2>&1 >/dev/null); then
+    listing="unreadable: ${listing#slurm-multi: }"
+  else
+    listing=$(util::sm quarantine list --state-dir "${SM_STATE_DIR}" 2>/dev/null)
+    [[ -n ${listing} ]] || listing="no node is quarantined"
+  fi
+  printf '  %-16s %s, %s h per bad node\n' quarantine "${SM_STATE_DIR}" "${SM_QUARANTINE_HOURS}"
+  printf '%s\n' "${listing}" | sed 's/^/    /'
   printf '\n'
 }
 

@@ -1,6 +1,6 @@
 # shellcheck shell=bash
 # shellcheck disable=SC2034 # state shared by the sourced libraries and bin/sm-node
-# One node's task: prepare -> image -> barrier -> run -> save-outputs. Each stage can be re-run alone
+# One node's task: prepare -> fitness -> image -> barrier -> run -> save-outputs. Each stage can be re-run alone
 # on a compute node after the job (`bin/sm-node --from-job JOBDIR --rank R --stage NAME`): prepare is
 # cheap and runs first every time, so no stage depends on node-local state that is gone.
 
@@ -10,7 +10,7 @@ declare -F timeline::event >/dev/null || source "$(dirname "${BASH_SOURCE[0]}")/
 
 declare -gA NODE_STAGE_SECONDS=() NODE_STAGE_STATUS=()
 NODE_STAGE_ORDER=()
-NODE_STAGES=(prepare image barrier run save-outputs)
+NODE_STAGES=(prepare fitness image barrier run save-outputs)
 NODE_REASON=
 NODE_EXIT=0
 NODE_TERMINATED=0
@@ -167,11 +167,56 @@ node::stage_prepare() {
   fi
   local argv=(node prepare --scratch "${SM_SCRATCH}")
   ((${#SM_CMD[@]})) && argv+=(-- "${SM_CMD[@]}")
-  util::sm_logged prepare "${argv[@]}" || rc=$?
+  util::fast_logged prepare "${argv[@]}" || rc=$?
   ((rc == 0)) || node::fail "${UTIL_ERROR}" "${rc}" || return
   # shellcheck source=/dev/null
   source "${SM_SCRATCH}/context.sh"
   [[ -n ${MASTER_PORT} ]] || export MASTER_PORT=${SM_MASTER_PORT}
+}
+
+# ---- fitness -------------------------------------------------------------------------------------
+
+# node::stage_fitness: before any image moves, every node checks itself (the container runtime
+# answers, free disk where the image and the outputs land, GPUs free of other jobs' processes) and
+# the network between the nodes (each reaches every other on the job's fitness port, a bandwidth
+# probe along the ring, the clocks), in one click-free helper (slurm_multi.fitness). Every node
+# learns every other's verdict, so a bad node stops all of them here, in seconds, each naming it;
+# the batch step judges the fitness.json files, requeues without the node or fails (lib/job.sh).
+# With several tasks per node, the node's first task checks it.
+node::stage_fitness() {
+  if [[ ${SM_FITNESS} == off ]]; then
+    log::info fitness "--fitness off: not checked"
+    return 0
+  fi
+  if [[ ${SLURM_LOCALID:-0} != 0 ]]; then
+    log::info fitness "checked by this node's first task"
+    return 0
+  fi
+  local hosts=() nnodes=1 rank=0
+  if ((!NODE_FROM_JOB)) && ((NNODES > 1)); then
+    read -r -d '' -a hosts <<<"$(slurm::hostnames)" || true
+    nnodes=${#hosts[@]} rank=${SLURM_NODEID:-0}
+  fi
+  ((${#hosts[@]})) || hosts=("$(hostname)")
+  local argv=(run --rank "${rank}" --nnodes "${nnodes}" --hosts "${hosts[*]}" --job-id "${SLURM_JOB_ID:-0}"
+    --master-port "${MASTER_PORT}" --timeout "${SM_FITNESS_TIMEOUT}" --runtime "${SM_RUNTIME}"
+    --out "${SM_NODE_DIR}/fitness.json" --disk "${SM_SCRATCH}=0" --gpus-needed "${SM_GPUS_PER_NODE:-0}")
+  case ${SM_RUNTIME} in
+    docker)
+      argv+=(--docker-image "${SM_IMAGE}")
+      if [[ -n ${SM_IMAGE_CACHE:-} ]]; then
+        local bytes
+        bytes=$(cache::get "${SM_IMAGE_CACHE}/$(image::cache_key "${SM_IMAGE}").tar" bytes)
+        [[ -z ${bytes} ]] || argv+=(--image-bytes "${bytes}")
+      fi
+      ;;
+    pyxis)
+      local sqsh
+      sqsh=$(image::sqsh_path)
+      argv+=(--disk "${sqsh%/*}=$(cache::get "${sqsh}" bytes)")
+      ;;
+  esac
+  util::fast fitness "${argv[@]}" || node::fail "${UTIL_ERROR}" "$?"
 }
 
 # ---- image ---------------------------------------------------------------------------------------
@@ -599,8 +644,10 @@ node::on_exit() {
   # the server, which answers every worker still connecting with ABORT for its linger time.
   if [[ -n ${SM_BARRIER_PID} ]]; then
     [[ -n ${BARRIER_CTL} ]] && exec {BARRIER_CTL}>&-
-    local waited=0
-    while kill -0 "${SM_BARRIER_PID}" 2>/dev/null && ((waited < ${SM_BARRIER_LINGER:-15} * 5)); do
+    local waited=0 linger=${SM_BARRIER_LINGER:-15}
+    # A failed fitness check: every node saw the same verdict and stops too; nobody joins late.
+    [[ ${NODE_STAGE_STATUS[fitness]:-} != failed ]] || linger=0
+    while kill -0 "${SM_BARRIER_PID}" 2>/dev/null && ((waited < linger * 5)); do
       sleep 0.2
       waited=$((waited + 1))
     done
@@ -629,12 +676,12 @@ node::run() {
       ((NODE_EXIT != 0)) || NODE_EXIT=${rc}
       # A worker that cannot start tells rank 0, which aborts everyone within seconds instead
       # of waiting for the barrier timeout. (rank 0 aborts its own barrier in the image stage.)
-      if [[ ${name} == prepare ]] && node::multi && ! node::is_rank0 && ((!NODE_FROM_JOB)); then
+      if [[ ${name} == prepare || ${name} == fitness ]] && node::multi && ! node::is_rank0 && ((!NODE_FROM_JOB)); then
         node::stop_join
         node::barrier_abort "$(hostname) (rank ${SM_RANK}): ${NODE_REASON}"
       fi
       # rank 0 failing before its release tells the workers why (its server is already up).
-      if [[ ${name} == prepare && -n ${BARRIER_CTL} ]]; then
+      if [[ ${name} == prepare || ${name} == fitness ]] && [[ -n ${BARRIER_CTL} ]]; then
         node::barrier_say "ABORT rank 0 ($(hostname)): ${NODE_REASON}"
       fi
       return "${NODE_EXIT}"

@@ -15,19 +15,26 @@ from slurm_multi import __version__
 # does not import every module (pyzmq is imported lazily inside the commands that talk ZeroMQ).
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "job": ("slurm_multi.job:cli", "The batch step: check the job, write job.json, watch."),
-    "node": ("slurm_multi.node:cli", "A node: prepare its context, write status.json, re-run a stage."),
-    "manifest": ("slurm_multi.manifest:cli", "Restore a run context from a madengine build_manifest.json."),
-    "gpus": ("slurm_multi.gpus:cli", "Detect GPUs and parse amd-smi / nvidia-smi output."),
-    "mounts": ("slurm_multi.mounts:cli", "De-duplicate docker mount arguments."),
+    "node": ("slurm_multi.node_cli:cli", "A node: prepare its context, write status.json, re-run a stage."),
+    "manifest": (
+        "slurm_multi.manifest_cli:cli",
+        "Restore a run context from a madengine build_manifest.json.",
+    ),
+    "gpus": ("slurm_multi.gpus_cli:cli", "Detect GPUs and parse amd-smi / nvidia-smi output."),
+    "mounts": ("slurm_multi.mounts_cli:cli", "De-duplicate docker mount arguments."),
     "barrier": ("slurm_multi.barrier:cli", "TCP barrier: rank 0 serves, workers join, anyone can abort."),
     "relay": ("slurm_multi.relay:cli", "Relay a docker save stream node to node, verified."),
-    "results": ("slurm_multi.results:cli", "Pick the best per-node CSV and aggregate perf.csv/summary.json."),
+    "results": (
+        "slurm_multi.results.commands:cli",
+        "Pick the best per-node CSV and aggregate perf.csv/summary.json.",
+    ),
     "reports": (
-        "slurm_multi.reports:cli",
+        "slurm_multi.reports_cli:cli",
         "Snapshot, count and wait for new profiler reports.",
     ),
     "coordinator": ("slurm_multi.coordinator:cli", "Probe a ZeroMQ endpoint as nsight-slurm dials it."),
     "redact": ("slurm_multi.redact:cli", "Redact secret values from text on stdin."),
+    "quarantine": ("slurm_multi.quarantine:cli", "Show and edit the shared list of nodes later jobs avoid."),
 }
 
 
@@ -59,6 +66,30 @@ def group() -> None:
     """slurm-multi node-side helpers (one per stage of a multi-node job)."""
 
 
+class _Passthrough(click.Command):
+    """A command whose arguments go, exactly as given (`--` included), to a click-free main(argv)."""
+
+    def __init__(self, name: str, target: str, short_help: str) -> None:
+        super().__init__(name, short_help=short_help, add_help_option=False)
+        self.target = target
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.args = []
+        ctx.params["argv"] = list(args)
+        return []
+
+    def invoke(self, ctx: click.Context) -> None:
+        module_name, attr = self.target.split(":")
+        entry = getattr(importlib.import_module(module_name), attr)
+        ctx.exit(entry(ctx.params["argv"]))
+
+
+def passthrough(name: str, target: str, short_help: str) -> click.Command:
+    """`slurm-multi <group> NAME ARGS...` = `python -S -m <module> ARGS...`: target (`module:main`) is
+    the command's one parser and behaviour; its `--help` is the target's."""
+    return _Passthrough(name, target, short_help)
+
+
 def main() -> None:
     import os
     import sys
@@ -68,9 +99,6 @@ def main() -> None:
     except Exception as exc:  # a bug of ours: one line, not a traceback (SM_DEBUG=1 shows it)
         if os.environ.get("SM_DEBUG") == "1":
             raise
-        from slurm_multi.common import record_error
+        from slurm_multi.common import internal_error
 
-        line = f"slurm-multi: internal error ({type(exc).__name__}: {exc}); SM_DEBUG=1 shows the traceback"
-        print(line, file=sys.stderr)
-        record_error(line)
-        sys.exit(1)
+        sys.exit(internal_error(exc))

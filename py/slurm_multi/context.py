@@ -22,7 +22,7 @@ from typing import Any
 from slurm_multi.common import usage_error
 from slurm_multi.madengine import ModelScript, script_command, split_args
 from slurm_multi.manifest import load_manifest, printable, restore_context
-from slurm_multi.redact import MASK, MIN_SECRET_LEN, is_secret_name
+from slurm_multi.secret_rule import MASK, MIN_SECRET_LEN, is_secret_name
 from slurm_multi.settings import BY_NAME as SETTINGS
 
 AREA = "context"

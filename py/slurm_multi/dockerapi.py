@@ -12,6 +12,9 @@ from urllib.parse import quote
 
 DEFAULT_HOST = "unix:///var/run/docker.sock"
 MAX_REPLY = 4 << 20  # an inspect of an image with hundreds of layers is well under this
+# How long a healthy engine may take to answer /_ping (prepare and the fitness stage): one that
+# takes longer is hung, and its node is bad.
+PING_TIMEOUT = 3.0
 
 
 class EngineError(OSError):

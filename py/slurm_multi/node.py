@@ -1,10 +1,12 @@
-"""A node's helpers: one `prepare` per task, `status` at its end, `from-job` to re-run a stage by hand.
+"""A node's helpers: one `prepare` per task, `from-job` to re-run a stage by hand (the click commands:
+slurm_multi.node_cli; status.json: slurm_multi.statusfile).
 
 `slurm-multi node prepare` is the node's one look at its settings, its GPUs and the manifest, in one
-Python start: it detects the GPUs, resolves the run context, checks that the GPUs asked for are
-here (what the node detects wins; asking for more is an error naming both lists), de-duplicates the
-mounts (our /sm-out first: results are never displaced), splits the workload's arguments, and
-writes into the task's scratch dir (mode 0700):
+Python start (every task runs it first, as `python -S -m slurm_multi.node prepare ...`: no click; the
+click command is a passthrough to the same `prepare_main`): it detects the GPUs, resolves the run
+context, checks that the GPUs asked for are here (what the node detects wins; asking for more is an
+error naming both lists), de-duplicates the mounts (our /sm-out first: results are never displaced),
+splits the workload's arguments, and writes into the task's scratch dir (mode 0700):
 
     context.sh     bash for sm-node to source AFTER this helper exited 0 (no process substitution)
     container.env  the manifest's docker_env_vars, for `docker run --env-file` (the container only:
@@ -26,12 +28,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import click
-
+from slurm_multi import argv as options
 from slurm_multi import shell
-from slurm_multi.common import HelperError, talk, usage_error
+from slurm_multi.common import HelperError, run_main, talk, usage_error
 from slurm_multi.context import RunContext, resolve
-from slurm_multi.redact import MASK, is_secret_name
+from slurm_multi.secret_rule import MASK, is_secret_name
 
 AREA = "prepare"
 SM_OUT_MOUNT = "/sm-out"
@@ -250,7 +251,7 @@ def _routable_ifname() -> str | None:
         return None
 
 
-def check_docker_engine(env: Mapping[str, str], node: str, timeout: float = 20.0) -> None:
+def check_docker_engine(env: Mapping[str, str], node: str, timeout: float | None = None) -> None:
     """The node's docker engine answers `GET /_ping` on its socket (what `docker version` would
     ask, without starting the docker CLI). A tcp:// DOCKER_HOST is left to the docker CLI."""
     from slurm_multi import dockerapi
@@ -259,7 +260,9 @@ def check_docker_engine(env: Mapping[str, str], node: str, timeout: float = 20.0
     if path is None:
         return
     try:
-        reply = dockerapi.get(path, "/_ping", timeout, limit=256)
+        reply = dockerapi.get(
+            path, "/_ping", dockerapi.PING_TIMEOUT if timeout is None else timeout, limit=256
+        )
     except dockerapi.EngineError as exc:
         unreachable = f"{AREA}: docker engine not reachable on {node}"
         if exc.errno == 0:  # it answered, but not HTTP
@@ -448,69 +451,51 @@ def from_job(jobdir: str, rank: int, env: Mapping[str, str]) -> str:
     )
 
 
-# ---- CLI -----------------------------------------------------------------------------------------
+# ---- `python -S -m slurm_multi.node prepare` = `slurm-multi node prepare` ------------------------
 
-
-@click.group("node", context_settings={"help_option_names": ["-h", "--help"]})
-def cli() -> None:
-    """A node's helpers: prepare the context, write status.json, re-run a stage of a finished job."""
-
-
-@cli.command("prepare", short_help="Resolve and check this node's run context.")
-@click.option("--scratch", required=True, type=click.Path(file_okay=False), help="The task's scratch dir.")
-@click.option("--no-detect", is_flag=True, help="Skip GPU detection and GPU arguments (dry run).")
-@click.option("--node-scratch", metavar="DIR", help="The scratch path the docker arguments name (dry run).")
-@click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD...]")
-def prepare_command(
-    scratch: str, no_detect: bool, node_scratch: str | None, command: tuple[str, ...]
-) -> None:
+PREPARE = options.Parser(
+    "slurm-multi node prepare",
+    "[-- CMD...]",
     """Detect GPUs, resolve the run context, check it; write context.sh and friends into SCRATCH.
 
-    \b
-    Example: slurm-multi node prepare --scratch /tmp/sm.57.r0 && source /tmp/sm.57.r0/context.sh
-    """
-    prepare(os.environ, scratch, command, detect=not no_detect, shown_scratch=node_scratch)
+    Example: slurm-multi node prepare --scratch /tmp/sm.57.r0 && source /tmp/sm.57.r0/context.sh""",
+    [
+        options.Option("--scratch", metavar="DIR", required=True, convert=options.not_a_file,
+                       help="The task's scratch dir."),
+        options.Option("--no-detect", options.FLAG, help="Skip GPU detection and GPU arguments (dry run)."),
+        options.Option("--node-scratch", metavar="DIR",
+                       help="The scratch path the docker arguments name (dry run)."),
+    ],
+)  # fmt: skip
 
 
-@cli.command("status")
-@click.option("--file", "path", required=True, help="Where to write status.json (atomically).")
-@click.option("--rank", type=int, required=True)
-@click.option("--node", "node_name", required=True)
-@click.option("--exit-code", type=int, required=True)
-@click.option("--reason", default="")
-@click.option("--image-id", default="")
-@click.option("--terminated", is_flag=True, help="The task was stopped by a signal.")
-@click.option("--stage", "stages", multiple=True, metavar="NAME:SECONDS:STATUS[:EXIT]")
-def status_command(
-    path: str, rank: int, node_name: str, exit_code: int, reason: str, image_id: str, terminated: bool,
-    stages: tuple[str, ...],
-) -> None:  # fmt: skip
-    """Write a node's status.json (the verdict's input).
-
-    \b
-    Example: slurm-multi node status --file node_1/status.json --rank 1 --node node2 --exit-code 0 \\
-               --stage prepare:0.12:ok --stage run:1.30:ok:0
-    """
-    from slurm_multi.statusfile import StatusError, status_document, write_status
-
-    try:
-        document = status_document(rank, node_name, exit_code, reason, image_id, stages, terminated)
-    except StatusError as exc:
-        raise usage_error(str(exc)) from None
-    try:
-        write_status(path, document)
-    except OSError as exc:
-        raise HelperError(f"node status: cannot write {path}: {exc.strerror}") from None
+def prepare_main(argv: Sequence[str]) -> int:
+    """`slurm-multi node prepare [OPTIONS] [-- CMD...]`: `prepare` for this task."""
+    return run_main(_prepare_main, argv)
 
 
-@cli.command("from-job", short_help="Restore a finished job's settings for a rank.")
-@click.argument("jobdir", type=click.Path(exists=True, file_okay=False))
-@click.option("--rank", type=int, required=True, help="The rank whose stage to re-run.")
-def from_job_command(jobdir: str, rank: int) -> None:
-    """Print bash that restores a finished job's settings for one rank (sm-node --from-job uses it).
+def _prepare_main(argv: Sequence[str]) -> int:
+    given = PREPARE.parse(argv)
+    if given is not None:
+        detect = not given.no_detect
+        prepare(os.environ, given.scratch, given.args, detect=detect, shown_scratch=given.node_scratch)
+    return 0
 
-    \b
-    Example: slurm-multi node from-job /shared/out/toy_model/57 --rank 1
-    """
-    text = from_job(os.path.abspath(jobdir), rank, os.environ)
-    sys.stdout.buffer.write(text.encode("utf-8", "surrogateescape"))
+
+def main(argv: Sequence[str]) -> int:
+    """`python -S -m slurm_multi.node prepare ...` (the only click-free node command)."""
+    if argv and argv[0] == "prepare":
+        return prepare_main(argv[1:])
+    return run_main(_usage, argv)
+
+
+def _usage(argv: Sequence[str]) -> int:
+    raise usage_error(
+        f"node: {'no such command ' + repr(argv[0]) if argv else 'no command'}; "
+        "usage: python -S -m slurm_multi.node prepare --scratch DIR [--no-detect] [--node-scratch DIR] "
+        "[-- CMD...]"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -137,6 +137,23 @@ TABLE: tuple[Setting, ...] = (
       "SIGTERM-to-SIGKILL grace when a container is stopped", kind="seconds"),
     S("SM_PEER_GRACE", "--peer-grace", "SECONDS", "30",
       "after one node fails, how long the others may run on", kind="seconds"),
+    S("SM_FITNESS", "--fitness", "on|off", "on",
+      "check every node (container runtime, disk, GPUs, the network between the nodes, the clock) before "
+      "any image moves; a bad node stops the job in seconds (see docs/bad-nodes.md)", kind="choice",
+      choices=("on", "off")),
+    S("SM_FITNESS_TIMEOUT", "--fitness-timeout", "SECONDS", "10",
+      "the fitness check's bound on every node (a node that has not passed by then is bad)", kind="seconds"),
+    S("SM_ON_BAD_NODE", "--on-bad-node", "fail|requeue", "fail",
+      "when the fitness check finds a bad node: fail the job naming it, or requeue the job without it "
+      "(Slurm's own requeue, the node added to the job's excluded nodes)", kind="choice",
+      choices=("fail", "requeue"), core=True),
+    S("SM_MAX_REQUEUES", "--max-requeues", "N", "2", "how many times --on-bad-node requeue may requeue a job",
+      kind="whole"),
+    S("SM_STATE_DIR", "--state-dir", "DIR", "",
+      "shared directory of the node quarantine that later jobs respect (same path on every node)",
+      kind="abs-path", default_doc="<image-cache>/.slurm-multi-state, else <out>/.slurm-multi-state"),
+    S("SM_QUARANTINE_HOURS", "--quarantine-hours", "HOURS", "24",
+      "how long a node that failed the fitness check stays quarantined (0 = no quarantine)", kind="whole"),
     # Environment only: secrets and tuning knobs (no option; --help lists them).
     S("SM_BARRIER_TOKEN", None, "TOKEN", "", "the barrier's shared secret", aliases=("MAD_BARRIER_TOKEN",),
       default_doc="generated per job"),
@@ -270,7 +287,19 @@ def resolve(env: Mapping[str, str], given: Mapping[str, str] | None = None,
             values[s.name], source[s.name] = s.default, "default"
         else:
             values[s.name] = ""
+    _derived_defaults(env, values, source)
     return Resolved(values, source)
+
+
+def _derived_defaults(env: Mapping[str, str], values: dict[str, str], source: dict[str, str]) -> None:
+    """The defaults made of other settings (their default_doc says how)."""
+    if not values["SM_STATE_DIR"]:
+        base = values["SM_IMAGE_CACHE"] or values["SM_OUT"]
+        if base:
+            if not os.path.isabs(base):
+                base = os.path.join(env.get("SLURM_SUBMIT_DIR") or os.getcwd(), base)
+            values["SM_STATE_DIR"] = os.path.join(os.path.normpath(base), ".slurm-multi-state")
+            source["SM_STATE_DIR"] = "default"
 
 
 def _slurm_value(text: str) -> str:
@@ -502,6 +531,10 @@ def unused(r: Resolved) -> list[str]:
         why["SM_CONTAINER_IMAGE"] = f"with --runtime {runtime}"
     if runtime == "none":
         why["SM_IMAGE_CACHE"] = "with --runtime none (there is no image)"
+    if v["SM_FITNESS"] == "off":
+        why.update({n: "with --fitness off" for n in ("SM_FITNESS_TIMEOUT", "SM_ON_BAD_NODE")})
+    if v["SM_ON_BAD_NODE"] != "requeue":
+        why["SM_MAX_REQUEUES"] = f"with --on-bad-node {v['SM_ON_BAD_NODE']}"
     out = []
     for s in TABLE:
         source = r.label(s.name)

@@ -117,15 +117,15 @@ def watch(
 ) -> int:
     """Wait for the worker step; 0 when it ended, EXIT_STOP when a rank failed `peer_grace` ago."""
     ranks = len(nodes) * tasks_per_node
-    failed_since: float | None = None
+    stop_at: float | None = None
     now = time.monotonic()
     next_check, next_nodes, next_progress = now, now + node_check_every, now + progress_every
     ended = _exit_waiter(srun_pid)
     while _alive(srun_pid):
         ended(0.1)
         now = time.monotonic()
-        if failed_since is not None:
-            if now - failed_since >= peer_grace:
+        if stop_at is not None:
+            if now >= stop_at:
                 return EXIT_STOP
             continue
         if now >= next_nodes and nodes:
@@ -138,7 +138,7 @@ def watch(
                     f"Slurm reports {node} {state}; "
                     f"the other nodes get {peer_grace:g} s before they are stopped",
                 )
-                failed_since = now
+                stop_at = now + peer_grace
                 continue
         if now >= next_check:
             next_check = now + check_every
@@ -147,9 +147,13 @@ def watch(
                 if status is not None and status.readable and status.exit_code != 0:
                     reason = status.reason or f"exit {status.exit_code}"
                     node = status.document.get(statusfile.NODE, "?")
+                    # Before its run (prepare, fitness, image, barrier) nothing runs that a grace would
+                    # let finish: the others are stopped at once (one may hang on a bad node's engine).
+                    stages = status.document.get(statusfile.STAGES)
+                    grace = peer_grace if isinstance(stages, dict) and "run" in stages else 0.0
                     talk("multi", f"node_{rank} ({node}) failed: {reason}; "
-                         f"the other nodes get {peer_grace:g} s before they are stopped")  # fmt: skip
-                    failed_since = now
+                         f"the other nodes get {grace:g} s before they are stopped")  # fmt: skip
+                    stop_at = now + grace
                     break
         if now >= next_progress:
             next_progress = now + progress_every

@@ -87,7 +87,7 @@ refute_container_started() {
 @test "sm-node --help explains every stage and --from-job; an unknown stage or option exits 2 with a one-line error" {
   run "${REPO_ROOT}/bin/sm-node" --help
   assert_success
-  for s in prepare image barrier run save-outputs; do assert_line --regexp "^  ${s} "; done
+  for s in prepare fitness image barrier run save-outputs; do assert_line --regexp "^  ${s} "; done
   assert_output --partial "--from-job JOBDIR --rank R --stage NAME"
   run "${REPO_ROOT}/bin/sm-node" --stage bogus --jobdir /tmp/x
   assert_failure 2
@@ -103,13 +103,13 @@ refute_container_started() {
   refute_output --partial "Usage:"
 }
 
-@test "a whole single-node task runs prepare, image, barrier, run, save-outputs and writes status.json" {
+@test "a whole single-node task runs prepare, fitness, image, barrier, run, save-outputs and writes status.json" {
   manifest "${BATS_TEST_TMPDIR}/m.json" '{"docker_env_vars": {"TOY_MODE": "demo"}}'
   SM_MANIFEST=${BATS_TEST_TMPDIR}/m.json node_task
   assert_success
   assert_equal "$(status_field status)" ok
   run "${SM_PYTHON}" -c 'import json,sys; print(list(json.load(open(sys.argv[1]))["stages"]))' "${SM_JOBDIR}/node_0/status.json"
-  assert_output "['prepare', 'image', 'barrier', 'run', 'save-outputs']"
+  assert_output "['prepare', 'fitness', 'image', 'barrier', 'run', 'save-outputs']"
   run grep -c '^run ' "${BATS_TEST_TMPDIR}/docker-calls"
   assert_output 1
   # Nothing of the job stays on the node: the scratch dir (env file, secrets) is gone.

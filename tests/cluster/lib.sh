@@ -210,6 +210,9 @@ JobCompType=jobcomp/none
 AccountingStorageType=accounting_storage/none
 # The profiling flush needs time between SIGTERM and SIGKILL (see docs/profiling.md).
 KillWait=60
+# A requeued job (--on-bad-node requeue) waits cred_expire seconds before it may start again
+# (Slurm's default 120; see docs/bad-nodes.md).
+AuthInfo=cred_expire=10
 MinJobAge=600
 SlurmdTimeout=20
 InactiveLimit=0

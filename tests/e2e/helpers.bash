@@ -12,6 +12,9 @@ source "${REPO_ROOT}/tests/cluster/lib.sh"
 # faults (tests/cluster/exec, scancel, scontrol).
 E2E_USER=${SM_CLUSTER_USER:-smuser}
 export E2E_USER
+# The faults tests inject on purpose (a docker engine stopped, a node's disk filled) would otherwise
+# quarantine that node for the tests after them: only tests/e2e/55-bad-nodes.bats keeps one, its own.
+export SM_QUARANTINE_HOURS=${SM_QUARANTINE_HOURS:-0}
 # sbatch returns at once; a step that hangs is cut off (no wait in this suite is unbounded).
 sbatch() { runuser -u "${E2E_USER}" -- timeout 60 sbatch "$@"; }
 srun() { runuser -u "${E2E_USER}" -- timeout "${E2E_STEP_TIMEOUT:-120}" srun "$@"; }
@@ -50,18 +53,24 @@ if id -u "${E2E_USER}" >/dev/null 2>&1; then
   e2e::share_dir "${BATS_FILE_TMPDIR:-}" "${BATS_TEST_TMPDIR:-}"
 fi
 
-# e2e::ensure_cluster [--self-name NODE=QUIRK]...: the 3-node cluster, with exactly these quirks.
-# Bring-up takes seconds and the nodes' docker data survives it, so tests change quirks freely.
+# e2e::ensure_cluster [--nodes N] [--self-name NODE=QUIRK]...: the cluster with at least N nodes
+# (default 3), with exactly these quirks. Bring-up takes seconds and the nodes' docker data survives
+# it, so tests change quirks freely.
 e2e::ensure_cluster() {
-  local want="node1 none|node2 none|node3 none" arg node quirk
+  local nodes=3
+  [[ ${1:-} != --nodes ]] || { nodes=$2; shift 2; }
+  local want="" arg node quirk i
+  for ((i = 1; i <= nodes; i++)); do want+="${want:+|}node${i} none"; done
   while (($#)); do
     arg=$2 node=${2%%=*} quirk=${2#*=}
     want=${want/"${node} none"/"${node} ${quirk}"}
     shift 2
     : "${arg}"
   done
-  local have entry args=(--nodes 3) names=()
+  local have entry args=(--nodes "${nodes}") names=()
   have=$(awk '{ printf "%s%s %s", (NR > 1 ? "|" : ""), $1, $3 }' "${CLUSTER_STATE}/nodes" 2>/dev/null || true)
+  # Fewer nodes than asked for: a bring-up with N.
+  (($(wc -l <"${CLUSTER_STATE}/nodes" 2>/dev/null || echo 0) >= nodes)) || have=""
   local IFS='|'
   for entry in ${want}; do
     names+=("${entry% *}=${entry#* }")
@@ -126,7 +135,8 @@ e2e::wait_job() {
     line=$(scontrol show job -o "${JOB_ID}" 2>/dev/null)
     state=$(grep -o 'JobState=[A-Z_]*' <<<"${line}" | cut -d= -f2)
     case ${state} in
-      PENDING | RUNNING | CONFIGURING | COMPLETING | SUSPENDED | "") sleep 0.3 ;;
+      # (A requeued job goes back to PENDING, through these: it has not ended.)
+      PENDING | RUNNING | CONFIGURING | COMPLETING | SUSPENDED | REQUEUED | REQUEUE_HOLD | REQUEUE_FED | "") sleep 0.3 ;;
       *)
         JOB_RC=$(grep -o ' ExitCode=[0-9]*' <<<"${line}" | cut -d= -f2)
         # A job Slurm could not launch (JobLaunchFailure: FAILED, ExitCode=0:53) never ran our

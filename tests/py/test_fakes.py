@@ -521,3 +521,134 @@ def test_connector_without_coordinator_state_is_a_clear_error(job: dict[str, str
     result = run([CONNECTOR, "true"], job, tmp_path)
     assert result.returncode == 1
     assert result.stderr.startswith("[Nsight ERROR] no coordinator for job 4242")
+
+
+# --- nvidia-smi / amd-smi: processes, memory and per-host knobs (the fitness stage's GPU check) ----------
+
+NVIDIA_SMI = FAKES / "nvidia-smi"
+AMD_SMI = FAKES / "amd-smi"
+
+
+@pytest.fixture
+def gpu_env(tmp_path: Path) -> dict[str, str]:
+    clean = {
+        k: v for k, v in os.environ.items() if not k.startswith(("FAKE_NVIDIA_", "FAKE_AMDSMI_", "FAKE_GPU_"))
+    }
+    clean["FAKE_NVIDIA_GPUS"] = clean["FAKE_AMDSMI_GPUS"] = "4"
+    return clean
+
+
+def lines_of(argv: list, env: dict[str, str], cwd: Path) -> list[str]:
+    result = run(argv, env, cwd)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()
+
+
+def test_nvidia_smi_lists_compute_processes_and_memory_without_units(gpu_env: dict, tmp_path: Path) -> None:
+    gpu_env["FAKE_NVIDIA_PROCS"] = "1:4242:2048,1:77:100,3:9:5"
+    apps = lines_of(
+        [NVIDIA_SMI, "--query-compute-apps=gpu_uuid,pid,used_memory", "--format=csv,noheader,nounits"],
+        gpu_env,
+        tmp_path,
+    )
+    uuid = "GPU-5f1c7a2e-0d3b-4c1a-9e8f-00000000000{}"
+    assert apps == [f"{uuid.format(1)}, 4242, 2048", f"{uuid.format(1)}, 77, 100", f"{uuid.format(3)}, 9, 5"]
+    gpus = lines_of(
+        [NVIDIA_SMI, "--query-gpu=index,uuid,memory.used,memory.total", "--format=csv,noheader,nounits"],
+        gpu_env,
+        tmp_path,
+    )
+    # a GPU's used memory defaults to the sum of its processes'
+    assert gpus == [
+        f"0, {uuid.format(0)}, 0, 81559",
+        f"1, {uuid.format(1)}, 2148, 81559",
+        f"2, {uuid.format(2)}, 0, 81559",
+        f"3, {uuid.format(3)}, 5, 81559",
+    ]
+
+
+def test_nvidia_smi_prints_units_unless_nounits_and_nothing_without_processes(
+    gpu_env: dict, tmp_path: Path
+) -> None:
+    gpu_env.update(FAKE_NVIDIA_MEM_USED="2:30000", FAKE_NVIDIA_MEM_TOTAL="40960")
+    assert lines_of(
+        [NVIDIA_SMI, "--query-gpu=memory.used,memory.total", "--format=csv,noheader"], gpu_env, tmp_path
+    ) == ["0 MiB, 40960 MiB", "0 MiB, 40960 MiB", "30000 MiB, 40960 MiB", "0 MiB, 40960 MiB"]
+    assert (
+        lines_of(
+            [NVIDIA_SMI, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+            gpu_env,
+            tmp_path,
+        )
+        == []
+    )
+    gpu_env["FAKE_NVIDIA_PROCS"] = "0:1:1x"
+    bad = run([NVIDIA_SMI, "--query-compute-apps=pid", "--format=csv,noheader"], gpu_env, tmp_path)
+    assert bad.returncode == 2 and "FAKE_NVIDIA_PROCS: bad entry '0:1:1x'" in bad.stderr
+
+
+def test_amd_smi_process_json_has_the_real_tools_shape(gpu_env: dict, tmp_path: Path) -> None:
+    gpu_env.update(FAKE_AMDSMI_GPUS="2", FAKE_AMDSMI_PROCS="1:4242:2048")
+    result = run([AMD_SMI, "process", "--json"], gpu_env, tmp_path)
+    assert result.returncode == 0, result.stderr
+    listing = json.loads(result.stdout)
+    assert listing[0] == {"gpu": 0, "process_list": [{"process_info": "No running processes detected"}]}
+    info = listing[1]["process_list"][0]["process_info"]
+    assert listing[1]["gpu"] == 1 and info["pid"] == 4242 and info["name"] == "python3"
+    assert info["mem_usage"] == {"value": 2048 << 20, "unit": "B"}
+    assert info["memory_usage"]["vram_mem"] == {"value": 2048 << 20, "unit": "B"}
+    assert set(info["usage"]) == {"gfx", "enc"}
+
+
+def test_amd_smi_metric_mem_usage_and_the_unchanged_metric_output(gpu_env: dict, tmp_path: Path) -> None:
+    gpu_env.update(FAKE_AMDSMI_GPUS="2", FAKE_AMDSMI_MEM_USED="1:150000", FAKE_AMDSMI_NOISE="warning")
+    result = run([AMD_SMI, "metric", "-m", "--json"], gpu_env, tmp_path)
+    assert result.stdout.startswith("WARNING: User is missing")  # the noise knobs still apply
+    memory = json.loads(result.stdout.split("\n", 1)[1])
+    assert [m["mem_usage"]["used_vram"] for m in memory] == [
+        {"value": 0, "unit": "MB"},
+        {"value": 150000, "unit": "MB"},
+    ]
+    assert memory[1]["mem_usage"]["total_vram"] == {"value": 196592, "unit": "MB"}
+    assert memory[1]["mem_usage"]["free_vram"] == {"value": 46592, "unit": "MB"}
+    plain = json.loads(run([AMD_SMI, "metric", "--json"], gpu_env, tmp_path).stdout.split("\n", 1)[1])
+    assert "mem_usage" not in plain[0] and "power" in plain[0]
+
+
+@pytest.mark.parametrize("tool", ["nvidia-smi", "amd-smi"])
+def test_gpu_fakes_read_per_host_knobs_from_fake_gpu_host_dir(
+    tool: str, gpu_env: dict, tmp_path: Path
+) -> None:
+    host_dir = tmp_path / "hosts"
+    host_dir.mkdir()
+    host = subprocess.run(["hostname"], capture_output=True, text=True, check=True).stdout.strip()
+    (host_dir / "some-other-node.env").write_text("FAKE_NVIDIA_PROCS=0:1:1\nFAKE_AMDSMI_PROCS=0:1:1\n")
+    gpu_env["FAKE_GPU_HOST_DIR"] = str(host_dir)
+    argv = (
+        [FAKES / tool, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"]
+        if tool == "nvidia-smi"
+        else [FAKES / tool, "process", "--json"]
+    )
+
+    def pids() -> list[int]:
+        out = run(argv, gpu_env, tmp_path)
+        assert out.returncode == 0, out.stderr
+        if tool == "nvidia-smi":
+            return [int(line.split(",")[0]) for line in out.stdout.splitlines()]
+        return [
+            p["process_info"]["pid"]
+            for g in json.loads(out.stdout)
+            for p in g["process_list"]
+            if isinstance(p["process_info"], dict)
+        ]
+
+    assert pids() == []  # another host's file does not apply here
+    (host_dir / f"{host}.env").write_text(
+        "# seeded for this node only\n\nFAKE_NVIDIA_PROCS=2:4242:64\nFAKE_AMDSMI_PROCS=2:4242:64\n"
+    )
+    # the file wins over the environment
+    gpu_env["FAKE_NVIDIA_PROCS"] = gpu_env["FAKE_AMDSMI_PROCS"] = "0:1:1"
+    assert pids() == [4242]
+    (host_dir / f"{host}.env").write_text("PATH=/nowhere\n")
+    refused = run(argv, gpu_env, tmp_path)
+    assert refused.returncode == 2 and "KEY=VALUE line: PATH=/nowhere" in refused.stderr

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from slurm_multi import job, node, watch
 from slurm_multi.context import model_dir_name, resolve
+from slurm_multi.plan import job_dir
 
 REPO = Path(__file__).resolve().parents[2]
 TOY = REPO / "examples" / "toy" / "build_manifest.json"
@@ -73,12 +74,12 @@ def test_the_job_dir_is_inside_out_whatever_the_model_is_called(name: str) -> No
     ctx = resolve({"SM_MODEL": name, "SM_IMAGE": "img"})
     model = model_dir_name(ctx)
     assert model not in ("", ".", "..") and "/" not in model and not model.startswith(".")
-    path = job.job_dir("/srv/out", "/submit", model, "42")
+    path = job_dir("/srv/out", "/submit", model, "42")
     assert os.path.dirname(os.path.dirname(path)) == "/srv/out"
 
 
 def test_a_relative_out_is_relative_to_the_submit_dir() -> None:
-    assert job.job_dir("./o", "/submit", "m", "7") == "/submit/o/m/7"
+    assert job_dir("./o", "/submit", "m", "7") == "/submit/o/m/7"
 
 
 @pytest.mark.parametrize(
@@ -372,6 +373,31 @@ def test_watch_stops_the_others_a_peer_grace_after_a_rank_failed(
         == watch.EXIT_STOP
     )
     assert time.monotonic() - started < 10
+
+
+@pytest.mark.parametrize(
+    ("stages", "grace_said"),
+    [({"prepare": {"status": "ok"}, "fitness": {"status": "failed"}}, "get 0 s"),
+     ({"prepare": {"status": "ok"}, "run": {"status": "failed"}}, "get 600 s")],
+)  # fmt: skip
+def test_a_rank_that_failed_before_its_run_stops_the_others_at_once_not_after_the_peer_grace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], stages: dict,
+    grace_said: str,
+) -> None:  # fmt: skip
+    fake_scontrol(tmp_path, "'NodeName=node1 State=ALLOCATED' 'NodeName=node2 State=ALLOCATED'", monkeypatch)
+    (tmp_path / "node_1").mkdir()
+    (tmp_path / "node_1" / "status.json").write_text(
+        json.dumps({"exit_code": 3, "node": "node2", "reason": "bad node", "stages": stages})
+    )
+    short = subprocess.Popen(["sleep", "3"])
+    try:
+        rc = watch.watch(str(tmp_path), ["node1", "node2"], 1, short.pid, peer_grace=600, progress_every=60)
+    finally:
+        short.kill()
+        short.wait()
+    # Before the run: stopped at once; in the run: the grace holds, and the step ends first.
+    assert rc == (watch.EXIT_STOP if grace_said == "get 0 s" else 0)
+    assert grace_said in capsys.readouterr().err
 
 
 def test_a_node_slurm_declares_down_counts_as_failed_at_once(

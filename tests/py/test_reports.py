@@ -16,7 +16,6 @@ from slurm_multi import EXIT_TIMEOUT, EXIT_USAGE
 from slurm_multi.reports import (
     Settler,
     WaitResult,
-    cli,
     human_bytes,
     read_snapshot,
     scan,
@@ -24,6 +23,7 @@ from slurm_multi.reports import (
     wait_for_reports,
     write_snapshot,
 )
+from slurm_multi.reports_cli import cli
 
 MB = 1_000_000
 

@@ -172,8 +172,8 @@ def test_primus_job_is_success_from_the_last_ranks_csv(tmp_path: Path):
     ]
     assert list(summary_json) == [
         "verdict", "job_id", "model", "nnodes", "results_csv", "chosen_csv", "candidates", "source",
-        "log_metrics", "nodes", "reasons", "hang", "stragglers", "world", "profile", "time", "warnings",
-        "perf_rows",
+        "log_metrics", "nodes", "reasons", "hang", "stragglers", "world", "profile", "bad_nodes", "attempts",
+        "time", "warnings", "perf_rows",
     ]  # fmt: skip
     assert summary_json["nodes"][1]["stages"] == {
         "prepare": 0.19, "image": 12.9, "barrier": 31.6, "run": 613.95, "save-outputs": 0.07

@@ -19,7 +19,8 @@ from click.testing import CliRunner
 from slurm_multi import EXIT_TIMEOUT, EXIT_USAGE
 from slurm_multi.cli import group
 from slurm_multi.common import HelperError
-from slurm_multi.results import PERF_COLUMNS, append_perf_csv
+from slurm_multi.results import PERF_COLUMNS
+from slurm_multi.results.perfcsv import append_perf_csv
 
 DATA = Path(__file__).parent / "data" / "results"
 PRIMUS_JOB = DATA / "jobs" / "primus_2node"

@@ -81,7 +81,19 @@ def test_every_setting_has_a_value_or_an_explicit_empty_and_no_default_is_left_t
     r = resolved({})
     assert set(r.values) == {s.name for s in table.TABLE}
     for s in table.TABLE:
+        if s.name == "SM_STATE_DIR":  # made of other settings (test below)
+            continue
         assert r.values[s.name] == s.default
+
+
+def test_the_state_dir_defaults_beside_the_cache_else_under_out_made_absolute(tmp_path):
+    out = resolved({"SLURM_SUBMIT_DIR": str(tmp_path)})
+    assert out.values["SM_STATE_DIR"] == str(tmp_path / "slurm_output" / ".slurm-multi-state")
+    assert out.label("SM_STATE_DIR") == "default"
+    cache = resolved({"SM_IMAGE_CACHE": "/shared/cache"}, ["--out", "/shared/out"])
+    assert cache.values["SM_STATE_DIR"] == "/shared/cache/.slurm-multi-state"
+    given = resolved({"SM_IMAGE_CACHE": "/shared/cache"}, ["--state-dir", "/shared/state"])
+    assert given.values["SM_STATE_DIR"] == "/shared/state" and given.label("SM_STATE_DIR") == "--state-dir"
 
 
 def test_bash_defines_no_default_of_a_setting_in_the_table():

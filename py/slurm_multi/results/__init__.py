@@ -21,16 +21,19 @@ One module per concern (docs/results.md has the rules):
 - collect     the whole job: candidates, aggregate, verdict -> Summary
 - summary     Summary, JOBDIR/perf.csv, summary.json and the stderr table
 - perfcsv     appending to a shared perf.csv under a lock, relative_change
-- commands    the click group (`cli`), thin wrappers over the above
+- collect_main  `results collect`'s one parser and output, click-free (`python -S -m
+              slurm_multi.results.collect_main`: the batch step runs it after every job)
+- commands    the click group (`cli`), thin wrappers over the above (`collect`: a passthrough)
+
+Importing the package imports no click (the hot entry collect_main imports it): the click group is
+slurm_multi.results.commands, and perfcsv (only with --perf-csv) is imported where it is used.
 """
 
 from __future__ import annotations
 
 from slurm_multi.results.collect import collect
-from slurm_multi.results.commands import cli
 from slurm_multi.results.logmetrics import combine_metric, parse_perf_lines
 from slurm_multi.results.logscan import scan_log_errors
-from slurm_multi.results.perfcsv import append_perf_csv
 from slurm_multi.results.pick import pick_best, score_csv
 from slurm_multi.results.rows import PERF_COLUMNS
 from slurm_multi.results.summary import Summary
@@ -38,8 +41,6 @@ from slurm_multi.results.summary import Summary
 __all__ = [
     "PERF_COLUMNS",
     "Summary",
-    "append_perf_csv",
-    "cli",
     "collect",
     "combine_metric",
     "parse_perf_lines",

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from slurm_multi.common import HelperError, usage_error
-from slurm_multi.redact import secret_values
 from slurm_multi.results.hangs import Hang, hang_reasons, read_hangs
 from slurm_multi.results.jobdir import (
     JOB_JSON_KEYS,
@@ -40,6 +39,7 @@ from slurm_multi.results.timeline import build_timeline
 from slurm_multi.results.timelinedraw import write_timeline
 from slurm_multi.results.values import format_number
 from slurm_multi.results.worldsize import check_world
+from slurm_multi.secret_rule import secret_values
 from slurm_multi.statusfile import read_status, status_path
 
 MAX_NODES = 100_000  # a larger nnodes is a typo, not a job: derive it from the node dirs
@@ -97,12 +97,42 @@ def collect(
     if summary.profile is not None and summary.profile.reasons():
         summary.reasons.extend(summary.profile.reasons())
         summary.verdict = "FAILURE"
+    summary.bad_nodes, summary.attempts = bad_nodes_and_attempts(
+        root, job_json, warnings, bool(summary.reasons)
+    )
+    summary.reasons[:0] = [
+        f"bad node {b['node']} (node {b['rank']}): {b['reason']}" for b in summary.bad_nodes
+    ]
+    if summary.bad_nodes:
+        summary.verdict = "FAILURE"
     summary.timeline = build_timeline(root, nodes, summary.stragglers, warnings, job_json.get("started"))
     if write:
         write_outputs(root, summary)
         title = f"job {job_id} ({model_name}, {nnodes} node{'s' if nnodes != 1 else ''})"
         summary.timeline.picture = write_timeline(root, summary.timeline, title, picture)
     return summary
+
+
+def bad_nodes_and_attempts(
+    root: Path, job_json: dict[str, Any], warnings: list[str], failed: bool
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The fitness stage's bad nodes (judged as the batch step judges them: slurm_multi.fitness) and a
+    requeued job's earlier attempts (slurm_multi.attempts). A job that did not fail has no bad node (a
+    node that finds one fails its stage): its verdict does not pay for importing the judge."""
+    from slurm_multi import attempts
+
+    earlier, unreadable = attempts.earlier(str(root))
+    warnings.extend(unreadable)
+    if not failed:
+        return [], earlier
+    from slurm_multi import fitness
+
+    settings = job_json.get("settings") if isinstance(job_json.get("settings"), dict) else {}
+    hosts = job_json.get("nodes")
+    if settings.get("SM_FITNESS") == "off" or not isinstance(hosts, list) or not hosts:
+        return [], earlier
+    found = fitness.judge_job(str(root), [str(h) for h in hosts])
+    return [{"rank": b["rank"], "node": b["host"], "reason": b["reason"]} for b in found], earlier
 
 
 def known_job_facts(job: dict[str, Any]) -> dict[str, Any]:

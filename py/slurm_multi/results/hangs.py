@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slurm_multi.hangwatch import ROLES
 from slurm_multi.results.jobdir import NodeReport
 from slurm_multi.results.shared import json_error, rank_label, read_json, short, utc_iso
 
@@ -179,6 +178,9 @@ def read_hang_entry(path: str, name: str, node: NodeReport, warnings: list[str])
     data = _read_object(path, name, warnings)
     if data is None:
         return None
+    # The writer's roles, imported only for a hang.json (the watch's module costs collect ~20 ms).
+    from slurm_multi.hangwatch import ROLES
+
     role = data.get("role")
     if role not in ROLES:
         warnings.append(f"{name}: role {short(repr(role), 40)} is not cause, waiter or unclear; ignored")

@@ -14,7 +14,6 @@ from typing import Any
 
 from slurm_multi import statusfile
 from slurm_multi.common import usage_error
-from slurm_multi.redact import redact, secret_values
 from slurm_multi.results.logscan import ErrorHit, ErrorPattern, scan_log_file
 from slurm_multi.results.shared import (
     AREA,
@@ -26,6 +25,7 @@ from slurm_multi.results.shared import (
     short,
     utc_iso,
 )
+from slurm_multi.secret_rule import redact, secret_values
 
 # The job.json keys collect reads (lib/job.sh writes them). `settings` and `manifest_values` (objects)
 # and any key not listed are ignored, except one named like a perf.csv column (e.g. `git_commit`),
@@ -35,7 +35,7 @@ JOB_JSON_KEYS = (
     "dockerfile", "base_docker", "n_gpus", "gpus_per_node", "launcher", "build_duration",
     "additional_docker_run_options", "tasks_per_node", "nproc_per_node", "world_size",
 )  # fmt: skip
-STAGE_ORDER = ("prepare", "image", "barrier", "run", "save-outputs")
+STAGE_ORDER = ("prepare", "fitness", "image", "barrier", "run", "save-outputs")  # = lib/node.sh NODE_STAGES
 MAX_ERRORS_KEPT = 20  # per node, in summary.json
 
 

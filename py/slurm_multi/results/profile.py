@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from slurm_multi.reports import EMPTY, SETTLED, STATE_KIND, human_bytes
 from slurm_multi.results.jobdir import NodeReport
 from slurm_multi.results.shared import rank_label
 
@@ -74,6 +73,8 @@ class ProfileCheck:
         """`profile: 4 of 4 reports (1.2 GB)` or `profile: INCOMPLETE, 3 of 4: rank 2 (node3): …`."""
         good = len(self.ranks) - len(self.missing)
         if self.complete:
+            from slurm_multi.reports import human_bytes
+
             return f"profile: {good} of {len(self.ranks)} reports ({human_bytes(self.total_bytes)})"
         what = "; ".join(f"{rank_label(r.node, r.rank)}: {r.reason}" for r in self.missing[:4])
         more = f"; and {len(self.missing) - 4} more" if len(self.missing) > 4 else ""
@@ -109,6 +110,9 @@ def check_profile(root: Path, job: dict[str, Any], nodes: Sequence[NodeReport]) 
     kind = job.get("profile") or settings.get("SM_PROFILE") or "none"
     if kind not in ("nsys", "nsight-slurm"):
         return None
+    # The report states' writer, imported only for a profiled job (it costs collect ~10 ms).
+    from slurm_multi.reports import EMPTY, SETTLED, human_bytes
+
     optional = str(settings.get("SM_PROFILE_OPTIONAL", "")).lower() in TRUE_WORDS
     ranks = {n.rank: RankProfile(n.rank, n.node) for n in nodes}
     state, flush = _read_state(root / FLUSH_FILE)
@@ -154,6 +158,8 @@ def check_profile(root: Path, job: dict[str, Any], nodes: Sequence[NodeReport]) 
 
 def _read_state(path: Path) -> tuple[dict[str, Any] | None, str]:
     """(the flush's state document, its summary), or (None, why there is none)."""
+    from slurm_multi.reports import STATE_KIND
+
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:

@@ -7,10 +7,10 @@ import json
 import re
 from typing import Any
 
-from slurm_multi.redact import MASK, is_secret_name
 from slurm_multi.results.jobdir import present
 from slurm_multi.results.pick import Candidate
 from slurm_multi.results.values import format_number, is_result
+from slurm_multi.secret_rule import MASK, is_secret_name
 
 # madengine's perf.csv header, in its order (FORMATS.md).
 PERF_COLUMNS: tuple[str, ...] = (

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import stat
 import time
 from pathlib import Path
@@ -93,7 +92,7 @@ def write_atomic(
     durable: fsync before the rename; False for derived files any collect re-makes (the timeline),
     which still never appear half written.
     """
-    temp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    temp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")  # = secrets.token_hex
     data = text.encode("utf-8") if isinstance(text, str) else text
     try:
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)

@@ -48,6 +48,8 @@ class Summary:
     timeline: Timeline | None = None  # where the time went (information, never a reason)
     world: WorldCheck | None = None  # the launcher's one world, when the job asked for one
     profile: ProfileCheck | None = None  # a profiled job's reports, one per rank
+    bad_nodes: list[dict[str, Any]] = field(default_factory=list)  # the fitness verdict (slurm_multi.fitness)
+    attempts: list[dict[str, Any]] = field(default_factory=list)  # a requeued job's earlier attempts
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -66,6 +68,8 @@ class Summary:
             "stragglers": [s.to_dict() for s in self.stragglers],
             "world": self.world.to_dict() if self.world else None,
             "profile": self.profile.to_dict() if self.profile else None,
+            "bad_nodes": list(self.bad_nodes),
+            "attempts": list(self.attempts),
             "time": self.timeline.text if self.timeline else None,
             "warnings": list(self.warnings),
             "perf_rows": len(self.perf_rows),
@@ -196,6 +200,14 @@ def summary_table(summary: Summary, root: Path) -> list[str]:
         lines.append(f"  {summary.world.describe()}")
     if summary.profile is not None:
         lines.append(f"  {summary.profile.describe()}")
+    for bad in summary.bad_nodes:
+        lines.append(f"  bad node: {bad['node']} (node {bad['rank']}): {bad['reason']}")
+    for attempt in summary.attempts:
+        named = ", ".join(f"{b.get('node')}: {b.get('reason')}" for b in attempt.get("bad_nodes") or [])
+        lines.append(
+            f"  earlier attempt {attempt.get('attempt')} ({attempt.get('dir')}): requeued after "
+            f"{attempt.get('requeued_after_s')} s without {named or '?'} ({attempt.get('cause')})"
+        )
     lines += [f"  straggler: {straggler.describe()}" for straggler in summary.stragglers]
     if summary.timeline is not None:
         if summary.timeline.text:

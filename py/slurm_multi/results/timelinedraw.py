@@ -19,9 +19,17 @@ from slurm_multi.results.values import format_number
 TIMELINE_JSON, TIMELINE_TXT, TIMELINE_PNG = "timeline.json", "timeline.txt", "timeline.png"
 MAX_PNG_LANES = 256  # beyond this a lane is a pixel high: timeline.txt and timeline.json say more
 CHART_WIDTH = 60  # columns of timeline.txt's bars
-STAGE_LETTERS = {"prepare": "p", "image": "i", "barrier": "b", "run": "r", "save-outputs": "s"}
+STAGE_LETTERS = {
+    "prepare": "p",
+    "fitness": "f",
+    "image": "i",
+    "barrier": "b",
+    "run": "r",
+    "save-outputs": "s",
+}
 STAGE_COLOURS = {
     "prepare": "#9e9e9e",
+    "fitness": "#d62728",
     "image": "#1f77b4",
     "barrier": "#ff7f0e",
     "run": "#2ca02c",

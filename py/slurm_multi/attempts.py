@@ -1,0 +1,117 @@
+"""A requeued job's earlier attempts: `<jobdir>/attempt_<N>/requeue.json`, written and read here only.
+
+When the batch step requeues a job without its bad nodes (`--on-bad-node requeue`, or a quarantined
+node in the allocation), that attempt's files move to `<jobdir>/attempt_<N>/` (N = the attempt's
+SLURM_RESTART_COUNT, 0 for the first) and this record goes beside them:
+
+    {"attempt": 1,                      # 1-based: the first attempt is 1
+     "cause": "fitness",                # fitness (the check found them) or quarantine (known bad)
+     "requeued_after_s": 7,             # from that attempt's batch step start to its requeue
+     "at": "2026-12-03T09:10:00Z",
+     "excluded": ["node2"],             # the job's excluded nodes after the requeue (all of them)
+     "bad_nodes": [{"node": "node2", "reason": "..."}]}
+
+The final attempt's summary.json lists them (`attempts`), oldest first.
+
+Click-free (the batch step writes it with `python -S -m slurm_multi.attempts write ...`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+RECORD = "requeue.json"
+CAUSES = ("fitness", "quarantine")
+_ATTEMPT_DIR = re.compile(r"attempt_(\d+)")
+
+
+class AttemptError(ValueError):
+    """A bad argument to the writer: one line, exit 2."""
+
+
+def record(attempt: int, cause: str, after_s: int, excluded: str, bad: Sequence[str], now: float | None = None
+           ) -> dict[str, Any]:  # fmt: skip
+    """The record of attempt index `attempt` (0-based); `bad` holds `<node>\\t<reason>` entries."""
+    if cause not in CAUSES:
+        raise AttemptError(f"cause '{cause}' is not one of {', '.join(CAUSES)}")
+    nodes = []
+    for entry in bad:
+        node, _, reason = entry.partition("\t")
+        if node:
+            nodes.append({"node": node, "reason": reason or "(no reason given)"})
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if now is None else now))
+    return {
+        "attempt": attempt + 1,
+        "cause": cause,
+        "requeued_after_s": after_s,
+        "at": stamp,
+        "excluded": [n for n in excluded.split(",") if n],
+        "bad_nodes": nodes,
+    }
+
+
+def write(path: str, document: dict[str, Any]) -> None:
+    """Atomically: a temp file beside it, then a rename."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(document, handle, indent=2)
+        handle.write("\n")
+    os.replace(tmp, path)
+
+
+def earlier(jobdir: str) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every earlier attempt's record, oldest first, and a warning per unreadable one."""
+    found: list[tuple[int, str]] = []
+    try:
+        names = os.listdir(jobdir)
+    except OSError:
+        return [], []
+    for name in names:
+        match = _ATTEMPT_DIR.fullmatch(name)
+        if match:
+            found.append((int(match.group(1)), name))
+    out: list[dict[str, Any]] = []
+    warnings: list[str] = []
+    for _, name in sorted(found):
+        path = os.path.join(jobdir, name, RECORD)
+        try:
+            with open(path, encoding="utf-8") as handle:
+                document = json.load(handle)
+        except (OSError, ValueError) as exc:
+            warnings.append(f"{name}/{RECORD} unreadable ({type(exc).__name__}); that attempt is not listed")
+            continue
+        if isinstance(document, dict):
+            document["dir"] = name
+            out.append(document)
+    return out, warnings
+
+
+def main(argv: Sequence[str]) -> int:
+    """write FILE ATTEMPT CAUSE AFTER_S EXCLUDED [NODE<TAB>REASON...]"""
+    args = list(argv)
+    if len(args) < 6 or args[0] != "write":
+        usage = "write FILE ATTEMPT CAUSE AFTER_S EXCLUDED [NODE<TAB>REASON...]"
+        print(f"slurm-multi: usage: python -S -m slurm_multi.attempts {usage}", file=sys.stderr)
+        return 2
+    _, path, attempt, cause, after_s, excluded, *bad = args
+    try:
+        if not (attempt.isdigit() and after_s.isdigit()):
+            raise AttemptError(f"attempt '{attempt}' and seconds '{after_s}' must be whole numbers")
+        write(path, record(int(attempt), cause, int(after_s), excluded, bad))
+    except AttemptError as exc:
+        print(f"slurm-multi: attempts: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"slurm-multi: attempts: cannot write {path}: {exc.strerror}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,331 @@
+"""The batch step's one look at the settings and the manifest: validate, place the job dir, write job.json.
+
+`slurm-multi job plan` runs once per job, before any srun (and once for `--dry-run`), as
+`python -S -m slurm_multi.plan ...` (no click: it is on every job's critical path; `slurm-multi job
+plan` is the same `main`). A manifest that is not JSON, lacks a section, names no such model (or an
+ambiguous one) or has a value of the wrong type fails here with one line naming the file, the key
+and what was expected, exit 2, so no node ever starts on it. On success it prints bash
+(`declare -g …`) for the batch step to source AFTER checking the exit status, and writes job.json:
+every resolved setting and the manifest's resolved values, secrets masked. Results, the nodes'
+re-runs (`sm-node --from-job`) and people read job.json; nobody else re-derives what it holds.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from slurm_multi import argv as options
+from slurm_multi import shell
+from slurm_multi.common import HelperError, run_main, talk, usage_error
+from slurm_multi.context import (
+    RunContext,
+    manifest_values,
+    masked_settings,
+    model_dir_name,
+    resolve,
+    safe_component,
+)
+from slurm_multi.secret_rule import MASK, is_secret_name, redact, secret_values
+
+AREA = "job"
+
+
+def job_dir(out: str, submit_dir: str, model: str, job_id: str) -> str:
+    """<out>/<model>/<job id>, always inside <out> (checked after resolving symlinks and '..')."""
+    base = out if os.path.isabs(out) else os.path.join(submit_dir, out)
+    base = os.path.normpath(base)
+    path = os.path.join(base, model, safe_component(job_id, "job"))
+    real_base = os.path.realpath(base)
+    real = os.path.realpath(path)
+    if os.path.commonpath([real_base, real]) != real_base or real == real_base:
+        raise usage_error(f"{AREA}: the job dir {path} would not be inside --out {base}; rename the model")
+    return path
+
+
+def job_document(
+    ctx: RunContext,
+    env: Mapping[str, str],
+    job_id: str,
+    nodes: Sequence[str],
+    nnodes: int,
+    command: Sequence[str],
+) -> dict[str, Any]:
+    """job.json: the old top-level keys (results and people read them) plus every resolved setting."""
+    secrets = secret_values(env) + ctx.secret_values(env)
+    v = ctx.values
+
+    def shown(name: str) -> str:
+        return MASK if is_secret_name(name) else redact(v.get(name, ""), secrets)
+
+    return {
+        "job_id": job_id,
+        "model_key": ctx.model_key,
+        "model": model_dir_name(ctx),
+        "nnodes": nnodes,
+        "nodes": list(nodes),
+        "tasks_per_node": tasks_per_node(v),
+        "results_csv": shown("SM_RESULTS_CSV"),
+        "image": shown("SM_IMAGE"),
+        "args": shown("SM_MODEL_ARGS"),
+        "tags": shown("SM_MODEL_TAGS"),
+        "dockerfile": shown("SM_DOCKERFILE"),
+        "base_docker": shown("SM_BASE_DOCKER"),
+        "n_gpus": shown("SM_N_GPUS"),
+        "gpus_per_node": shown("SM_GPUS_PER_NODE"),
+        "launcher": shown("SM_LAUNCHER"),
+        "nproc_per_node": as_number(v.get("SM_NPROC_PER_NODE")),
+        "world_size": world_size(ctx, nnodes),
+        "build_duration": shown("SM_BUILD_DURATION"),
+        "additional_docker_run_options": redact(" ".join(ctx.docker_opts), secrets),
+        "manifest": ctx.manifest or "",
+        "profile": v.get("SM_PROFILE", ""),
+        "runtime": v.get("SM_RUNTIME", ""),
+        "command": [redact(word, secrets) for word in command],
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "settings": {k: redact(s, secrets) for k, s in masked_settings(ctx).items()},
+        "manifest_values": _redact_tree(manifest_values(ctx), secrets),
+    }
+
+
+def resolve_job_numbers(ctx: RunContext, env: Mapping[str, str], nnodes: int) -> dict[str, str]:
+    """The settings the plan resolves with the manifest, for the batch step to export to every node
+    (one resolution: the nodes read these, they do not re-derive them): --timeout, --master-port and,
+    with a manifest, --launcher and --nproc-per-node. Says what the manifest asks that the job
+    cannot honour, and which of its fields do nothing here."""
+    from slurm_multi import madengine as mad
+
+    resolved = {name: ctx.values[name] for name in ("SM_TIMEOUT", "SM_MASTER_PORT")}
+    if not ctx.manifest:
+        return resolved
+    dist = mad.job_distributed(ctx.values, ctx.settings, env, nnodes)
+    tasks = ctx.get("SM_NTASKS_PER_NODE")
+    if dist.launcher in mad.ONE_WORLD and ctx.get("SM_RUNTIME") != "docker" and tasks not in ("", "1"):
+        raise usage_error(
+            f"{AREA}: launcher {dist.launcher} starts {dist.nproc} processes per node itself; "
+            "run one task per "
+            f"node (--ntasks-per-node 1), not {tasks}"
+        )
+    warning = mad.node_count_warning(ctx.values, nnodes)
+    if warning:
+        talk("manifest", warning)
+    if ctx.ignored:
+        talk("manifest", f"not used by slurm-multi (ignored): {', '.join(ctx.ignored)}")
+    resolved.update(SM_LAUNCHER=dist.launcher, SM_NPROC_PER_NODE=str(dist.nproc))
+    ctx.values.update(resolved)
+    return resolved
+
+
+def tasks_per_node(values: Mapping[str, str]) -> int:
+    """Ranks per node, as lib/launch.sh starts them: the resolved --ntasks-per-node (ours, else
+    sbatch's own: slurm_multi.settings); docker runs one container per node."""
+    if values.get("SM_RUNTIME") == "docker":
+        return 1
+    text = values.get("SM_NTASKS_PER_NODE") or "1"
+    return int(text) if text.isdigit() and int(text) > 0 else 1
+
+
+def as_number(text: str | None) -> int | None:
+    return int(text) if text and text.isdigit() else None
+
+
+def world_size(ctx: RunContext, nnodes: int) -> int | None:
+    """The one world a multi-node launcher makes (nodes x nproc_per_node), for collect's check that
+    no rank ran alone; None when the job has no such launcher."""
+    from slurm_multi.madengine import ONE_WORLD
+
+    nproc = as_number(ctx.get("SM_NPROC_PER_NODE"))
+    if not ctx.manifest or ctx.get("SM_LAUNCHER") not in ONE_WORLD or nproc is None or nnodes < 2:
+        return None
+    return nnodes * nproc
+
+
+def _redact_tree(value: Any, secrets: Sequence[str]) -> Any:
+    if isinstance(value, str):
+        return redact(value, secrets)
+    if isinstance(value, list):
+        return [_redact_tree(item, secrets) for item in value]
+    if isinstance(value, dict):
+        return {key: _redact_tree(item, secrets) for key, item in value.items()}
+    return value
+
+
+# ---- the command: `python -S -m slurm_multi.plan` = `slurm-multi job plan` -------------------------
+
+PARSER = options.Parser(
+    "slurm-multi job plan",
+    "[-- ARGS...]",
+    """Parse the settings (the batch step's argv with --batch-args, and the environment) against the one
+    settings table, validate them with the manifest, and print the plan as bash to source after checking
+    the exit status; write job.json (secrets masked) when the job runs.
+
+    Example: slurm-multi job plan --batch-args --emit plan.sh -- --manifest m.json --dry-run -N 2""",
+    [
+        options.Option("--batch-args", options.FLAG,
+                       help="The arguments are the batch step's argv (options, -N, --dry-run, -- CMD)."),
+        options.Option("--emit", metavar="FILE", convert=options.not_a_directory,
+                       help="Write the bash to source here (stdout stays free for --help) [stdout]."),
+        options.Option("--job-id", help="SLURM_JOB_ID [default: the environment's; DRYRUN for a dry run]."),
+        options.Option("--nnodes", metavar="N", convert=options.whole_number(1),
+                       help="Nodes in the job [default: SLURM_JOB_NUM_NODES; a dry run: -N, else 2]."),
+        options.Option("--nodes", default="", dest="node_list", help="The nodes' names, space-separated."),
+        options.Option("--submit-dir", help="Where a relative --out is relative to [default: cwd]."),
+        options.Option("--write", options.SWITCH, off="--no-write",
+                       help="Create the job dir and write job.json into it "
+                       "[default: with --batch-args, when the job really runs]."),
+    ],
+)  # fmt: skip
+
+
+def main(argv: Sequence[str]) -> int:
+    """`python -S -m slurm_multi.plan [OPTIONS] [-- ARGS...]` (and `slurm-multi job plan`)."""
+    return run_main(_main, argv)
+
+
+def _main(argv: Sequence[str]) -> int:
+    given = PARSER.parse(argv)
+    if given is not None:
+        plan(given.batch_args, given.emit, given.job_id, given.nnodes, given.node_list, given.submit_dir,
+             given.write, given.args)  # fmt: skip
+    return 0
+
+
+def plan(
+    batch_args: bool,
+    emit: str | None,
+    job_id: str | None,
+    nnodes: int | None,
+    node_list: str,
+    submit_dir: str | None,
+    write: bool | None,
+    args: Sequence[str],
+) -> None:
+    """The plan: parse, resolve, validate, write job.json (when the job runs), emit the bash."""
+    from slurm_multi import settings as table
+
+    env = dict(os.environ)
+    try:
+        parsed = table.parse_argv(args) if batch_args else table.Parsed(command=list(args))
+    except table.SettingsError as exc:
+        raise usage_error(f"{exc}; --help lists every option") from None
+    if parsed.help:
+        sys.stdout.write(table.usage())
+        sys.stdout.flush()
+        _emit(emit, shell.render("slurm-multi job plan", scalars={"PLAN_ACTION": "help"}))
+        return
+    dry = parsed.dry_run or env.get("SM_DRY_RUN") == "1"
+    nnodes = _node_count(parsed, env, dry, nnodes)
+    resolved = table.resolve(env, parsed.given, parsed.typed)
+    try:
+        table.validate(resolved, has_command=bool(parsed.command))
+    except table.SettingsError as exc:
+        raise usage_error(str(exc)) from None
+    for warning in table.unused(resolved):
+        talk("settings", warning)
+    job_id = job_id or env.get("SLURM_JOB_ID") or ("DRYRUN" if dry else "")
+    if not job_id:
+        raise usage_error(
+            "not inside a Slurm job: submit with 'sbatch -N 2 sbatch/multi.sbatch ...' "
+            "(or add --dry-run to see the plan)"
+        )
+    if resolved.values["SM_MANIFEST"] and not dry:
+        resolved.values["SM_MANIFEST"] = os.path.realpath(resolved.values["SM_MANIFEST"])
+    env.update({name: value for name, value in resolved.values.items() if value})
+    command = parsed.command
+    ctx = resolve(env, command)
+    for warning in ctx.warnings:
+        talk("manifest", warning)
+    runtime = ctx.get("SM_RUNTIME")
+    if not ctx.get("SM_IMAGE") and runtime != "none":
+        where = f" (manifest {ctx.manifest}, model {ctx.model_key}, has no built_images docker_image)"
+        raise usage_error(f"{AREA}: no image to run: give --image IMAGE{where if ctx.manifest else ''}")
+    if runtime == "none" and not ctx.workload:
+        raise usage_error(f"{AREA}: --runtime none needs a command: give -- CMD or a manifest with scripts")
+    numbers = resolve_job_numbers(ctx, env, nnodes)
+    model = model_dir_name(ctx)
+    directory = job_dir(ctx.get("SM_OUT"), submit_dir or os.getcwd(), model, job_id)
+    nodes = node_list.split() or [f"node_{r}" for r in range(nnodes)]
+    if write if write is not None else (batch_args and not dry):
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except OSError as exc:
+            raise HelperError(f"{AREA}: cannot create the job dir {directory}: {exc.strerror}") from None
+        shell.write_json(
+            os.path.join(directory, "job.json"), job_document(ctx, env, job_id, nodes, nnodes, command)
+        )
+    exports = {name: value for name, value in resolved.values.items() if value}
+    exports.update(numbers)
+    exports["SM_SETTINGS_RESOLVED"] = "1"
+    if dry:
+        exports["SM_DRY_RUN"] = "1"
+    text = shell.render(
+        "slurm-multi job plan",
+        exports=exports,
+        scalars={
+            "PLAN_ACTION": "dry-run" if dry else "run",
+            "PLAN_NNODES": str(nnodes),
+            "SM_JOBDIR": directory,
+            "JOB_MODEL": model,
+            "JOB_MODEL_KEY": ctx.model_key,
+            "JOB_IMAGE": ctx.get("SM_IMAGE"),
+            "JOB_RESULTS_CSV": ctx.get("SM_RESULTS_CSV"),
+        },
+        arrays={"SM_CMD": command, "PLAN_SETTINGS_SHOWN": settings_shown(resolved, numbers)},
+    )
+    _emit(emit, text)
+
+
+def _emit(path: str | None, text: str) -> None:
+    if path is None:
+        sys.stdout.buffer.write(text.encode("utf-8", "surrogateescape"))
+    else:
+        shell.write_private(path, text)
+
+
+def _node_count(parsed: Any, env: Mapping[str, str], dry: bool, given: int | None) -> int:
+    """The job's node count: Slurm's inside a real job (a -N after the script is refused there: a job
+    that silently ran on another number of nodes is worse than one that did not start); the dry run's
+    -N, else the allocation's, else 2."""
+    if given is not None:
+        return given
+    if parsed.nodes and not (parsed.nodes.isdigit() and int(parsed.nodes) >= 1):
+        raise usage_error(f"-N '{parsed.nodes}' is not a node count; --help lists every option")
+    in_job = env.get("SLURM_JOB_NUM_NODES", "")
+    if parsed.nodes and env.get("SLURM_JOB_ID") and not dry:
+        raise usage_error(
+            f"-N {parsed.nodes} after the script is the dry run's node count, not sbatch's: put it before "
+            f"the script (sbatch -N {parsed.nodes} sbatch/multi.sbatch ...); this job has {in_job or '?'} "
+            "node(s); --help lists every option"
+        )
+    text = parsed.nodes or in_job or ("2" if dry else "1")
+    return int(text) if text.isdigit() and int(text) >= 1 else 1
+
+
+def settings_shown(resolved: Any, numbers: Mapping[str, str]) -> list[str]:
+    """The dry run's settings: only those set, or different from the default, each with where its value
+    came from (`--timeout`, `SM_TIMEOUT`, `MAD_DOCKER_BUILDS`, `sbatch (SLURM_NTASKS_PER_NODE)`,
+    `the manifest`); secrets masked."""
+    from slurm_multi import settings as table
+    from slurm_multi.context import DEFAULT_MASTER_PORT, DEFAULT_TIMEOUT
+
+    built_in = {"SM_TIMEOUT": DEFAULT_TIMEOUT, "SM_MASTER_PORT": DEFAULT_MASTER_PORT, "SM_LAUNCHER": "none",
+                "SM_NPROC_PER_NODE": "1"}  # fmt: skip
+    lines = []
+    for s in table.TABLE:
+        value = numbers.get(s.name) or resolved.values.get(s.name, "")
+        source = resolved.label(s.name)
+        if s.name in numbers and not source:
+            # Resolved with the manifest: shown when the manifest changed it from the built-in value.
+            source = "default" if value == built_in.get(s.name) else "the manifest"
+        if not value or source == "default":
+            continue
+        shown = MASK if is_secret_name(s.name) else value
+        lines.append(f"{(s.option or s.name):<26} {shown}   (from {source})")
+    return lines
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,843 @@
+"""The shared node quarantine: nodes that later jobs avoid, listed in `<state-dir>/quarantine.json`.
+
+The state dir is one path that every node and the submit host see (shared storage). A node that
+fails its fitness check is added by the batch step; a person lists, adds and removes by hand; every
+job's batch step asks, before anything else runs, which nodes of its allocation are quarantined.
+
+The file (version 1; this module is its one writer and its one reader):
+
+    {"version": 1,
+     "nodes": [
+       {"node": "node3", "reason": "fitness: docker engine did not answer within 5 s", "job": "1234",
+        "since": "2026-11-30T10:00:00Z", "since_epoch": 1796032800.0,
+        "expires": "2026-12-01T10:00:00Z", "expires_epoch": 1796119200.0, "who": "alice"}
+     ]}
+
+- `node`: a Slurm host name (letters, digits, `-`, `_`, `.`, starting with a letter or digit).
+- `reason`: one line (whitespace runs, newlines and tabs included, become one space; at most 240
+  characters). `job`: the Slurm job that quarantined it, or `manual`. `who`: the user.
+- `since_epoch` / `expires_epoch` (UTC seconds) are what counts; `since` / `expires` are the same
+  instants for people (ISO-8601 UTC), rewritten from the epochs on every write.
+- An entry is active while `expires_epoch` > now; expired entries are never reported as active and
+  are dropped by the next write. A node appears at most once; entries are sorted by node name.
+- Adding a node that is already quarantined refreshes it: the new reason, job and user, the
+  earliest `since`, and the later of the two expiries (an add never shortens a quarantine; remove
+  the node and add it again to shorten one).
+- No file means an empty quarantine. A file that cannot be parsed, or whose version this module
+  does not know (a newer slurm-multi wrote it), is never overwritten: reading it is a one-line error
+  naming it. `remove --all` starts it afresh, keeping the old bytes as
+  `quarantine.json.broken-<UTC time>` beside it.
+
+Writes (add, remove) take an exclusive `flock` on `<state-dir>/quarantine.lock` (created if absent,
+never removed: removing a lock file lets two writers lock two different files), read, change,
+write a temp file in the same dir, fsync it, `os.replace` it over quarantine.json and fsync the dir,
+then unlock. Concurrent writers on any node therefore lose nothing, provided flock works across
+nodes on that filesystem (NFSv4 and GPFS do; Lustre only with `-o flock`, not `localflock`: see
+docs/image-cache.md for a two-node check). The lock wait is bounded (10 s by default). Readers take
+no lock: a rename is atomic, so they see the old file or the new one.
+
+A state dir that does not exist is created by the first add, mode 2775 whatever the umask (group
+members may add and remove, and the setgid bit gives every file in it the dir's group); a dir that
+exists is left as it is (pre-create it with the mode you want for a private quarantine). The lock
+file is created 0664 (a writer opens it for writing: NFS emulates flock with POSIX locks, which need
+that), quarantine.json is written 0644.
+
+Click-free for the batch step, which runs it on every job (stdlib only):
+
+    python -S -m slurm_multi.quarantine check --state-dir DIR --nodes "node1 node2 node3"
+    python -S -m slurm_multi.quarantine add --state-dir DIR --reason TEXT [--job ID] [--hours H] NODE...
+
+`check` prints `<node>\\t<reason>\\t<job>\\t<expires ISO>` for each quarantined node of the list
+(nothing: none) and exits 0. `add` prints nothing. `--state-dir` defaults to $SM_STATE_DIR, `--job`
+to $SLURM_JOB_ID or `manual`, `--hours` to 24; `--lock-timeout SECONDS` (default 10) bounds the
+lock wait. Exit 2 with one line on a usage error; exit 1 with one line when the file cannot be read
+or written or the lock stays held. People use `slurm-multi quarantine list|add|remove` (the click
+CLI below, the same functions).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import math
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from slurm_multi import EXIT_FAILURE, EXIT_USAGE
+
+AREA = "quarantine"
+FILE_NAME = "quarantine.json"
+LOCK_NAME = "quarantine.lock"
+BROKEN_SUFFIX = ".broken-"  # quarantine.json.broken-<UTC time>: a file remove --all set aside
+VERSION = 1
+STATE_DIR_ENV = "SM_STATE_DIR"
+DEFAULT_HOURS = 24.0
+MAX_HOURS = 24.0 * 366 * 10  # ten years: longer is a typo, and far dates overflow the ISO form
+LOCK_TIMEOUT_S = 10.0
+MANUAL_JOB = "manual"  # the job of an entry a person added outside a Slurm job
+DIR_MODE = 0o2775
+LOCK_MODE = 0o664
+FILE_MODE = 0o644
+MAX_FILE_BYTES = 16 * 1024 * 1024
+REASON_LIMIT = 240
+
+NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+MAX_NODE_NAME = 255
+JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+:-]*")  # 1234, 1234_5 (array), 1234+0 (het), manual
+MAX_JOB_ID = 64
+
+
+class QuarantineError(Exception):
+    """One line (`quarantine: <what failed>; <what to do>`) and the exit status it means."""
+
+    exit_code = EXIT_FAILURE
+
+
+class QuarantineUsageError(QuarantineError, ValueError):
+    """A node name, hours, reason, job or state dir that cannot be used (exit 2)."""
+
+    exit_code = EXIT_USAGE
+
+
+class BrokenFile(QuarantineError):
+    """quarantine.json is there but is not a quarantine this module can read: never overwritten."""
+
+
+class LockTimeout(QuarantineError):
+    """Another writer held quarantine.lock for longer than the lock timeout."""
+
+
+def iso(epoch: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
+
+
+class Entry:
+    """One quarantined node. A plain class, not a dataclass: importing dataclasses costs the batch
+    step's check ~10 ms."""
+
+    __slots__ = ("node", "reason", "job", "since", "expires", "who")
+
+    def __init__(self, node: str, reason: str, job: str, since: float, expires: float, who: str) -> None:
+        self.node = node
+        self.reason = reason
+        self.job = job
+        self.since = since  # UTC epoch seconds
+        self.expires = expires
+        self.who = who
+
+    def is_active(self, now: float) -> bool:
+        return self.expires > now
+
+    @property
+    def since_iso(self) -> str:
+        return iso(self.since)
+
+    @property
+    def expires_iso(self) -> str:
+        return iso(self.expires)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "reason": self.reason,
+            "job": self.job,
+            "since": self.since_iso,
+            "since_epoch": round(self.since, 3),
+            "expires": self.expires_iso,
+            "expires_epoch": round(self.expires, 3),
+            "who": self.who,
+        }
+
+    def _key(self) -> tuple[Any, ...]:
+        return (self.node, self.reason, self.job, self.since, self.expires, self.who)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Entry) and self._key() == other._key()
+
+    def __repr__(self) -> str:
+        return (
+            f"Entry({self.node!r}, {self.reason!r}, job={self.job!r}, since={self.since_iso}, "
+            f"expires={self.expires_iso}, who={self.who!r})"
+        )
+
+
+# ---- values ----------------------------------------------------------------------------------
+
+
+def check_node(name: str, flag: str = "NODE") -> str:
+    if not (isinstance(name, str) and len(name) <= MAX_NODE_NAME and NODE_NAME.fullmatch(name)):
+        hint = "; expand a host list with `scontrol show hostnames`" if "[" in str(name) else ""
+        raise QuarantineUsageError(
+            f"{AREA}: {flag} {name!r} is not a node name (letters, digits, '-', '_', '.', starting "
+            f"with a letter or digit; one name per word, no commas){hint}"
+        )
+    return name
+
+
+def check_nodes(names: Iterable[str], flag: str = "NODE") -> list[str]:
+    """The names, each checked, duplicates dropped, in the order given; at least one."""
+    checked: list[str] = []
+    for name in names:
+        if check_node(name, flag) not in checked:
+            checked.append(name)
+    if not checked:
+        raise QuarantineUsageError(f"{AREA}: no {flag} given; name at least one node")
+    return checked
+
+
+def split_nodes(text: str) -> list[str]:
+    """`--nodes "n1 n2 n3"` (spaces or newlines, as `scontrol show hostnames` prints them)."""
+    return check_nodes(text.split(), "--nodes")
+
+
+def check_hours(value: float | str, flag: str = "--hours") -> float:
+    try:
+        hours = float(value)
+    except (TypeError, ValueError):
+        hours = math.nan
+    if not (math.isfinite(hours) and 0 < hours <= MAX_HOURS):
+        raise QuarantineUsageError(
+            f"{AREA}: {flag} {value!r}: expected a positive number of hours (fractions allowed, "
+            f"at most {MAX_HOURS:g}), e.g. {flag} {DEFAULT_HOURS:g}"
+        )
+    return hours
+
+
+def check_reason(reason: str, flag: str = "--reason") -> str:
+    from slurm_multi.logline import short  # not on the check's path
+
+    line = short(" ".join(str(reason).split()), REASON_LIMIT)
+    if not line:
+        raise QuarantineUsageError(f"{AREA}: {flag} is empty; say in one line why the node is quarantined")
+    return line
+
+
+def check_job(job: str, flag: str = "--job") -> str:
+    if not (isinstance(job, str) and len(job) <= MAX_JOB_ID and JOB_ID.fullmatch(job)):
+        raise QuarantineUsageError(
+            f"{AREA}: {flag} {job!r} is not a job id (a Slurm job id such as 1234 or 1234_5, or "
+            f"{MANUAL_JOB!r}; letters, digits, '.', '_', '+', ':', '-')"
+        )
+    return job
+
+
+def default_job(environ: dict[str, str] | None = None) -> str:
+    return (os.environ if environ is None else environ).get("SLURM_JOB_ID") or MANUAL_JOB
+
+
+def current_user() -> str:
+    name = os.environ.get("USER") or os.environ.get("LOGNAME")
+    if name:
+        return name
+    try:
+        import pwd
+
+        return pwd.getpwuid(os.getuid()).pw_name
+    except (ImportError, KeyError):
+        return str(os.getuid())
+
+
+def resolve_state_dir(given: str | None, environ: dict[str, str] | None = None) -> str:
+    """--state-dir, else $SM_STATE_DIR, else a usage error."""
+    state_dir = given or (os.environ if environ is None else environ).get(STATE_DIR_ENV, "")
+    if not state_dir:
+        raise QuarantineUsageError(
+            f"{AREA}: no state dir: pass --state-dir DIR or set {STATE_DIR_ENV} (the shared directory "
+            f"that holds {FILE_NAME}, the same path on every node)"
+        )
+    return state_dir
+
+
+def file_path(state_dir: str) -> str:
+    return os.path.join(state_dir, FILE_NAME)
+
+
+def lock_path(state_dir: str) -> str:
+    return os.path.join(state_dir, LOCK_NAME)
+
+
+def _node_order(entry: Entry) -> list[Any]:
+    """node2 before node10."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", entry.node)]
+
+
+# ---- reading ---------------------------------------------------------------------------------
+
+
+def _broken(path: str, what: str) -> BrokenFile:
+    state_dir = os.path.dirname(path) or "."
+    return BrokenFile(
+        f"{AREA}: {path} is not a quarantine this slurm-multi can read ({what}); nothing was changed; "
+        f"fix it, or `slurm-multi quarantine remove --all --state-dir {state_dir}` starts it afresh "
+        f"and keeps the old file as {FILE_NAME}{BROKEN_SUFFIX}<time>"
+    )
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _entry(item: Any, index: int, path: str) -> Entry:
+    if not isinstance(item, dict):
+        raise _broken(path, f"nodes[{index}] is not an object")
+    node = item.get("node")
+    if not (isinstance(node, str) and NODE_NAME.fullmatch(node)):
+        raise _broken(path, f"nodes[{index}].node {node!r} is not a node name")
+    for key in ("since_epoch", "expires_epoch"):
+        if not _number(item.get(key)):
+            raise _broken(path, f"nodes[{index}].{key} is {item.get(key)!r}, not a number")
+    texts = []
+    for key in ("reason", "job", "who"):
+        value = item.get(key, "")
+        if not isinstance(value, str):
+            raise _broken(path, f"nodes[{index}].{key} is not a string")
+        texts.append(value)
+    reason, job, who = texts
+    return Entry(node, reason, job, float(item["since_epoch"]), float(item["expires_epoch"]), who)
+
+
+def _parse(data: bytes, path: str) -> list[Entry]:
+    if len(data) > MAX_FILE_BYTES:
+        raise _broken(path, f"larger than {MAX_FILE_BYTES >> 20} MiB")
+    try:
+        document = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise _broken(path, f"not UTF-8 at byte {exc.start}") from None
+    except (ValueError, RecursionError) as exc:
+        raise _broken(
+            path, f"not JSON: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+        ) from None
+    if not isinstance(document, dict):
+        raise _broken(path, "not a JSON object")
+    version = document.get("version")
+    if version != VERSION or isinstance(version, bool):
+        raise _broken(path, f"version {version!r}; this slurm-multi reads version {VERSION}")
+    items = document.get("nodes")
+    if not isinstance(items, list):
+        raise _broken(path, "'nodes' is not a list")
+    merged: dict[str, Entry] = {}
+    for index, item in enumerate(items):
+        entry = _entry(item, index, path)
+        merged[entry.node] = _merge(merged[entry.node], entry) if entry.node in merged else entry
+    return list(merged.values())
+
+
+def _read_bytes(path: str) -> bytes | None:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(MAX_FILE_BYTES + 1)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise QuarantineError(f"{AREA}: cannot read {path}: {exc.strerror or exc}") from None
+
+
+def entries(state_dir: str) -> list[Entry]:
+    """Every entry in the file, expired ones included (`list --all`); [] when there is no file."""
+    path = file_path(state_dir)
+    data = _read_bytes(path)
+    return [] if data is None else _parse(data, path)
+
+
+def active(state_dir: str, now: float | None = None) -> list[Entry]:
+    """The entries in force at `now` (default: the current time), sorted by node."""
+    now = time.time() if now is None else now
+    return [entry for entry in entries(state_dir) if entry.is_active(now)]
+
+
+def in_allocation(state_dir: str, nodes: Iterable[str], now: float | None = None) -> list[Entry]:
+    """The active entries among `nodes`, in the order given (what the batch step must avoid)."""
+    wanted = check_nodes(nodes, "--nodes")
+    found = {entry.node: entry for entry in active(state_dir, now)}
+    return [found[name] for name in wanted if name in found]
+
+
+# ---- writing ---------------------------------------------------------------------------------
+
+
+def _ensure_dir(state_dir: str) -> None:
+    if os.path.isdir(state_dir):
+        return
+    try:
+        parent = os.path.dirname(os.path.abspath(state_dir))
+        os.makedirs(parent, exist_ok=True)
+        os.mkdir(state_dir, 0o775)
+    except FileExistsError:
+        if os.path.isdir(state_dir):
+            return  # another writer made it first
+        raise QuarantineError(f"{AREA}: --state-dir {state_dir} exists and is not a directory") from None
+    except OSError as exc:
+        raise QuarantineError(
+            f"{AREA}: cannot create the state dir {state_dir}: {exc.strerror or exc}"
+        ) from None
+    try:  # group-shared whatever the umask (mkdir's mode is masked; setgid may be refused)
+        os.chmod(state_dir, DIR_MODE)
+    except OSError:
+        pass
+
+
+def _open_lock(path: str) -> int:
+    cloexec = getattr(os, "O_CLOEXEC", 0)
+    try:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | cloexec, LOCK_MODE)
+        except FileExistsError:
+            return os.open(path, os.O_RDWR | cloexec)
+    except OSError as exc:
+        raise QuarantineError(
+            f"{AREA}: cannot open the lock {path}: {exc.strerror or exc}; every user who edits the "
+            f"quarantine needs write access to {os.path.dirname(path) or '.'} and {LOCK_NAME}"
+        ) from None
+    try:
+        os.fchmod(fd, LOCK_MODE)  # group members lock it too, whatever our umask
+    except OSError:
+        pass
+    return fd
+
+
+def _lock(state_dir: str, timeout: float) -> int:
+    """An exclusive flock on quarantine.lock, waiting at most `timeout` seconds; the descriptor
+    (closing it releases the lock)."""
+    path = lock_path(state_dir)
+    fd = _open_lock(path)
+    deadline = time.monotonic() + timeout
+    pause = 0.005
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                raise LockTimeout(
+                    f"{AREA}: the lock {path} stayed held for {timeout:g} s; is another slurm-multi "
+                    f"quarantine writer stuck? nothing was changed"
+                ) from None
+            time.sleep(pause)
+            pause = min(pause * 2, 0.1)
+        except OSError as exc:
+            os.close(fd)
+            hint = (
+                "; this filesystem does not lock across nodes (Lustre: mount with -o flock)"
+                if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL)
+                else ""
+            )
+            raise QuarantineError(f"{AREA}: cannot lock {path}: {exc.strerror or exc}{hint}") from None
+
+
+def _write(state_dir: str, current: Sequence[Entry]) -> None:
+    """quarantine.json replaced atomically: temp file in the same dir, fsync, rename, fsync dir."""
+    import tempfile  # not on the check's path
+
+    path = file_path(state_dir)
+    document = {"version": VERSION, "nodes": [entry.to_json() for entry in current]}
+    text = json.dumps(document, indent=2, ensure_ascii=False) + "\n"
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{FILE_NAME}.", suffix=".tmp", dir=state_dir)
+    except OSError as exc:
+        raise QuarantineError(f"{AREA}: cannot write in {state_dir}: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fchmod(handle.fileno(), FILE_MODE)
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise QuarantineError(f"{AREA}: cannot write {path}: {exc.strerror or exc}") from None
+    _fsync_dir(state_dir)
+
+
+def _fsync_dir(state_dir: str) -> None:
+    try:
+        fd = os.open(state_dir, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems refuse fsync on a directory; the rename is done either way
+    finally:
+        os.close(fd)
+
+
+def _set_aside(state_dir: str, now: float) -> str:
+    """Rename a broken quarantine.json to quarantine.json.broken-<UTC time>[-N]; the new name."""
+    path = file_path(state_dir)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
+    for attempt in range(1, 1000):
+        target = f"{path}{BROKEN_SUFFIX}{stamp}" + (f"-{attempt}" if attempt > 1 else "")
+        if not os.path.lexists(target):
+            break
+    try:
+        os.rename(path, target)
+    except OSError as exc:
+        raise QuarantineError(
+            f"{AREA}: cannot move {path} aside to {target}: {exc.strerror or exc}"
+        ) from None
+    return target
+
+
+def _update(
+    state_dir: str,
+    change: Callable[[list[Entry]], list[Entry]],
+    lock_timeout: float,
+    set_aside_broken: bool = False,
+    now: float = 0.0,
+) -> str:
+    """Under the lock: read, change, write when something changed. The broken file's new name when
+    one was set aside (only with `set_aside_broken`), else ""."""
+    fd = _lock(state_dir, lock_timeout)
+    try:
+        path = file_path(state_dir)
+        data = _read_bytes(path)
+        moved = ""
+        try:
+            current = [] if data is None else _parse(data, path)
+        except BrokenFile:
+            if not set_aside_broken:
+                raise
+            moved, current = _set_aside(state_dir, now), []
+        updated = sorted(change(list(current)), key=_node_order)
+        if moved or updated != current:
+            _write(state_dir, updated)
+        return moved
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _merge(old: Entry, new: Entry) -> Entry:
+    """A node quarantined again: the newest reason, job and user, the earliest since, the later expiry."""
+    return Entry(
+        new.node, new.reason, new.job, min(old.since, new.since), max(old.expires, new.expires), new.who
+    )
+
+
+def add(
+    state_dir: str,
+    nodes: Iterable[str],
+    reason: str,
+    job: str,
+    hours: float | str = DEFAULT_HOURS,
+    now: float | None = None,
+    who: str | None = None,
+    lock_timeout: float = LOCK_TIMEOUT_S,
+) -> list[Entry]:
+    """Quarantine `nodes` for `hours` from `now`; their entries as written, in the order given."""
+    names = check_nodes(nodes)
+    reason, job, span = check_reason(reason), check_job(job), check_hours(hours)
+    # to the millisecond, as the file keeps it: what add returns is what is read back
+    now = round(time.time() if now is None else now, 3)
+    user = who or current_user()
+    written: dict[str, Entry] = {}
+
+    def change(current: list[Entry]) -> list[Entry]:
+        kept = {entry.node: entry for entry in current if entry.is_active(now)}
+        for name in names:
+            entry = Entry(name, reason, job, now, round(now + span * 3600.0, 3), user)
+            kept[name] = _merge(kept[name], entry) if name in kept else entry
+            written[name] = kept[name]
+        return list(kept.values())
+
+    _ensure_dir(state_dir)
+    _update(state_dir, change, lock_timeout)
+    return [written[name] for name in names]
+
+
+def remove(
+    state_dir: str,
+    nodes: Iterable[str] = (),
+    all_nodes: bool = False,
+    now: float | None = None,
+    lock_timeout: float = LOCK_TIMEOUT_S,
+) -> list[str]:
+    """Lift the quarantine of `nodes` (or of every node with `all_nodes`, which also starts a broken
+    file afresh, see `remove_all`); the names of the active entries removed."""
+    if all_nodes:
+        if list(nodes):
+            raise QuarantineUsageError(f"{AREA}: remove: give NODE... or --all, not both")
+        return remove_all(state_dir, now, lock_timeout)[0]
+    names = check_nodes(nodes)
+    now = time.time() if now is None else now
+    removed: list[str] = []
+
+    def change(current: list[Entry]) -> list[Entry]:
+        removed.extend(e.node for e in current if e.node in names and e.is_active(now))
+        return [e for e in current if e.node not in names and e.is_active(now)]
+
+    if os.path.isdir(state_dir):  # no state dir: nothing is quarantined, nothing to create
+        _update(state_dir, change, lock_timeout)
+    return [name for name in names if name in removed]
+
+
+def remove_all(
+    state_dir: str, now: float | None = None, lock_timeout: float = LOCK_TIMEOUT_S
+) -> tuple[list[str], str]:
+    """Empty the quarantine: (the active nodes removed, the name a broken file was moved to or "")."""
+    now = time.time() if now is None else now
+    removed: list[str] = []
+
+    def change(current: list[Entry]) -> list[Entry]:
+        removed.extend(e.node for e in current if e.is_active(now))
+        return []
+
+    if not os.path.isdir(state_dir):
+        return [], ""
+    moved = _update(state_dir, change, lock_timeout, set_aside_broken=True, now=now)
+    return removed, moved
+
+
+# ---- python -S -m slurm_multi.quarantine (the batch step) -------------------------------------
+
+USAGE = (
+    "usage: python -S -m slurm_multi.quarantine check [--state-dir DIR] --nodes 'NODE NODE...'\n"
+    "       python -S -m slurm_multi.quarantine add [--state-dir DIR] --reason TEXT [--job ID] "
+    "[--hours H] [--lock-timeout SECONDS] NODE...\n"
+    f"--state-dir defaults to ${STATE_DIR_ENV}, --job to $SLURM_JOB_ID or {MANUAL_JOB}, --hours to "
+    f"{DEFAULT_HOURS:g}, --lock-timeout to {LOCK_TIMEOUT_S:g}.\n"
+    "check prints NODE<TAB>REASON<TAB>JOB<TAB>EXPIRES per quarantined node of the list.\n"
+    "Exit 0 done, 2 usage error, 1 unreadable file, failed write or lock held.\n"
+)
+FLAGS = {
+    "check": ("--state-dir", "--nodes"),
+    "add": ("--state-dir", "--reason", "--job", "--hours", "--lock-timeout"),
+}
+
+
+def _options(command: str, argv: Sequence[str]) -> tuple[dict[str, str], list[str]]:
+    """`--flag VALUE` / `--flag=VALUE` for the command's flags, the other words in order."""
+    allowed = FLAGS[command]
+    values: dict[str, str] = {}
+    words: list[str] = []
+    index = 0
+    while index < len(argv):
+        word = argv[index]
+        index += 1
+        if word == "--":
+            words.extend(argv[index:])
+            break
+        if not word.startswith("-"):
+            words.append(word)
+            continue
+        flag, equals, value = word.partition("=")
+        if flag not in allowed:
+            raise QuarantineUsageError(
+                f"{AREA}: {command}: unknown option {flag}; it takes {', '.join(allowed)}"
+            )
+        if not equals:
+            if index >= len(argv):
+                raise QuarantineUsageError(f"{AREA}: {command}: {flag} needs a value")
+            value = argv[index]
+            index += 1
+        values[flag] = value
+    return values, words
+
+
+def _lock_timeout(values: dict[str, str]) -> float:
+    text = values.get("--lock-timeout", str(LOCK_TIMEOUT_S))
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise QuarantineUsageError(f"{AREA}: --lock-timeout {text!r}: expected seconds (a number, 0 or more)")
+    return seconds
+
+
+def run(argv: Sequence[str]) -> int:
+    """The click-free commands; raises QuarantineError."""
+    if not argv or argv[0] not in FLAGS:
+        got = repr(argv[0]) if argv else "nothing"
+        raise QuarantineUsageError(
+            f"{AREA}: expected the command check or add, got {got}; --help shows the usage"
+        )
+    command = argv[0]
+    values, words = _options(command, argv[1:])
+    state_dir = resolve_state_dir(values.get("--state-dir"))
+    if command == "check":
+        if words:
+            raise QuarantineUsageError(
+                f"{AREA}: check: unexpected {words[0]!r}; give the nodes as --nodes 'N1 N2'"
+            )
+        if "--nodes" not in values:
+            raise QuarantineUsageError(f"{AREA}: check: --nodes is missing; give the job's node names")
+        for entry in in_allocation(state_dir, split_nodes(values["--nodes"])):
+            sys.stdout.write(f"{entry.node}\t{entry.reason}\t{entry.job}\t{entry.expires_iso}\n")
+        return 0
+    if "--reason" not in values:
+        raise QuarantineUsageError(
+            f"{AREA}: add: --reason is missing; say in one line why the nodes are quarantined"
+        )
+    add(
+        state_dir, check_nodes(words), values["--reason"], values.get("--job") or default_job(),
+        values.get("--hours", str(DEFAULT_HOURS)), lock_timeout=_lock_timeout(values),
+    )  # fmt: skip
+    return 0
+
+
+def main(argv: Sequence[str]) -> int:
+    if argv and argv[0] in ("-h", "--help"):
+        sys.stdout.write(USAGE)
+        return 0
+    try:
+        return run(argv)
+    except QuarantineError as exc:
+        sys.stderr.write(f"slurm-multi: {exc}\n")
+        return exc.exit_code
+
+
+# ---- slurm-multi quarantine list|add|remove (people; click, imported only here) ----------------
+
+
+def _expires_in(entry: Entry, now: float) -> str:
+    seconds = entry.expires - now
+    span = abs(seconds)
+    text = f"{int(span // 3600)}h{int(span % 3600 // 60):02d}m" if span >= 3600 else f"{int(span // 60)}m"
+    return text if seconds > 0 else f"expired {text} ago"
+
+
+def table(rows: Sequence[Entry], now: float) -> str:
+    """The `list` table; the reason last, so that a long one does not push the other columns."""
+    header = ("NODE", "JOB", "SINCE", "EXPIRES IN", "REASON")
+    lines = [header] + [(e.node, e.job, e.since_iso, _expires_in(e, now), e.reason) for e in rows]
+    widths = [max(len(line[column]) for line in lines) for column in range(len(header) - 1)]
+    return "".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(line[:-1], widths)) + "  " + line[-1] + "\n"
+        for line in lines
+    )
+
+
+def _click_cli() -> Any:
+    import click
+
+    from slurm_multi.common import HelperError, talk
+
+    def fail(exc: QuarantineError) -> HelperError:
+        return HelperError(str(exc), exc.exit_code)
+
+    state_dir_option = click.option(
+        "--state-dir",
+        metavar="DIR",
+        help=f"The shared dir that holds {FILE_NAME} (default: ${STATE_DIR_ENV}).",
+    )
+    lock_option = click.option(
+        "--lock-timeout", type=float, default=LOCK_TIMEOUT_S, show_default=True, metavar="SECONDS",
+        help=f"How long to wait for {LOCK_NAME}.",
+    )  # fmt: skip
+
+    @click.group("quarantine", context_settings={"help_option_names": ["-h", "--help"]})
+    def group() -> None:
+        """The nodes later jobs avoid, shared through <state-dir>/quarantine.json."""
+
+    @group.command("list")
+    @state_dir_option
+    @click.option("--all", "show_all", is_flag=True, help="Include expired entries.")
+    @click.option("--json", "as_json", is_flag=True, help="Print JSON (the file's entries, plus 'active').")
+    def list_command(state_dir: str | None, show_all: bool, as_json: bool) -> None:
+        """Show the quarantined nodes.
+
+        \b
+        Example: slurm-multi quarantine list --state-dir /shared/sm-state --all
+        """
+        now = time.time()
+        try:
+            directory = resolve_state_dir(state_dir)
+            rows = entries(directory) if show_all else active(directory, now)
+        except QuarantineError as exc:
+            raise fail(exc) from None
+        if as_json:
+            nodes = [dict(entry.to_json(), active=entry.is_active(now)) for entry in rows]
+            click.echo(json.dumps({"version": VERSION, "nodes": nodes}, indent=2, ensure_ascii=False))
+        elif rows:
+            click.echo(table(rows, now), nl=False)
+        else:
+            talk(AREA, f"no node is quarantined in {directory}")
+
+    @group.command("add")
+    @click.argument("nodes", nargs=-1, required=True, metavar="NODE...")
+    @click.option("--reason", required=True, metavar="TEXT", help="One line: why the nodes are quarantined.")
+    @click.option(
+        "--hours",
+        default=f"{DEFAULT_HOURS:g}",
+        show_default=True,
+        metavar="HOURS",
+        help="How long (fractions allowed).",
+    )
+    @click.option(
+        "--job", metavar="ID", help=f"The job to record (default: $SLURM_JOB_ID, else {MANUAL_JOB})."
+    )
+    @state_dir_option
+    @lock_option
+    def add_command(
+        nodes: tuple[str, ...], reason: str, hours: str, job: str | None, state_dir: str | None,
+        lock_timeout: float,
+    ) -> None:  # fmt: skip
+        """Quarantine NODE... (a node already there is refreshed).
+
+        \b
+        Example: slurm-multi quarantine add node3 --reason "disk full" --hours 48 --state-dir /shared/sm-state
+        """
+        try:
+            written = add(resolve_state_dir(state_dir), nodes, reason, job or default_job(), hours,
+                          lock_timeout=lock_timeout)  # fmt: skip
+        except QuarantineError as exc:
+            raise fail(exc) from None
+        until = max(entry.expires for entry in written)
+        talk(AREA, f"{' '.join(e.node for e in written)} quarantined until {iso(until)}: {written[0].reason}")
+
+    @group.command("remove")
+    @click.argument("nodes", nargs=-1, metavar="[NODE...]")
+    @click.option("--all", "all_nodes", is_flag=True, help="Every node (and a broken file, set aside).")
+    @state_dir_option
+    @lock_option
+    def remove_command(
+        nodes: tuple[str, ...], all_nodes: bool, state_dir: str | None, lock_timeout: float
+    ) -> None:
+        """Lift the quarantine of NODE... or of --all.
+
+        \b
+        Example: slurm-multi quarantine remove node3 --state-dir /shared/sm-state
+        """
+        try:
+            if bool(nodes) == all_nodes:
+                raise QuarantineUsageError(f"{AREA}: remove: give NODE... or --all (one of the two)")
+            directory = resolve_state_dir(state_dir)
+            if all_nodes:
+                removed, moved = remove_all(directory, lock_timeout=lock_timeout)
+            else:
+                removed, moved = remove(directory, nodes, lock_timeout=lock_timeout), ""
+        except QuarantineError as exc:
+            raise fail(exc) from None
+        if moved:
+            talk(AREA, f"{file_path(directory)} could not be read: kept as {moved}; the quarantine is empty")
+        if removed:
+            talk(AREA, f"removed {' '.join(removed)}")
+        missing = [name for name in nodes if name not in removed]
+        if missing:
+            talk(AREA, f"not quarantined: {' '.join(missing)}")
+        if all_nodes and not removed and not moved:
+            talk(AREA, "no node was quarantined")
+
+    return group
+
+
+def __getattr__(name: str) -> Any:
+    # `slurm_multi.quarantine:cli` (cli.py) builds the click group on first use, so that the batch
+    # step's `python -S -m slurm_multi.quarantine check` never imports click (it has none there).
+    if name == "cli":
+        globals()["cli"] = command = _click_cli()
+        return command
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

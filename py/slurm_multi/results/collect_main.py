@@ -1,0 +1,132 @@
+"""`results collect` without click: `python -S -m slurm_multi.results.collect_main JOBDIR [OPTIONS]`.
+
+The batch step runs it once the last rank is done, before the job's verdict is known: every
+millisecond it starts in is the job's. `slurm-multi results collect` is a passthrough to this
+`main` (one parser, one output). Exit 0 SUCCESS, 1 FAILURE, 2 usage / bad input file, 3 the
+--perf-csv lock stayed taken.
+
+Under -S the site packages are not on the path, matplotlib neither: the batch step passes
+--no-picture, and timeline.png is drawn by `slurm-multi results collect` (bin/sm-collect).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from slurm_multi import EXIT_FAILURE, EXIT_OK
+from slurm_multi import argv as options
+from slurm_multi.common import run_main, talk, usage_error
+from slurm_multi.results.collect import collect
+from slurm_multi.results.logscan import compile_patterns
+from slurm_multi.results.shared import AREA
+from slurm_multi.results.summary import MAX_TABLE_REASONS, summary_json_text, summary_table
+
+PARSER = options.Parser(
+    "slurm-multi results collect",
+    "JOBDIR",
+    """Judge JOBDIR and write JOBDIR/perf.csv and JOBDIR/summary.json; exit 0 SUCCESS, 1 FAILURE.
+
+    The job's facts come from JOBDIR/job.json; --manifest is only for job dirs whose job.json
+    predates them. Also writes where the time went: JOBDIR/timeline.json, timeline.txt, and
+    timeline.png when matplotlib is installed (pip install 'slurm-multi[timeline]').
+
+    Example: slurm-multi results collect /shared/jobs/4711
+             slurm-multi results collect /shared/jobs/4711 --perf-csv /shared/perf.csv""",
+    [
+        options.Option("--manifest", metavar="FILE", convert=options.not_a_directory,
+                       help="Fallback for old job dirs: a build_manifest.json that fills model metadata "
+                       "job.json lacks."),
+        options.Option("--model", metavar="NAME",
+                       help="Model name (or manifest key) when job.json lacks it."),
+        options.Option("--error-pattern", options.MULTIPLE, metavar="REGEX", dest="error_patterns",
+                       help="Extra regex that marks a node log as failed (repeatable)."),
+        options.Option("--no-default-patterns", options.FLAG,
+                       help="Use only --error-pattern regexes, not the built-in ones."),
+        options.Option("--perf-csv", metavar="PATH",
+                       help="Also append the rows to this shared madengine perf.csv (locked; created if "
+                       "absent) and write them to perf_entry.csv beside it."),
+        options.Option("--json", options.FLAG, dest="as_json", help="Print summary.json on stdout too."),
+        options.Option("--picture", options.SWITCH, off="--no-picture", default=True,
+                       help="Draw timeline.png (matplotlib) [default: --picture]. The batch step passes "
+                       "--no-picture: drawing costs a second of the job's time after the verdict; "
+                       "bin/sm-collect JOBDIR draws it later."),
+    ],
+    min_words=1,
+    max_words=1,
+)  # fmt: skip
+
+
+def talk_warnings(warnings: Sequence[str], limit: int = MAX_TABLE_REASONS) -> None:
+    """Each warning as one stderr line, the first `limit` of them (summary.json keeps them all)."""
+    for warning in warnings[:limit]:
+        talk(AREA, f"warning: {warning}")
+    if len(warnings) > limit:
+        talk(AREA, f"warning: +{len(warnings) - limit} more (see summary.json)")
+
+
+def main(argv: Sequence[str]) -> int:
+    """`python -S -m slurm_multi.results.collect_main JOBDIR [OPTIONS]` (= `slurm-multi results collect`)."""
+    return run_main(_main, argv)
+
+
+def _main(argv: Sequence[str]) -> int:
+    given = PARSER.parse(argv)
+    if given is None:
+        return EXIT_OK
+    try:
+        jobdir = Path(options.not_a_file(given.args[0]))
+    except ValueError:
+        raise PARSER.fail(f"Invalid value for 'JOBDIR': {given.args[0]!r} is a file") from None
+    return run_collect(
+        jobdir,
+        Path(given.manifest) if given.manifest is not None else None,
+        given.model,
+        given.error_patterns,
+        given.no_default_patterns,
+        given.perf_csv,
+        given.as_json,
+        given.picture,
+    )
+
+
+def run_collect(
+    jobdir: Path,
+    manifest: Path | None,
+    model: str | None,
+    error_patterns: Sequence[str],
+    no_default_patterns: bool,
+    perf_csv: str | None,
+    as_json: bool,
+    picture: bool,
+) -> int:
+    """Collect JOBDIR: summary.json, perf.csv, the timeline, the table on stderr, --perf-csv; the exit."""
+    if not jobdir.is_dir():
+        raise usage_error(f"{AREA}: job directory {jobdir} does not exist; pass the directory the job wrote")
+    if manifest is not None and not manifest.is_file():
+        raise usage_error(f"{AREA}: manifest {manifest} does not exist")
+    if perf_csv is not None:
+        from slurm_multi.results.perfcsv import check_target
+
+        check_target(perf_csv)
+    patterns = compile_patterns(error_patterns, defaults=not no_default_patterns)
+    summary = collect(jobdir, manifest, model, patterns, picture=picture)
+    talk_warnings(summary.warnings)
+    if as_json:
+        sys.stdout.write(summary_json_text(summary))
+        sys.stdout.flush()
+    for line in summary_table(summary, jobdir):
+        print(line, file=sys.stderr, flush=True)
+    if perf_csv is not None:
+        from slurm_multi.results.perfcsv import append_perf_csv
+
+        done = append_perf_csv(perf_csv, summary.perf_header, summary.perf_rows)
+        grown = f"; new columns: {', '.join(done.new_columns)}" if done.new_columns else ""
+        verb = "created" if done.created else "appended to"
+        talk(AREA, f"{done.rows} rows {verb} {done.path}{grown}; this run's rows: {done.entry}")
+    return EXIT_OK if summary.verdict == "SUCCESS" else EXIT_FAILURE
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

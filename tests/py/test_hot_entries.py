@@ -1,0 +1,310 @@
+"""The three helpers on every job's critical path start without click (`python -S -m …`), and their
+click commands are passthroughs to the same main: same input, same output.
+
+- `python -S -m slurm_multi.plan`                 = `slurm-multi job plan`        (batch step, before srun)
+- `python -S -m slurm_multi.node prepare`         = `slurm-multi node prepare`    (every task, first)
+- `python -S -m slurm_multi.results.collect_main` = `slurm-multi results collect` (batch step, at the end)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+
+from slurm_multi import EXIT_FAILURE, EXIT_USAGE
+from slurm_multi import argv as options
+from slurm_multi.common import HelperError, run_main
+
+REPO = Path(__file__).resolve().parents[2]
+TOY = REPO / "examples" / "toy" / "build_manifest.json"
+PRIMUS_JOB = REPO / "tests" / "py" / "data" / "results" / "jobs" / "primus_2node"
+# click's own directory on the path too: an entry that imported click would find it (and be caught).
+CLICK_PATH = str(Path(click.__file__).resolve().parents[1])
+STAMP = re.compile(r"^\S+Z \S+ r\S+ ", re.M)  # talk()'s `<UTC time> <host> r<rank> ` prefix
+
+PLAN = ("-S", "-m", "slurm_multi.plan")
+PREPARE = ("-S", "-m", "slurm_multi.node", "prepare")
+COLLECT = ("-S", "-m", "slurm_multi.results.collect_main")
+CLICK_PLAN = ("-m", "slurm_multi", "job", "plan")
+CLICK_PREPARE = ("-m", "slurm_multi", "node", "prepare")
+CLICK_COLLECT = ("-m", "slurm_multi", "results", "collect")
+
+
+def base_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SM_", "SLURM_", "MAD_", "PYTHON"))}
+    env.update(PYTHONPATH=f"{REPO / 'py'}{os.pathsep}{CLICK_PATH}", SLURMD_NODENAME="node1", **extra)
+    return env
+
+
+def run(entry: tuple[str, ...], args: list[str], env: dict[str, str], cwd: Path, importtime: bool = False):
+    flags = ["-X", "importtime"] if importtime else []
+    return subprocess.run([sys.executable, *flags, *entry, *args], env=env, cwd=cwd, capture_output=True,
+                          text=True, check=False)  # fmt: skip
+
+
+def imported(stderr: str) -> list[str]:
+    """The modules `-X importtime` reports."""
+    return [line.rsplit("|", 1)[1].strip() for line in stderr.splitlines() if line.startswith("import time:")]
+
+
+def talk_lines(stderr: str) -> str:
+    """stderr without importtime's lines, with talk()'s time and host made comparable."""
+    kept = [line + "\n" for line in stderr.splitlines() if not line.startswith("import time:")]
+    return STAMP.sub("", "".join(kept))
+
+
+def plan_args(emit: Path, submit: Path) -> list[str]:
+    ours = ["--batch-args", "--emit", str(emit), "--submit-dir", str(submit), "--nodes", "n1 n2", "--"]
+    return [*ours, "--manifest", str(TOY), "--dry-run", "-N", "2", "--timeout", "77", "--", "sh", "-c", "hi"]
+
+
+def hung_and_profiled_job(root: Path) -> Path:
+    """A copy of the 2-node fixture with hang evidence and a profile: collect's lazy imports all run."""
+    jobdir = Path(shutil.copytree(PRIMUS_JOB, root / "4711"))
+    (jobdir / "node_1" / "hang.json").write_text(json.dumps({"role": "cause", "state": "frozen"}))
+    (jobdir / "node_0" / "hang.json").write_text(json.dumps({"role": "waiter", "state": "socket-wait"}))
+    job = json.loads((jobdir / "job.json").read_text())
+    (jobdir / "job.json").write_text(json.dumps({**job, "profile": "nsys"}))
+    return jobdir
+
+
+# ---------------------------------------------------------------------------------------- no click
+
+
+def test_the_job_plan_imports_no_click(tmp_path: Path) -> None:
+    done = run(PLAN, plan_args(tmp_path / "plan.sh", tmp_path), base_env(), tmp_path, importtime=True)
+    assert done.returncode == 0, done.stderr
+    modules = imported(done.stderr)
+    assert "slurm_multi.context" in modules and "slurm_multi.plan" not in modules  # runpy runs it
+    assert not [m for m in modules if m == "click" or m.startswith("click.")]
+
+
+def test_node_prepare_imports_no_click(tmp_path: Path) -> None:
+    env = base_env(SM_IMAGE="toy/model:local", SM_MANIFEST=str(TOY))
+    done = run(PREPARE, ["--scratch", str(tmp_path / "s"), "--no-detect", "--", "true"], env, tmp_path, True)
+    assert done.returncode == 0, done.stderr
+    modules = imported(done.stderr)
+    assert "slurm_multi.mounts" in modules and "slurm_multi.gpus" in modules
+    assert not [m for m in modules if m == "click" or m.startswith("click.")]
+
+
+def test_results_collect_imports_no_click_even_for_a_hung_profiled_job(tmp_path: Path) -> None:
+    jobdir = hung_and_profiled_job(tmp_path)
+    args = [str(jobdir), "--no-picture", "--perf-csv", str(tmp_path / "perf.csv")]
+    done = run(COLLECT, args, base_env(), tmp_path, importtime=True)
+    assert done.returncode == EXIT_FAILURE, done.stderr  # hung, and no profile reports
+    modules = imported(done.stderr)
+    assert {"slurm_multi.hangwatch", "slurm_multi.reports", "slurm_multi.results.perfcsv"} <= set(modules)
+    assert not [m for m in modules if m == "click" or m.startswith("click.")]
+
+
+def test_collect_imports_the_hang_watch_and_the_reports_only_for_such_a_job(tmp_path: Path) -> None:
+    jobdir = Path(shutil.copytree(PRIMUS_JOB, tmp_path / "4711"))
+    done = run(COLLECT, [str(jobdir), "--no-picture"], base_env(), tmp_path, importtime=True)
+    assert done.returncode == 0, done.stderr
+    modules = set(imported(done.stderr))
+    assert not modules & {"slurm_multi.hangwatch", "slurm_multi.reports", "slurm_multi.results.perfcsv",
+                          "matplotlib", "argparse", "secrets"}  # fmt: skip
+
+
+@pytest.mark.parametrize("entry", [PLAN, PREPARE, COLLECT])
+def test_each_entry_prints_its_help_without_click(tmp_path: Path, entry: tuple[str, ...]) -> None:
+    done = run(entry, ["--help"], base_env(), tmp_path, importtime=True)
+    assert done.returncode == 0 and done.stdout.startswith("Usage: slurm-multi ")
+    assert not [m for m in imported(done.stderr) if m == "click" or m.startswith("click.")]
+
+
+# ---------------------------------------------------------------------------------------- same result
+
+
+def test_job_plan_through_click_emits_what_the_click_free_plan_emits(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    fast = run(PLAN, plan_args(tmp_path / "a" / "plan.sh", tmp_path), base_env(), tmp_path)
+    slow = run(CLICK_PLAN, plan_args(tmp_path / "b" / "plan.sh", tmp_path), base_env(), tmp_path)
+    assert fast.returncode == slow.returncode == 0, fast.stderr + slow.stderr
+    emitted = (tmp_path / "a" / "plan.sh").read_text()
+    assert "PLAN_ACTION=dry-run" in emitted and "SM_TIMEOUT=77" in emitted
+    assert emitted == (tmp_path / "b" / "plan.sh").read_text()
+    assert (fast.stdout, talk_lines(fast.stderr)) == (slow.stdout, talk_lines(slow.stderr))
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--batch-args", "--", "--runtim", "pyxis"],  # the table's one-line error
+        ["--batch-args", "--", "--image", "x"],  # not inside a job
+        ["--nnodes", "0"],  # our parser's
+        ["--bogus"],
+    ],
+)
+def test_job_plan_errors_are_the_same_one_line_either_way(tmp_path: Path, args: list[str]) -> None:
+    fast, slow = (run(entry, args, base_env(), tmp_path) for entry in (PLAN, CLICK_PLAN))
+    assert fast.returncode == slow.returncode == EXIT_USAGE
+    assert fast.stderr == slow.stderr and len(fast.stderr.splitlines()) == 1
+    assert fast.stderr.startswith("slurm-multi: ") and "Traceback" not in fast.stderr
+
+
+def test_the_plan_help_in_the_batch_args_goes_to_stdout_either_way(tmp_path: Path) -> None:
+    args = ["--batch-args", "--", "--help", "--image", "x"]
+    fast, slow = (run(entry, args, base_env(), tmp_path) for entry in (PLAN, CLICK_PLAN))
+    assert fast.returncode == slow.returncode == 0
+    assert fast.stdout == slow.stdout and fast.stdout.startswith("Usage: sbatch -N NODES sbatch/multi.sbatch")
+
+
+def test_node_prepare_through_click_writes_what_the_click_free_prepare_writes(tmp_path: Path) -> None:
+    env = base_env(SM_IMAGE="toy/model:local", SM_MANIFEST=str(TOY), SM_RANK="1", NNODES="2")
+    outputs = []
+    for name, entry in (("fast", PREPARE), ("slow", CLICK_PREPARE)):
+        scratch = tmp_path / name
+        args = ["--scratch", str(scratch), "--no-detect", "--node-scratch", "/scratch/r1", "--", "sh", "x"]
+        done = run(entry, args, env, tmp_path)
+        assert done.returncode == 0, done.stderr
+        files = {p.name: p.read_text() for p in sorted(scratch.iterdir()) if p.is_file()}
+        outputs.append((files, done.stdout, talk_lines(done.stderr)))
+    assert "context.sh" in outputs[0][0] and "/scratch/r1/output:/sm-out" in outputs[0][0]["context.sh"]
+    assert outputs[0] == outputs[1]
+
+
+def test_node_prepare_errors_are_the_same_one_line_either_way(tmp_path: Path) -> None:
+    env = base_env(SM_RUNTIME="docker")  # no image
+    args = ["--scratch", str(tmp_path / "s"), "--no-detect"]
+    fast, slow = (run(entry, args, env, tmp_path) for entry in (PREPARE, CLICK_PREPARE))
+    assert fast.returncode == slow.returncode == EXIT_USAGE
+    assert fast.stderr == slow.stderr
+    assert fast.stderr == "slurm-multi: prepare: no image: give --image or a manifest with docker_image\n"
+
+
+def test_results_collect_through_click_writes_what_the_click_free_collect_writes(tmp_path: Path) -> None:
+    outputs = []
+    for name, entry in (("fast", COLLECT), ("slow", CLICK_COLLECT)):
+        jobdir = hung_and_profiled_job(tmp_path / name)
+        done = run(entry, ["--json", str(jobdir), "--no-picture"], base_env(), tmp_path)
+        summary = (jobdir / "summary.json").read_text()
+        assert json.loads(done.stdout) == json.loads(summary)
+        outputs.append((done.returncode, summary, (jobdir / "perf.csv").read_text(),
+                        talk_lines(done.stderr).replace(str(jobdir), "JOBDIR")))  # fmt: skip
+    assert outputs[0][0] == EXIT_FAILURE and "hung: " in outputs[0][1]
+    assert outputs[0] == outputs[1]
+
+
+def test_results_collect_usage_errors_are_the_same_one_line_either_way(tmp_path: Path) -> None:
+    for args in (["/nonexistent/job"], [str(PRIMUS_JOB), "--error-pattern", "(unclosed"], []):
+        fast, slow = (run(entry, args, base_env(), tmp_path) for entry in (COLLECT, CLICK_COLLECT))
+        assert fast.returncode == slow.returncode == EXIT_USAGE
+        assert fast.stderr == slow.stderr and len(fast.stderr.splitlines()) == 1
+
+
+# ---------------------------------------------------------------------------------------- the seam
+
+
+def test_a_click_free_entry_writes_its_one_line_into_sm_error_file(tmp_path: Path) -> None:
+    errfile = tmp_path / "error"
+    done = run(COLLECT, [str(tmp_path / "nope")], base_env(SM_ERROR_FILE=str(errfile)), tmp_path)
+    assert done.returncode == EXIT_USAGE
+    line = f"slurm-multi: results: job directory {tmp_path / 'nope'} does not exist; pass the directory "
+    line += "the job wrote\n"
+    assert errfile.read_text() == done.stderr == line
+
+
+def test_without_click_helper_error_is_a_plain_exception_with_the_same_face(tmp_path: Path) -> None:
+    code = (
+        "import sys\n"
+        "from slurm_multi.common import HelperError, usage_error\n"
+        "assert 'click' not in sys.modules and HelperError.__mro__[1] is Exception\n"
+        "err = usage_error('area: what failed; what to do')\n"
+        "said = 'area: what failed; what to do'\n"
+        "assert (err.message, err.exit_code, err.format_message(), str(err)) == (said, 2, said, said)\n"
+        "err.show()\n"
+    )
+    errfile = tmp_path / "error"
+    done = subprocess.run([sys.executable, "-S", "-c", code], env=base_env(SM_ERROR_FILE=str(errfile)),
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == errfile.read_text() == "slurm-multi: area: what failed; what to do\n"
+
+
+def test_with_click_helper_error_is_a_click_exception() -> None:
+    assert issubclass(HelperError, click.ClickException)
+
+
+def test_run_main_shows_a_helper_error_once_and_returns_its_code(capsys: pytest.CaptureFixture[str]) -> None:
+    def body(argv: object) -> int:
+        raise HelperError("x: it broke; fix it", 3)
+
+    assert run_main(body, []) == 3
+    assert capsys.readouterr().err == "slurm-multi: x: it broke; fix it\n"
+
+
+def test_run_main_turns_a_bug_into_the_internal_error_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    def body(argv: object) -> int:
+        raise KeyError("oops")
+
+    monkeypatch.delenv("SM_DEBUG", raising=False)
+    monkeypatch.setenv("SM_ERROR_FILE", str(tmp_path / "error"))
+    assert run_main(body, []) == EXIT_FAILURE
+    line = "slurm-multi: internal error (KeyError: 'oops'); SM_DEBUG=1 shows the traceback\n"
+    assert capsys.readouterr().err == line == (tmp_path / "error").read_text()
+    monkeypatch.setenv("SM_DEBUG", "1")
+    with pytest.raises(KeyError):
+        run_main(body, [])
+
+
+# ---------------------------------------------------------------------------------------- the parser
+
+PARSER = options.Parser(
+    "slurm-multi demo",
+    "[-- ARGS...]",
+    "A demo.",
+    [
+        options.Option("--name", metavar="NAME", required=True),
+        options.Option("--count", metavar="N", convert=options.whole_number(1)),
+        options.Option("--tag", options.MULTIPLE, dest="tags"),
+        options.Option("--quiet", options.FLAG),
+        options.Option("--write", options.SWITCH, off="--no-write"),
+    ],
+)
+
+
+def test_the_parser_keeps_every_word_after_the_double_dash_and_the_last_value_wins() -> None:
+    argv = ["w1", "--name=a", "--tag", "x", "--name", "b", "--tag=y", "--no-write", "--", "--name", "-h"]
+    got = PARSER.parse(argv)
+    assert got is not None
+    assert (got.name, got.count, got.tags, got.quiet, got.write) == ("b", None, ["x", "y"], False, False)
+    assert got.args == ["w1", "--name", "-h"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--nam", "a"], "No such option '--nam'"),
+        (["--count", "2"], "Missing option '--name' (NAME)"),
+        (["--name", "a", "--count", "0"], "Invalid value for '--count': '0' is less than 1"),
+        (["--name", "a", "--count", "two"], "Invalid value for '--count': 'two' is not a whole number"),
+        (["--name"], "Option '--name' requires an argument (NAME)"),
+        (["--name", "a", "--quiet=yes"], "Option '--quiet' does not take a value"),
+    ],
+)
+def test_the_parser_refuses_in_one_line_naming_the_option(argv: list[str], says: str) -> None:
+    with pytest.raises(HelperError) as err:
+        PARSER.parse(argv)
+    assert err.value.exit_code == EXIT_USAGE
+    usage = "Usage: slurm-multi demo [OPTIONS] [-- ARGS...] (--help lists the options)"
+    assert err.value.message == f"demo: {says}; {usage}"
+
+
+def test_the_parser_prints_help_and_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    assert PARSER.parse(["--count", "x", "-h"]) is None  # help first, as click does for a later error
+    out = capsys.readouterr().out
+    assert out.startswith("Usage: slurm-multi demo [OPTIONS] [-- ARGS...]\n\n  A demo.\n")
+    assert "  --write / --no-write" in out and "[required]" in out
