@@ -23,6 +23,7 @@ BARRIER_CTL=
 SM_BARRIER_PID=
 NODE_JOIN_PID=
 NODE_JOIN_FD=
+NODE_FITNESS_PID=
 
 # node::init JOBDIR [--reap]: rank, scratch, node dir and the node log (live on shared storage).
 # From here on every exit path writes status.json and removes the scratch dir (the traps); a
@@ -165,6 +166,9 @@ node::stage_prepare() {
     node::barrier_args
     if node::is_rank0; then node::serve_barrier; else node::join_image_phase; fi
   fi
+  # So does the fitness check (the mesh waits for every node's: the later it starts, the longer
+  # every node waits); the fitness stage then takes its verdict.
+  if ((!NODE_FROM_JOB)) && [[ ${NODE_WHOLE_TASK:-0} == 1 ]]; then node::start_fitness; fi
   local argv=(node prepare --scratch "${SM_SCRATCH}")
   ((${#SM_CMD[@]})) && argv+=(-- "${SM_CMD[@]}")
   util::fast_logged prepare "${argv[@]}" || rc=$?
@@ -182,7 +186,8 @@ node::stage_prepare() {
 # probe along the ring, the clocks), in one click-free helper (slurm_multi.fitness). Every node
 # learns every other's verdict, so a bad node stops all of them here, in seconds, each naming it;
 # the batch step judges the fitness.json files, requeues without the node or fails (lib/job.sh).
-# With several tasks per node, the node's first task checks it.
+# With several tasks per node, the node's first task checks it. In a whole job the helper started
+# beside prepare (node::start_fitness); run alone, the stage runs it.
 node::stage_fitness() {
   if [[ ${SM_FITNESS} == off ]]; then
     log::info fitness "--fitness off: not checked"
@@ -192,7 +197,21 @@ node::stage_fitness() {
     log::info fitness "checked by this node's first task"
     return 0
   fi
-  local hosts=() nnodes=1 rank=0
+  [[ -n ${NODE_FITNESS_PID} ]] || node::start_fitness
+  local rc=0
+  wait "${NODE_FITNESS_PID}" || rc=$?
+  NODE_FITNESS_PID=
+  ((rc == 0)) && return 0
+  local why="fitness check failed (exit ${rc}; see the lines above)"
+  [[ -s ${SM_SCRATCH}/fitness.error ]] && why=$(<"${SM_SCRATCH}/fitness.error") && why=${why#slurm-multi: }
+  node::fail "${why}" "${rc}"
+}
+
+# node::start_fitness: the fitness helper, in the background (NODE_FITNESS_PID). It needs nothing
+# prepare resolves: the image is the plan's, the GPU count is prepare's own check.
+node::start_fitness() {
+  [[ ${SM_FITNESS} != off && ${SLURM_LOCALID:-0} == 0 ]] || return 0
+  local hosts=() nnodes=1 rank=0 image=${SM_IMAGE:-${JOB_IMAGE:-}}
   if ((!NODE_FROM_JOB)) && ((NNODES > 1)); then
     read -r -d '' -a hosts <<<"$(slurm::hostnames)" || true
     nnodes=${#hosts[@]} rank=${SLURM_NODEID:-0}
@@ -200,23 +219,22 @@ node::stage_fitness() {
   ((${#hosts[@]})) || hosts=("$(hostname)")
   local argv=(run --rank "${rank}" --nnodes "${nnodes}" --hosts "${hosts[*]}" --job-id "${SLURM_JOB_ID:-0}"
     --master-port "${MASTER_PORT}" --timeout "${SM_FITNESS_TIMEOUT}" --runtime "${SM_RUNTIME}"
-    --out "${SM_NODE_DIR}/fitness.json" --disk "${SM_SCRATCH}=0" --gpus-needed "${SM_GPUS_PER_NODE:-0}")
+    --out "${SM_NODE_DIR}/fitness.json" --disk "${SM_SCRATCH}=0")
   case ${SM_RUNTIME} in
     docker)
-      argv+=(--docker-image "${SM_IMAGE}")
-      if [[ -n ${SM_IMAGE_CACHE:-} ]]; then
+      argv+=(--docker-image "${image}")
+      if [[ -n ${SM_IMAGE_CACHE:-} && -n ${image} ]]; then
         local bytes
-        bytes=$(cache::get "${SM_IMAGE_CACHE}/$(image::cache_key "${SM_IMAGE}").tar" bytes)
+        bytes=$(cache::get "${SM_IMAGE_CACHE}/$(image::cache_key "${image}").tar" bytes)
         [[ -z ${bytes} ]] || argv+=(--image-bytes "${bytes}")
       fi
       ;;
-    pyxis)
-      local sqsh
-      sqsh=$(image::sqsh_path)
-      argv+=(--disk "${sqsh%/*}=$(cache::get "${sqsh}" bytes)")
-      ;;
+    # The squashfs lands in the cache (or the job dir); its size is known once it is made.
+    pyxis) argv+=(--disk "${SM_IMAGE_CACHE:-${SM_JOBDIR}}=0") ;;
   esac
-  util::fast fitness "${argv[@]}" || node::fail "${UTIL_ERROR}" "$?"
+  rm -f "${SM_SCRATCH}/fitness.error"
+  SM_ERROR_FILE=${SM_SCRATCH}/fitness.error util::py_fast fitness "${argv[@]}" &
+  NODE_FITNESS_PID=$!
 }
 
 # ---- image ---------------------------------------------------------------------------------------
@@ -236,16 +254,22 @@ node::barrier_args() {
 # recorded, into NODE_RELEASED) and node::image_<runtime>_worker RELEASED (obtain it on a worker).
 # A verb that fails says what it could not do in NODE_IMAGE_FAILED.
 node::stage_image() {
-  node::has_image || { log::info image "runtime ${SM_RUNTIME}: no image to distribute"; return 0; }
+  if ! node::has_image; then
+    log::info image "runtime ${SM_RUNTIME}: no image to distribute"
+    node::fitness_cmd || node::fail "${NODE_IMAGE_FAILED}"
+    return
+  fi
   local rt=${SM_RUNTIME} reason alone=0
   NODE_IMAGE_FAILED='' NODE_IMAGE_RELEASE='' NODE_IMAGE_THEN=''
   if ! node::multi || ((NODE_FROM_JOB)); then alone=1; fi
   if node::is_rank0 && ((alone)); then
     "node::image_${rt}_rank0" alone || node::fail "image: ${NODE_IMAGE_FAILED} (see node.log)" || return
+    node::fitness_cmd || node::fail "${NODE_IMAGE_FAILED}" || return
   elif node::is_rank0; then
     node::barrier_args
     [[ -n ${SM_BARRIER_PID} ]] || node::serve_barrier
     "node::image_${rt}_rank0" barrier || { node::image_abort "${NODE_IMAGE_FAILED} (see node_0/node.log)"; return; }
+    node::fitness_cmd || { node::image_abort "${NODE_IMAGE_FAILED}"; return; }
     node::barrier_say "RELEASE ${NODE_IMAGE_RELEASE}"
     timeline::event release
     [[ -z ${NODE_IMAGE_THEN} ]] || "${NODE_IMAGE_THEN}" || { node::image_abort "${NODE_IMAGE_FAILED}"; return; }
@@ -256,7 +280,7 @@ node::stage_image() {
       node::barrier_args
       node::await_release || return
     fi
-    if ! "node::image_${rt}_worker" "${NODE_RELEASED}"; then
+    if ! "node::image_${rt}_worker" "${NODE_RELEASED}" || ! node::fitness_cmd; then
       reason="$(hostname) (rank ${SM_RANK}): ${NODE_IMAGE_FAILED}"
       if ((!alone)); then
         node::stop_join
@@ -265,6 +289,37 @@ node::stage_image() {
       node::fail "${reason}" || return
     fi
   fi
+}
+
+# node::fitness_cmd: --fitness-cmd, the user's own check of this node, inside the job's image once
+# it is here (rank 0: before it releases it; a worker: before it says it is ready), with the node's
+# GPU arguments and the container env, bounded by --fitness-timeout. Its output goes to
+# node_<rank>/fitness-cmd.log, its outcome to fitness-cmd.json (the batch step's judge reads it).
+node::fitness_cmd() {
+  [[ -n ${SM_FITNESS_CMD:-} && ${SM_FITNESS} != off ]] || return 0
+  local log=${SM_NODE_DIR}/fitness-cmd.log rc=0 argv=() last why
+  case ${SM_RUNTIME} in
+    docker)
+      argv=(docker run --rm --network host "${RUN_GPU_ARGS[@]+"${RUN_GPU_ARGS[@]}"}" "${RUN_ENV_ARGS[@]+"${RUN_ENV_ARGS[@]}"}"
+        --entrypoint sh "${SM_IMAGE_ID:-${SM_IMAGE}}" -c "${SM_FITNESS_CMD}")
+      ;;
+    *) argv=(sh -c "${SM_FITNESS_CMD}") ;;
+  esac
+  log::cmd fitness timeout "${SM_FITNESS_TIMEOUT}" "${argv[@]}"
+  timeout "${SM_FITNESS_TIMEOUT}" "${argv[@]}" </dev/null >"${log}" 2>&1 || rc=$?
+  if ((rc == 0)); then
+    log::info fitness "--fitness-cmd passed on $(hostname)"
+    why=
+  else
+    last=$(grep -v '^[[:space:]]*$' "${log}" | tail -n 1 | cut -c1-200)
+    if ((rc == 124)); then why="did not finish within ${SM_FITNESS_TIMEOUT} s"; else why="exited ${rc}${last:+: ${last}}"; fi
+    why="fitness command on $(hostname): ${why} (node_${SM_RANK}/fitness-cmd.log)"
+    NODE_IMAGE_FAILED=${why}
+    log::error fitness "${why}"
+  fi
+  util::py -S -m slurm_multi.fitness record-cmd "${SM_NODE_DIR}/fitness-cmd.json" "$(hostname)" "${rc}" "${why}" ||
+    log::warn fitness "could not write ${SM_NODE_DIR}/fitness-cmd.json"
+  ((rc == 0))
 }
 
 # node::image_abort WHY: rank 0's image stage failed: every worker is told (ABORT), and it is the
@@ -424,6 +479,15 @@ node::join_image_phase() {
   exec {NODE_JOIN_FD}< <(SM_ERROR_FILE=${SM_SCRATCH}/join.error PYTHONPATH="${SM_HOME}/py${PYTHONPATH:+:${PYTHONPATH}}" \
     exec "${SM_PYTHON}" -m slurm_multi "${argv[@]}")
   NODE_JOIN_PID=$!
+}
+
+# node::stop_fitness: a task that fails or is stopped before its fitness stage took the verdict
+# ends the fitness helper too (its peers then name this node at their deadline).
+node::stop_fitness() {
+  [[ -n ${NODE_FITNESS_PID} ]] || return 0
+  kill -TERM "${NODE_FITNESS_PID}" 2>/dev/null || true
+  wait "${NODE_FITNESS_PID}" 2>/dev/null || true
+  NODE_FITNESS_PID=
 }
 
 # node::stop_join: the worker gives up; its join helper goes (SIGTERM).
@@ -626,6 +690,7 @@ node::on_term() {
   if [[ ${SM_RUNTIME} == none && -n ${RUN_DOCKER_PID} ]]; then kill -TERM "${RUN_DOCKER_PID}" 2>/dev/null || true; fi
   if [[ -n ${RUN_DOCKER_PID} ]]; then wait "${RUN_DOCKER_PID}" 2>/dev/null || true; fi
   if [[ -n ${SM_BARRIER_PID} ]]; then node::barrier_say "ABORT rank 0 ($(hostname)) was terminated"; fi
+  node::stop_fitness
   node::stop_join
   ((NODE_EXIT != 0)) || NODE_EXIT=143
   [[ -n ${NODE_REASON} ]] || NODE_REASON="terminated by a signal (scancel, time limit or a failed peer)"
@@ -639,6 +704,7 @@ node::on_exit() {
   trap - EXIT
   trap '' TERM INT
   ((NODE_EXIT != 0)) || NODE_EXIT=${rc}
+  node::stop_fitness
   if declare -F profile::after_run >/dev/null; then profile::after_run; fi
   # rank 0 leaving early (after an ABORT, or a failure before its release): closing the pipe tells
   # the server, which answers every worker still connecting with ABORT for its linger time.

@@ -42,12 +42,15 @@ in seconds and names it with a one-line reason. Click-free, started on every nod
                            the image: nothing needed when the node holds REF, else --image-bytes
     --image-bytes B        the image's size where known (the cache's tar) (0)
 
+`record-cmd FILE HOST EXIT_CODE REASON` writes node_<rank>/fitness-cmd.json, how --fitness-cmd (the
+user's own check, run by lib/node.sh in the image once it is there) ended on that node.
+
 `judge --nodes "h0 h1 ..."` (the job's hosts in node order) judges one attempt of a job as the batch
 step and collect do (`judge_job`): every node_*/fitness.json, placed by the node index it holds,
-and a node whose prepare failed for a reason of its own (another node passed it) is bad with that
-reason. `judge --nnodes N` reads DIR/node_<r>/fitness.json for r in 0..N-1 only. Either prints the
-bad nodes, one line each, `<rank>\\t<host>\\t<reason>` (nothing when all fit), or a JSON list with
---json; it takes --slow-factor and --clock-bound too (the same defaults).
+and a node whose prepare or --fitness-cmd failed for a reason of its own (another node passed it)
+is bad with that reason. `judge --nnodes N` reads DIR/node_<r>/fitness.json for r in 0..N-1 only.
+Either prints the bad nodes, one line each, `<rank>\\t<host>\\t<reason>` (nothing when all fit), or
+a JSON list with --json; it takes --slow-factor and --clock-bound too (the same defaults).
 
 Exit codes: `run` 0 = this node's view finds nothing bad; 3 = it finds a bad node (stderr: one line
 per bad node, `fitness: <host> (rank R): <reason>`; the first also goes to $SM_ERROR_FILE when that
@@ -2319,7 +2322,8 @@ def _parser() -> Any:
 def parse_run(args: Any, env: Mapping[str, str]) -> Options:
     nnodes = _parse_int("--nnodes", args.nnodes, 1)
     rank = _parse_int("--rank", args.rank, 0, nnodes - 1)
-    port = _job_port(args)
+    # A single node listens on nothing: it needs no port (a stage run alone may not know MASTER_PORT).
+    port = _job_port(args) if nnodes > 1 or args.port or args.master_port else 0
     hosts, ports = _parse_hosts(args.hosts, nnodes, port)
     if len(set(zip(hosts, ports))) != nnodes:
         raise _usage("--hosts", args.hosts, "give each rank its own host (or host:port)")
@@ -2424,6 +2428,31 @@ def _node_dirs(jobdir: str) -> list[str]:
     return sorted((n for n in names if re.fullmatch(r"node_\d+", n)), key=lambda n: int(n[5:]))
 
 
+CMD_RECORD = "fitness-cmd.json"
+
+
+def write_cmd_record(path: str, host: str, code: int, reason: str) -> None:
+    """node_<rank>/fitness-cmd.json: how --fitness-cmd ended on that node (lib/node.sh writes it)."""
+    write_json(path, {"host": host, "exit_code": code, "ok": code == 0, "reason": reason})
+
+
+def read_cmd_records(jobdir: str, nodes: Sequence[str]) -> dict[int, tuple[bool, str]]:
+    """Node index -> (ok, reason) of every fitness-cmd.json in the job's node dirs."""
+    out: dict[int, tuple[bool, str]] = {}
+    for name in _node_dirs(jobdir):
+        try:
+            with open(os.path.join(jobdir, name, CMD_RECORD), encoding="utf-8") as handle:
+                found = json.load(handle)
+        except (OSError, ValueError, RecursionError):
+            continue
+        if isinstance(found, dict) and found.get("host") in nodes:
+            index = list(nodes).index(found["host"])
+            ok = found.get("ok") is True
+            if not ok or index not in out:
+                out[index] = (ok, str(found.get("reason") or "fitness command failed"))
+    return out
+
+
 def judge_job(jobdir: str, nodes: Sequence[str], slow_factor: float = DEFAULT_SLOW_FACTOR,
               clock_bound: float = DEFAULT_CLOCK_BOUND) -> list[dict[str, Any]]:  # fmt: skip
     """The bad nodes of one attempt of a job, as the batch step and collect judge it: [{"rank" (the
@@ -2460,6 +2489,10 @@ def judge_job(jobdir: str, nodes: Sequence[str], slow_factor: float = DEFAULT_SL
                 prepare[index] = (ok, str(document.get("reason") or "prepare failed"))
     passed = any(ok for ok, _ in prepare.values())
     own = {i: why for i, (ok, why) in prepare.items() if not ok and passed}
+    # --fitness-cmd, the user's own check: the same rule (all failing alike blames the check).
+    cmds = read_cmd_records(jobdir, nodes)
+    if any(ok for ok, _ in cmds.values()):
+        own.update({i: why for i, (ok, why) in cmds.items() if not ok and i not in own})
     if not any(reports):
         return [{"rank": i, "host": nodes[i], "reason": own[i]} for i in sorted(own)]
     found = judge_reports(reports, nnodes, slow_factor, clock_bound)
@@ -2476,6 +2509,15 @@ def judge_job(jobdir: str, nodes: Sequence[str], slow_factor: float = DEFAULT_SL
 
 def main(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int:
     env = os.environ if env is None else env
+    argv = list(argv)
+    if argv[:1] == ["record-cmd"]:
+        if len(argv) != 5 or not COUNT_RE.fullmatch(argv[3]):
+            return _fail("usage: record-cmd FILE HOST EXIT_CODE REASON", EXIT_USAGE)
+        try:
+            write_cmd_record(argv[1], argv[2], int(argv[3]), argv[4])
+        except OSError as exc:
+            return _fail(f"cannot write {argv[1]} ({describe(exc)})", EXIT_FAILURE)
+        return EXIT_OK
     try:
         args = _parser().parse_args(list(argv))
         if args.command == "judge":

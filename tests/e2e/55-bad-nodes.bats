@@ -44,7 +44,8 @@ teardown() {
 }
 
 # requeued_without_bad WHY: the job ended SUCCESS on the three good nodes after one requeue that
-# excluded the bad node for WHY; the first attempt's evidence is kept.
+# excluded the bad node for WHY; the first attempt's evidence is kept; no image moved before
+# (unless --after-image).
 requeued_without_bad() {
   assert_equal "${JOB_RC}" 0
   run e2e::json "${JOB_DIR}/summary.json" 'd["verdict"]'
@@ -65,9 +66,12 @@ requeued_without_bad() {
   assert_file_exists "${JOB_DIR}/attempt_0/node_0/fitness.json"
   run e2e::json "${JOB_DIR}/attempt_0/summary.json" 'd["verdict"]'
   assert_output FAILURE
-  # No image moved before the bad node was found: no rank reached the image stage's end.
-  run grep -l 'stage image: ok' "${JOB_DIR}"/attempt_0/node_*/node.log
-  assert_failure
+  # No image moved before the bad node was found: no rank reached the image stage's end (your own
+  # --fitness-cmd runs in the image, so once it is there: $2 says so).
+  if [[ ${2:-} != --after-image ]]; then
+    run grep -l 'stage image: ok' "${JOB_DIR}"/attempt_0/node_*/node.log
+    assert_failure
+  fi
   local after
   after=$(e2e::json "${JOB_DIR}/summary.json" 'd["attempts"][0]["requeued_after_s"]')
   echo "${BAD} ($1): requeued ${after} s after the first attempt started" >&3
@@ -149,4 +153,15 @@ requeued_without_bad() {
   done
   run grep -c 'stage_end.*stage=fitness.*status=ok' "${JOB_DIR}"/node_0/events.log
   assert_output 1
+}
+
+@test "your own --fitness-cmd fails on one node: requeued without it, SUCCESS; its output is kept" {
+  # Run in the job's image on every node once the image is there; exits 3 on the bad node only.
+  e2e::run_job -N3 -- "${ARGS[@]}" --on-bad-node requeue \
+    --fitness-cmd "echo checking \$(hostname); [ \"\$(hostname)\" != ${BAD} ] || { echo 'no IB link'; exit 3; }"
+  requeued_without_bad "no IB link" --after-image
+  run cat "${JOB_DIR}/attempt_0/node_2/fitness-cmd.log"
+  assert_output --partial "checking ${BAD}"
+  run e2e::json "${JOB_DIR}/node_0/fitness-cmd.json" 'd["ok"]'
+  assert_output True
 }

@@ -1222,3 +1222,30 @@ def test_one_attempts_verdict_places_reports_by_node_index_with_several_tasks_pe
         env={"PYTHONPATH": str(REPO / "py")},
     )
     assert (out.returncode, out.stdout) == (0, "1\tn2\t/tmp: 1 MiB free\n"), out.stderr
+
+
+def test_a_node_whose_own_fitness_command_failed_is_bad_unless_every_node_failed_it(tmp_path: Path) -> None:
+    hosts = ["n1", "n2", "n3"]
+    job = tmp_path / "job"
+    for rank, host in enumerate(hosts):
+        write_node(job, rank, host, "ok", fit_report(rank, hosts))
+    env = {"PYTHONPATH": str(REPO / "py")}
+    for rank, (code, why) in enumerate(
+        [(0, ""), (0, ""), (3, "fitness command on n3: exited 3: no IB link")]
+    ):
+        out = subprocess.run(
+            [sys.executable, "-S", "-m", "slurm_multi.fitness", "record-cmd",
+             str(job / f"node_{rank}" / "fitness-cmd.json"), hosts[rank], str(code), why],
+            capture_output=True, text=True, env=env,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stderr
+    assert fitness.judge_job(str(job), hosts) == [
+        {"rank": 2, "host": "n3", "reason": "fitness command on n3: exited 3: no IB link"}
+    ]
+    # The check fails everywhere: the check is wrong, not the nodes.
+    for rank in (0, 1):
+        fitness.write_cmd_record(str(job / f"node_{rank}" / "fitness-cmd.json"), hosts[rank], 1, "exited 1")
+    assert fitness.judge_job(str(job), hosts) == []
+    bad = subprocess.run([sys.executable, "-S", "-m", "slurm_multi.fitness", "record-cmd", "x"],
+                         capture_output=True, text=True, env=env)  # fmt: skip
+    assert bad.returncode == 2 and len(bad.stderr.splitlines()) == 1
