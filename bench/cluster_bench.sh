@@ -97,6 +97,72 @@ SCRIPT
     --notes "same allocation as the row above, interleaved with it" --out "${out}/toolkit-overhead-nofitness.json"
 }
 
+# badnode_rows REPEATS OUT WORK: how long a 3-node job takes to end FAILURE naming a bad node (the
+# default --on-bad-node fail) for each way of making node3 bad, against the same job on healthy
+# nodes: the fitness stage's time to detect the fault, and what the job costs then.
+badnode_rows() {
+  local repeats=$1 out=$2 work=$3 seed_name i t healthy=() took=()
+  "${ROOT}/examples/toy/build-image" --node node1 >/dev/null
+  local args=(--manifest "${ROOT}/examples/toy/build_manifest.json" --image-cache "${work}/cache-bad"
+    --out "${work}/out-bad" --quarantine-hours 0 --fitness-timeout 5)
+  local scratch=/var/tmp/sm-bench-scratch
+  mkdir -p "${scratch}" && chmod 1777 "${scratch}"
+  # submit3 WANT: one job; its exit code must be WANT (0 healthy, 1 FAILURE naming the bad node).
+  submit3() {
+    local job rc
+    job=$(cd "${work}" && TMPDIR=${scratch} sbatch --parsable -N3 -w node1,node2,node3 -o /dev/null \
+      "${ROOT}/sbatch/multi.sbatch" "${args[@]}") || return 1
+    rc=$(wait_job "${job}" || true)
+    [[ ${rc} == "$1" ]] || log::die bench "job ${job} ended with exit ${rc:-?}, not $1 ($(if (($1)); then echo "the bad node was not found"; else echo "a healthy job failed"; fi))" 1
+  }
+  seed() {
+    local dockerd
+    dockerd=$(cluster::node_dir node3)/dockerd.pid
+    case $1:$2 in
+      engine-stopped:on) cluster::stop_pidfile "${dockerd}" ;;
+      engine-stopped:off) cluster::start_dockerd node3 && cluster::wait_for "node3's docker engine" env DOCKER_HOST="unix://$(cluster::node_dir node3)/docker.sock" docker version ;;
+      engine-hung:on) kill -STOP "$(<"${dockerd}")" ;;
+      engine-hung:off) kill -CONT "$(<"${dockerd}")" ;;
+      ports-blocked:on | ports-blocked:off)
+        local op=-I
+        [[ $2 == on ]] || op=-D
+        "${EXEC}" node3 iptables "${op}" INPUT -p tcp --dport 10000:32767 -j DROP
+        "${EXEC}" node3 iptables "${op}" OUTPUT -p tcp --dport 10000:32767 -j DROP
+        ;;
+      disk-full:on) "${EXEC}" node3 mount -t tmpfs -o size=2m,mode=1777 tmpfs "${scratch}" ;;
+      disk-full:off) "${EXEC}" node3 umount "${scratch}" ;;
+    esac
+  }
+  # (This runs in a subshell of its own: a row that dies here leaves no node bad behind it.)
+  local seeded=""
+  trap '[[ -z ${seeded} ]] || seed "${seeded}" off' EXIT
+  submit3 0 # warm-up: every node holds the image
+  for ((i = 0; i < repeats; i++)); do
+    t=$(now)
+    submit3 0
+    healthy+=("$(awk -v a="${t}" -v b="$(now)" 'BEGIN { print b - a }')")
+  done
+  for seed_name in engine-stopped engine-hung ports-blocked disk-full; do
+    took=()
+    for ((i = 0; i < repeats; i++)); do
+      seed "${seed_name}" on
+      seeded=${seed_name}
+      t=$(now)
+      submit3 1
+      took+=("$(awk -v a="${t}" -v b="$(now)" 'BEGIN { print b - a }')")
+      seed "${seed_name}" off
+      seeded=""
+      cluster::wait_for "4 idle nodes" cluster::nodes_idle 4
+    done
+    row --row "bad node found: ${seed_name} on node3" \
+      --what "sbatch -N3 of the toy (--on-bad-node fail, --fitness-timeout 5) with node3's ${seed_name//-/ }: submit to the FAILURE verdict naming it" \
+      --baseline "the same job, every node healthy: submit to SUCCESS" \
+      --samples "$(IFS=,; echo "${took[*]}")" --baseline-samples "$(IFS=,; echo "${healthy[*]}")" \
+      --notes "time to detect; the reachability check waits out --fitness-timeout for an unreachable node" \
+      --out "${out}/badnode-${seed_name}.json"
+  done
+}
+
 image_rows() {
   local repeats=$1 out=$2 work=$3 pad_mb=${BENCH_PAD_MB:-200}
   "${ROOT}/examples/toy/build-image" --node node1 --tag "${BENCH_IMAGE}" --pad-mb "${pad_mb}" >/dev/null
@@ -424,11 +490,11 @@ PY
 # want_group NAME: true when BENCH_CLUSTER_GROUPS (comma-separated: overhead, image, transport,
 # pyxis; default all) names NAME. Unknown names are an error, not a silent empty table.
 want_group() {
-  local groups=${BENCH_CLUSTER_GROUPS:-overhead,image,transport,pyxis} item
+  local groups=${BENCH_CLUSTER_GROUPS:-overhead,badnode,image,transport,pyxis} item
   local -a items
   IFS=, read -r -a items <<<"${groups}"
   for item in "${items[@]}"; do
-    case ${item} in overhead | image | transport | pyxis) ;; *) log::die bench "BENCH_CLUSTER_GROUPS: unknown group '${item}' (use overhead, image, transport, pyxis)" 2 ;; esac
+    case ${item} in overhead | badnode | image | transport | pyxis) ;; *) log::die bench "BENCH_CLUSTER_GROUPS: unknown group '${item}' (use overhead, badnode, image, transport, pyxis)" 2 ;; esac
   done
   [[ ,${groups}, == *,"$1",* ]]
 }
@@ -466,6 +532,10 @@ main() {
   if want_group overhead; then
     log::info bench "toolkit overhead (${repeats} runs each side)"
     (overhead_row "${repeats}" "${out}" "${work}") || failed+=(overhead)
+  fi
+  if want_group badnode; then
+    log::info bench "bad nodes: time to detect each seeded fault (${repeats} runs each)"
+    (badnode_rows "${repeats}" "${out}" "${work}") || failed+=(badnode)
   fi
   if want_group image; then
     log::info bench "image distribution (${repeats} runs each)"

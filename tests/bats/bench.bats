@@ -96,6 +96,8 @@ SH
   assert_success
   BENCH_CLUSTER_GROUPS=transport run want_group overhead
   assert_failure
+  BENCH_CLUSTER_GROUPS=badnode run want_group badnode
+  assert_success
   run want_group image # default: every group
   assert_success
   BENCH_CLUSTER_GROUPS=transprot run want_group transport
