@@ -303,6 +303,11 @@ node::fitness_cmd() {
       argv=(docker run --rm --network host "${RUN_GPU_ARGS[@]+"${RUN_GPU_ARGS[@]}"}" "${RUN_ENV_ARGS[@]+"${RUN_ENV_ARGS[@]}"}"
         --entrypoint sh "${SM_IMAGE_ID:-${SM_IMAGE}}" -c "${SM_FITNESS_CMD}")
       ;;
+    # A step of its own on this node, in the squashfs the rank will run (as the rank's step is).
+    pyxis)
+      argv=(srun --job-name=sm-fitness-cmd --overlap --nodes=1 --ntasks=1 --nodelist="${SLURMD_NODENAME:-$(hostname)}"
+        --kill-on-bad-exit=0 --container-image="${IMAGE_SQSH:-${SM_IMAGE_SQSH:-}}" sh -c "${SM_FITNESS_CMD}")
+      ;;
     *) argv=(sh -c "${SM_FITNESS_CMD}") ;;
   esac
   log::cmd fitness timeout "${SM_FITNESS_TIMEOUT}" "${argv[@]}"

@@ -145,8 +145,8 @@ TABLE: tuple[Setting, ...] = (
       "the fitness check's bound on every node (a node that has not passed by then is bad)", kind="seconds"),
     S("SM_FITNESS_CMD", "--fitness-cmd", "CMD", "",
       "your own check of each node, run by sh inside the job's image on every node once the image is there "
-      "(docker and none; bounded by --fitness-timeout): a node where it exits non-zero is bad; its output "
-      "is kept in node_<rank>/fitness-cmd.log"),
+      "(bounded by --fitness-timeout): a node where it exits non-zero is bad; its output is kept in "
+      "node_<rank>/fitness-cmd.log"),
     S("SM_ON_BAD_NODE", "--on-bad-node", "fail|requeue", "fail",
       "when the fitness check finds a bad node: fail the job naming it, or requeue the job without it "
       "(Slurm's own requeue, the node added to the job's excluded nodes)", kind="choice",
@@ -402,11 +402,6 @@ def validate(r: Resolved, has_command: bool = False, host: str = "") -> None:
 
 def _validate_runtime(r: Resolved) -> None:
     v = r.values
-    if v["SM_FITNESS_CMD"] and v["SM_RUNTIME"] == "pyxis":
-        raise SettingsError(
-            f"{flag_of(r, 'SM_FITNESS_CMD')} with --runtime pyxis is not supported yet (it runs with docker "
-            "and none); leave it out, or run the check as the first step of your workload"
-        )
     tasks = v["SM_NTASKS_PER_NODE"]
     if v["SM_RUNTIME"] == "docker" and tasks not in ("", "1"):
         raise SettingsError(

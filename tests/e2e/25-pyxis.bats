@@ -30,7 +30,7 @@ staged() {
   for r in "$@"; do
     assert_file_exists "${dir}/node_${r}/status.json"
     assert_file_exists "${dir}/node_${r}/node.log"
-    assert_equal "$(e2e::json "${dir}/node_${r}/status.json" '",".join(d["stages"])')" "prepare,image,barrier,run,save-outputs"
+    assert_equal "$(e2e::json "${dir}/node_${r}/status.json" '",".join(d["stages"])')" "prepare,fitness,image,barrier,run,save-outputs"
   done
 }
 
@@ -277,4 +277,18 @@ PY
   # What the rank wrote into its output dir was recovered by the reaper.
   assert_file_exists "${jobdir}/node_1/perf_toy.csv"
   assert_file_exists "${jobdir}/node_0/status.json"
+}
+
+@test "pyxis: --fitness-cmd runs in the squashfs on every node, as a step of its own; one failing fails the job naming it" {
+  e2e::run_job -N2 -- --manifest "${TOY_MANIFEST}" --runtime pyxis --image-cache "${E2E_CACHE}" --quarantine-hours 0 \
+    --fitness-cmd 'echo "in the image on $(hostname)"; test -f /sm-model/run.sh || test -e /bin/busybox; [ "$(hostname)" != node2 ]'
+  assert_equal "${JOB_RC}" 1
+  run cat "${JOB_DIR}/node_0/fitness-cmd.log"
+  assert_output --partial "in the image on node1"
+  run cat "${JOB_DIR}/node_1/fitness-cmd.log"
+  assert_output --partial "in the image on node2"
+  run grep -c 'srun --job-name=sm-fitness-cmd' "${JOB_DIR}/node_1/node.log"
+  assert_output 1
+  run e2e::json "${JOB_DIR}/summary.json" '[(b["node"], b["reason"][:35]) for b in d["bad_nodes"]]'
+  assert_output "[('node2', 'fitness command on node2: exited 1')]"
 }
