@@ -407,6 +407,13 @@ job::dry_run_plan() {
   local nnodes=$1 scratch=$2 r
   # shellcheck disable=SC2153 # JOB_MODEL comes from the job plan (job::plan)
   printf '== slurm-multi plan: %s nodes, model %s ==\n\n' "${nnodes}" "${JOB_MODEL}"
+  local per_node
+  per_node=$(launch::tasks_per_node)
+  if ((per_node > 1)); then
+    # Each task is a rank: what sbatch must be given for this plan to be the job.
+    printf 'Ranks: %s nodes x %s tasks = %s ranks; submit with: sbatch -N %s --ntasks-per-node=%s sbatch/multi.sbatch ...\n\n' \
+      "${nnodes}" "${per_node}" "$((nnodes * per_node))" "${nnodes}" "${per_node}"
+  fi
   # shellcheck disable=SC2153 # PLAN_SETTINGS_SHOWN comes from the job plan
   printf 'Settings (set, or not the default; --help lists every one)\n'
   ((${#PLAN_SETTINGS_SHOWN[@]})) && printf '  %s\n' "${PLAN_SETTINGS_SHOWN[@]}"
@@ -446,7 +453,19 @@ job::dry_run_runtime() {
     none) stop="SIGTERM to the workload's process tree, SIGKILL after --stop-grace ${SM_STOP_GRACE} s" ;;
   esac
   printf 'Runtime %s\n' "${SM_RUNTIME}"
-  printf '  %-16s %s\n' "hang watch" "${hang}" "stop" "${stop}" "peer grace" "${SM_PEER_GRACE} s after one rank fails, the others are stopped"
+  printf '  %-16s %s\n' "hang watch" "${hang}" "stop" "${stop}" "peer grace" "${SM_PEER_GRACE} s after one rank fails in its run, the others are stopped (at once when it fails before)"
+  if [[ ${SM_RUNTIME} == docker ]]; then
+    local transport
+    case ${SM_IMAGE_TRANSPORT} in
+      relay) transport="relay: rank 0 streams its image node to node while it saves it (--image-transport relay)" ;;
+      cache) transport="cache: rank 0 saves a tar in --image-cache, the workers load it (--image-transport cache)" ;;
+      auto) transport="auto: nothing moves to a worker that already holds rank 0's image; else the cache's tar when${SM_IMAGE_CACHE:+ ${SM_IMAGE_CACHE}} holds it (rank 0 looks), else the relay" ;;
+    esac
+    printf '  %-16s %s\n' "image transport" "${transport}"
+  fi
+  local which="the barrier's, the relay's and the fitness check's"
+  [[ ${SM_RUNTIME} != none ]] || which="the fitness check's"
+  printf '  %-16s %s\n' "ports" "${which} derive from MASTER_PORT ${SM_MASTER_PORT} and the job ID (the window below the ephemeral range); open them between the nodes"
   printf '\n'
 }
 
@@ -459,7 +478,9 @@ job::dry_run_fitness() {
   fi
   local on_bad="fail the job naming it (--on-bad-node fail)"
   [[ ${SM_ON_BAD_NODE} != requeue ]] || on_bad="requeue the job without it, at most ${SM_MAX_REQUEUES} time(s) (--on-bad-node requeue)"
-  printf '  %-16s %s\n' checks "the ${SM_RUNTIME} runtime answers; free disk for the image and the outputs; no other job's process on a GPU; every node reaches every other on the job's fitness port (derived from MASTER_PORT and the job ID); a ring bandwidth probe; the clocks (docs/bad-nodes.md)" \
+  local runtime="the ${SM_RUNTIME} runtime answers; "
+  [[ ${SM_RUNTIME} != none ]] || runtime=""
+  printf '  %-16s %s\n' checks "${runtime}free disk for the image and the outputs; no other job's process on a GPU; every node reaches every other on the job's fitness port (derived from MASTER_PORT and the job ID); a ring bandwidth probe; the clocks (docs/bad-nodes.md)" \
     bound "--fitness-timeout ${SM_FITNESS_TIMEOUT} s" "a bad node" "${on_bad}"
   if [[ -z ${SM_STATE_DIR:-} ]] || ((SM_QUARANTINE_HOURS == 0)); then
     printf '  %-16s %s\n\n' quarantine "off"

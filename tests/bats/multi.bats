@@ -236,3 +236,17 @@ SH
   assert_output --regexp "hang watch +off \(--hang-timeout 0\)"
   assert_output --regexp "stop +SIGTERM to the workload's process tree, SIGKILL after --stop-grace 30 s"
 }
+
+@test "the dry run says ranks and what sbatch needs when each task is a rank, the transport, the ports and the fitness plan" {
+  run bash "${REPO_ROOT}/sbatch/multi.sbatch" --dry-run -N 2 --runtime none --ntasks-per-node 4 --on-bad-node requeue -- hostname
+  assert_success
+  assert_line "Ranks: 2 nodes x 4 tasks = 8 ranks; submit with: sbatch -N 2 --ntasks-per-node=4 sbatch/multi.sbatch ..."
+  assert_line --regexp "^  ports +the fitness check's derive from MASTER_PORT 29500 and the job ID"
+  assert_line --regexp "^  a bad node +requeue the job without it, at most 2 time\(s\)"
+  refute_output --partial "image transport"
+  run bash "${REPO_ROOT}/sbatch/multi.sbatch" --dry-run -N 2 --image x --image-transport relay --fitness off
+  assert_success
+  refute_output --partial "Ranks:"
+  assert_line --regexp "^  image transport +relay: rank 0 streams its image node to node"
+  assert_line --regexp "^  checks +off \(--fitness off\)"
+}
