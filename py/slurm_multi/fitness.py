@@ -33,9 +33,9 @@ in seconds and names it with a one-line reason. Click-free, started on every nod
     --gpus-needed K        GPUs the job needs (0 = no count check) (0)
     --gpu-mem-fraction F   a GPU with more than F of its memory in use is taken (0.1)
     --gpu-timeout S        the GPU tools' bound (5)
-    --probe-bytes B        bytes of the ring bandwidth probe (4194304 = 4 MiB; 0 = no probe)
+    --probe-bytes B        bytes of the ring bandwidth probe (16777216 = 16 MiB; 0 = no probe)
     --probe-seconds S      the probe's bound (2)
-    --slow-factor F        a ring link slower than F x the median link is slow (0.25)
+    --slow-factor F        a ring link slower than F x the median link is slow (0.1)
     --clock-bound S        a clock further than S from the job's median is bad (2)
     --out FILE             where the report goes (atomically); without it, on stdout
     --docker-image REF     docker: also check docker's data root (from the engine's /info) for
@@ -200,9 +200,12 @@ DEFAULT_MIN_INODES = 10000
 DEFAULT_DISK_TIMEOUT = 3.0
 DEFAULT_GPU_MEM_FRACTION = 0.1
 DEFAULT_GPU_TIMEOUT = 5.0
-DEFAULT_PROBE_BYTES = 4 * MIB
+# 16 MiB and a tenth of the median: a healthy link on a busy node (2 shared cores, every node's
+# helpers starting at once) measured up to ~5x below the median with 4 MiB; a link that is really
+# bad (a 1 Gb/s NIC among 100 Gb/s ones, a link shaped or erroring) is 10x or more.
+DEFAULT_PROBE_BYTES = 16 * MIB
 DEFAULT_PROBE_SECONDS = 2.0
-DEFAULT_SLOW_FACTOR = 0.25
+DEFAULT_SLOW_FACTOR = 0.1
 DEFAULT_CLOCK_BOUND = 2.0
 DEFAULT_TOKEN_ENV = "SM_BARRIER_TOKEN"
 # The job's fitness port: derive_ports(MASTER_PORT, job id + this) (the barrier's are at + 0, the
