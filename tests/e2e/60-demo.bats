@@ -17,7 +17,7 @@ setup_file() {
     assert_output --regexp "results: job [0-9]+ \(toy_model, 2 nodes\): SUCCESS"
     assert_output --partial "chosen CSV: node_1/perf_toy.csv"
     assert_output --regexp "toy_model_toy-llm +10142\.5 tok_per_s_per_gpu +SUCCESS"
-    assert_output --regexp "rank +node +status +exit +prepare +image +barrier +run +save-outputs"
+    assert_output --regexp "rank +node +status +exit +prepare +fitness +image +barrier +run +save-outputs"
     assert_output --partial "make cluster-down"
   done
   # The demo leaves the cluster up.
