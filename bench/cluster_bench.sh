@@ -135,7 +135,7 @@ badnode_rows() {
   }
   # (This runs in a subshell of its own: a row that dies here leaves no node bad behind it.)
   local seeded=""
-  trap '[[ -z ${seeded} ]] || seed "${seeded}" off' EXIT
+  trap '[[ -z ${seeded:-} ]] || seed "${seeded}" off' EXIT
   submit3 0 # warm-up: every node holds the image
   for ((i = 0; i < repeats; i++)); do
     t=$(now)
