@@ -57,12 +57,10 @@ def record(attempt: int, cause: str, after_s: int, excluded: str, bad: Sequence[
 
 
 def write(path: str, document: dict[str, Any]) -> None:
-    """Atomically: a temp file beside it, then a rename."""
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(document, handle, indent=2)
-        handle.write("\n")
-    os.replace(tmp, path)
+    """Atomically, as every JSON file of a job (slurm_multi.shell.write_json)."""
+    from slurm_multi.shell import write_json
+
+    write_json(path, document)
 
 
 def earlier(jobdir: str) -> tuple[list[dict[str, Any]], list[str]]:
