@@ -395,6 +395,7 @@ job::dry_run_prepare() {
   export SM_RANK=$2 NODE_RANK=$2 RANK=$2 NNODES=$3 WORLD_SIZE=$3 LOCAL_RANK=0
   export SLURM_NODEID=$2 SLURM_PROCID=$2 SLURMD_NODENAME="<node $2>" MASTER_ADDR="<node 0>"
   export MASTER_PORT=${SM_MASTER_PORT} SM_SCRATCH="${TMPDIR:-/tmp}/slurm-multi.${SLURM_JOB_ID}.r$2" SM_OUTPUT_DIR=/sm-out
+  export SLURM_NNODES=$3 SLURM_JOB_NODELIST="<job nodes>" SLURM_STEP_ID="<step>"
   local argv=(node prepare --scratch "${dir}" --no-detect --node-scratch "${SM_SCRATCH}")
   ((${#SM_CMD[@]})) && argv+=(-- "${SM_CMD[@]}")
   util::fast "${argv[@]}" 2>/dev/null || log::die multi "${UTIL_ERROR}" 2
@@ -420,11 +421,13 @@ job::dry_run_plan() {
   [[ -n ${SM_BARRIER_TOKEN:-} ]] || printf '  %-26s %s\n' SM_BARRIER_TOKEN '(generated per job)'
   printf '  %-26s %s\n\n' "job dir" "${SM_JOBDIR}"
   job::srun_argv
-  printf 'Batch step (on the first node)\n  %s\n\n' "$(printf '%q ' "${JOB_SRUN_ARGV[@]}")"
+  printf 'Batch step (on the first node)\n  %s\n\n' "$(log::quote "${JOB_SRUN_ARGV[@]}")"
   job::dry_run_runtime
   job::dry_run_fitness
   if declare -F profile::dry_run_panel >/dev/null; then
-    profile::dry_run_panel "${nnodes}"
+    profile::dry_run_panel
+    profile::export_worker_env
+    profile::apply_stop_grace 2>/dev/null # the panel said it; the nodes below apply it silently
   fi
   # Every rank but 0 and the last looks like rank 1: show three, however large the job.
   for ((r = 0; r < nnodes; r++)); do
@@ -449,7 +452,7 @@ job::dry_run_runtime() {
   fi
   case ${SM_RUNTIME} in
     docker) stop="docker stop -t $(profile::stop_grace) per node (SIGTERM, then SIGKILL after the grace)" ;;
-    pyxis) stop="SIGTERM to each rank's step; Slurm SIGKILLs it after its KillWait (${kw:+${kw} s}${kw:-unknown here})" ;;
+    pyxis) stop="SIGTERM to each rank's step; Slurm SIGKILLs it after its KillWait ($([[ -n ${kw} ]] && echo "${kw} s" || echo "unknown here"))" ;;
     none) stop="SIGTERM to the workload's process tree, SIGKILL after --stop-grace ${SM_STOP_GRACE} s" ;;
   esac
   printf 'Runtime %s\n' "${SM_RUNTIME}"
@@ -507,23 +510,26 @@ job::dry_run_node() {
     job::dry_run_prepare "$1" "${r}" "${nnodes}"
     local role="worker"
     ((r == 0)) && role="rank 0 (serves the barrier)"
+    [[ ${SM_RUNTIME} != none ]] || role="rank ${r} (bare metal: no image, no barrier)"
     ((nnodes == 1)) && role="single node (no cache, no barrier)"
     printf 'Node %s: %s\n' "${r}" "${role}"
-    printf '  image: %s%s\n' "${SM_IMAGE:-}" "${SM_IMAGE_CACHE:+ (shared tar cache ${SM_IMAGE_CACHE})}"
+    [[ ${SM_RUNTIME} == none ]] || printf '  image: %s%s\n' "${SM_IMAGE:-}" "${SM_IMAGE_CACHE:+ (shared tar cache ${SM_IMAGE_CACHE})}"
+    # What the node's run stage adds (profiling), through the same function: the argv is the job's.
+    if declare -F profile::run_args >/dev/null; then profile::run_args || return 2; fi
     case ${SM_RUNTIME} in
       docker)
         run::docker_argv
         printf '  docker (GPU arguments are added on the node from what it detects)\n'
-        printf '  %s\n' "$(printf '%q ' "${RUN_ARGV[@]}")"
-        printf '  mounts and options (after de-duplication): %s\n' "$(printf '%q ' "${RUN_DOCKER_OPTS[@]+"${RUN_DOCKER_OPTS[@]}"}")"
+        printf '  %s\n' "$(log::quote "${RUN_ARGV[@]}")"
+        printf '  mounts and options (after de-duplication): %s\n' "$(log::quote "${RUN_DOCKER_OPTS[@]+"${RUN_DOCKER_OPTS[@]}"}")"
         ;;
-      none) printf '  bare metal: %s\n' "$(printf '%q ' "${SM_PROFILE_PREFIX[@]+"${SM_PROFILE_PREFIX[@]}"}" "${RUN_WORKLOAD[@]+"${RUN_WORKLOAD[@]}"}")" ;;
+      none) printf '  bare metal: %s\n' "$(log::quote "${SM_PROFILE_PREFIX[@]+"${SM_PROFILE_PREFIX[@]}"}" "${RUN_WORKLOAD[@]+"${RUN_WORKLOAD[@]}"}")" ;;
       pyxis)
         IMAGE_SQSH=$(image::sqsh_path)
         printf '  squashfs: %s (%s)\n' "${IMAGE_SQSH}" "$(image::sqsh_state "${IMAGE_SQSH}")"
         run::pyxis_argv
         printf '  pyxis: sm-node on the node starts the rank as a step of its own:\n'
-        printf '  %s\n' "$(printf '%q ' "${RUN_ARGV[@]}")"
+        printf '  %s\n' "$(log::quote "${RUN_ARGV[@]}")"
         ;;
     esac
     if [[ -f $1/r${r}/container.env ]]; then

@@ -22,13 +22,41 @@ log::info() { log::_emit info "$@"; }
 log::warn() { log::_emit warning "$@"; }
 log::error() { log::_emit error "$@"; }
 
+# log::quote WORD…: the words as a shell reads them back, each quoted only when it needs it: bare
+# when it is made of [A-Za-z0-9_@%+=:,./-] (Python's shlex.quote set), else in single quotes, and
+# with $'…' when it holds a control character (a logged command stays on one line). The one way a
+# command is shown: in node logs (log::cmd), the dry run and nsight-slurm.out.
+LOG_QUOTE_SAFE='^[A-Za-z0-9_@%+=:,./-]+$'
+log::quote() {
+  log::quote_to LOG_QUOTED "$@"
+  printf '%s' "${LOG_QUOTED}"
+}
+
+# log::quote_to VAR WORD…: log::quote into VAR (no subshell: log::cmd is on every job's path).
+log::quote_to() {
+  local _var=$1 w s='' sep='' q="'"
+  shift
+  for w in "$@"; do
+    if [[ ${w} =~ ${LOG_QUOTE_SAFE} ]]; then
+      s+="${sep}${w}"
+    elif [[ ${w} == *[[:cntrl:]]* ]]; then
+      printf -v w '%q' "${w}"
+      s+="${sep}${w}"
+    else
+      s+="${sep}${q}${w//${q}/${q}\\${q}${q}}${q}"
+    fi
+    sep=' '
+  done
+  printf -v "${_var}" '%s' "${s}"
+}
+
 # log::cmd AREA CMD…: log a command exactly as it can be pasted back into a shell.
 log::cmd() {
   local area=$1
   shift
-  local quoted
-  quoted=$(printf '%q ' "$@")
-  log::_emit info "${area}" "+ ${quoted% }"
+  local LOG_QUOTED
+  log::quote_to LOG_QUOTED "$@"
+  log::_emit info "${area}" "+ ${LOG_QUOTED}"
 }
 
 # log::die AREA MESSAGE [EXIT_CODE]: one line, then exit (default 1).

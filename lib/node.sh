@@ -124,7 +124,7 @@ node::stage() {
   if ((NODE_FROM_JOB)); then
     how="this re-run of job ${SLURM_JOB_ID} rank ${SM_RANK}"
   else
-    how="alone, after the job: $(printf '%q ' "${SM_HOME}/bin/sm-node" --from-job "${SM_JOBDIR}" --rank "${SM_RANK}" --stage "${name}")"
+    how="alone, after the job: $(log::quote "${SM_HOME}/bin/sm-node" --from-job "${SM_JOBDIR}" --rank "${SM_RANK}" --stage "${name}")"
     how=${how% }
   fi
   log::info "${name}" "stage ${name} (${how})"

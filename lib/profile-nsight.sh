@@ -64,7 +64,7 @@ profile::nsight_cli() {
   argv=(env "${env_args[@]}" "$(profile::nsight_bin)" "$@")
   log::cmd profile "${argv[@]}"
   size=$(stat -c %s "${out}" 2>/dev/null || echo 0)
-  printf '# %s\n+ %s\n' "$(date -u +%FT%TZ)" "$(printf '%q ' "${argv[@]}")" >>"${out}"
+  printf '# %s\n+ %s\n' "$(date -u +%FT%TZ)" "$(log::quote "${argv[@]}")" >>"${out}"
   # Output to the file, never through a pipe we read: a daemon the wrapper leaves behind (the
   # coordinator) could hold the pipe open forever.
   "${argv[@]}" </dev/null >>"${out}" 2>&1 || rc=$?
@@ -89,7 +89,7 @@ profile::nsight_configure() {
     "${run}" configure
 }
 
-profile::_print_call() { printf '      nsight-slurm %s\n' "$(printf '%q ' "$@")"; }
+profile::_print_call() { printf '      nsight-slurm %s\n' "$(log::quote "$@")"; }
 
 # profile::nsight_setup: check the install, configure the wrapper, start the coordinator. Safe to
 # run twice: the wrapper keeps its state per job and reuses a running coordinator.
@@ -109,7 +109,7 @@ profile::nsight_setup() {
   if declare -F launch::step_argv >/dev/null; then
     launch::step_argv || return 2
     printf '# %s worker step (its output: batch.log)\n+ %s\n' "$(date -u +%FT%TZ)" \
-      "$(printf '%q ' "${LAUNCH_ARGV[@]}")" >>"$(profile::log_dir)/nsight-slurm.out"
+      "$(log::quote "${LAUNCH_ARGV[@]}")" >>"$(profile::log_dir)/nsight-slurm.out"
   fi
 }
 

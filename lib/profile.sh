@@ -178,7 +178,12 @@ profile::before_steps() {
   profile::fit_killwait warn
   # Exported here too: the reaper step and the batch step's teardown bounds use the same grace.
   profile::apply_stop_grace
-  # The worker env rides in the process environment (srun, the wrapper and pyxis pass it on).
+  profile::export_worker_env
+}
+
+# profile::export_worker_env: the worker env rides in the process environment (srun, the wrapper
+# and pyxis pass it on; docker gets it by name).
+profile::export_worker_env() {
   local pairs=() pair
   util::split0 pairs profile::worker_env || return 2
   for pair in "${pairs[@]+"${pairs[@]}"}"; do
@@ -289,22 +294,22 @@ profile::_count_new() {
 
 # ---- node side (bin/sm-node) ---------------------------------------------------------------------
 
-# profile::before_run: set SM_PROFILE_PREFIX (run::docker_argv and run::bare put it in front of the
-# workload), mount the report dir (and --nsys-host-path) into the container, pass the worker env.
-profile::before_run() {
+# profile::run_args: what profiling adds to this node's run, and nothing else (the dry run shows the
+# node's argv through it): SM_PROFILE_PREFIX (run::docker_argv, run::bare and run::pyxis_argv put it
+# in front of the workload), the report dir (and --nsys-host-path) mounted into the container, the
+# worker env passed by name, the profiled stop grace.
+profile::run_args() {
   [[ ${SM_PROFILE} != none ]] || return 0
   # lib/run.sh stops the container with `docker stop -t ${SM_STOP_GRACE}`: never shorter than the
   # time nsys needs to write its report after the SIGTERM.
   profile::apply_stop_grace
   [[ ${SM_PROFILE} == nsys ]] || return 0
-  local dir pair name
+  local dir pair name pairs=()
   dir=$(profile::dir)
-  mkdir -p "${dir}" || { log::error profile "cannot create the report directory ${dir} on $(hostname)"; return 1; }
   if [[ ${SM_RUNTIME} == docker ]]; then
     # Same path inside: nsys writes straight to shared storage.
     RUN_DOCKER_OPTS+=(-v "${dir}:${dir}")
     [[ -n ${SM_NSYS_HOST_PATH:-} ]] && RUN_DOCKER_OPTS+=(-v "${SM_NSYS_HOST_PATH}:${PROFILE_NSYS_MOUNT}:ro")
-    local pairs=()
     util::split0 pairs profile::worker_env || return 2
     for pair in "${pairs[@]+"${pairs[@]}"}"; do
       name=${pair%%=*}
@@ -312,6 +317,16 @@ profile::before_run() {
     done
   fi
   util::split0 SM_PROFILE_PREFIX profile::nsys_prefix || return 2
+}
+
+# profile::before_run: profile::run_args, and for nsys the report dir made and this rank's report
+# announced to the batch step's flush.
+profile::before_run() {
+  [[ ${SM_PROFILE} == nsys ]] || { profile::run_args; return; }
+  local dir
+  dir=$(profile::dir)
+  mkdir -p "${dir}" || { log::error profile "cannot create the report directory ${dir} on $(hostname)"; return 1; }
+  profile::run_args || return
   : >"${SM_NODE_DIR}/.profile-nsys" # tells the batch flush this rank's report is coming
   PROFILE_NODE_ACTIVE=1
   log::info profile "nsys: this rank's report: ${dir}/${SLURM_JOB_ID:-}_${SLURMD_NODENAME:-}_rank${SLURM_PROCID:-}.nsys-rep"
@@ -339,15 +354,14 @@ profile::after_run() {
 
 # ---- dry run -------------------------------------------------------------------------------------
 
-# profile::dry_run_panel NNODES: type, runtime, windows, the launcher argv, tool options, reports.
+# profile::dry_run_panel: type, runtime, windows, tool options, reports (the launcher is the batch step's).
 profile::dry_run_panel() {
-  local nnodes=$1 argv=() opts=() env=() window
+  local opts=() env=() window
   window=$(profile::window)
-  SLURM_JOB_NUM_NODES=${nnodes} launch::step_argv || return 2
-  argv=("${LAUNCH_ARGV[@]}")
   util::split0 env profile::worker_env || return 2
   printf 'Profiling\n'
-  printf '  %-16s %s\n' type "${SM_PROFILE}" runtime "${SM_RUNTIME}" framework "${SM_FRAMEWORK:-}"
+  printf '  %-16s %s\n' type "${SM_PROFILE}" runtime "${SM_RUNTIME}"
+  [[ -z ${SM_FRAMEWORK:-} ]] || printf '  %-16s %s\n' framework "${SM_FRAMEWORK}"
   if [[ ${SM_PROFILE} == none ]]; then
     printf '  %-16s %s\n' window "(profiling off)"
   elif [[ -n ${window} ]]; then
@@ -355,12 +369,11 @@ profile::dry_run_panel() {
   else
     printf '  %-16s %s\n' window "the whole run"
   fi
-  printf '  %-16s %s\n' "worker step" "$(printf '%q ' "${argv[@]}")"
   case ${SM_PROFILE} in
     nsys)
       util::split0 opts profile::nsys_prefix || return 2
-      printf '  %-16s %s\n' "nsys prefix" "$(printf '%q ' "${opts[@]}")"
-      printf '  %-16s %s\n' "tool options" "${SM_PROFILE_TOOL_OPTIONS:-$(printf '%q ' "${opts[@]:2:${#opts[@]}-4}")}"
+      printf '  %-16s %s\n' "nsys prefix" "$(log::quote "${opts[@]}")"
+      printf '  %-16s %s\n' "tool options" "${SM_PROFILE_TOOL_OPTIONS:-$(log::quote "${opts[@]:2:${#opts[@]}-4}")}"
       printf '  %-16s %s\n' "report output" "$(profile::dir)/${PROFILE_REPORT_NAME}.nsys-rep (one per rank)"
       [[ ${SM_RUNTIME} == docker ]] &&
         printf '  %-16s %s\n' mounts "$(profile::dir) (same path)${SM_NSYS_HOST_PATH:+, ${SM_NSYS_HOST_PATH} -> ${PROFILE_NSYS_MOUNT} (ro)}"
@@ -368,14 +381,12 @@ profile::dry_run_panel() {
       local profiled_grace="settle ${SM_FLUSH_SETTLE_SECONDS} + ${PROFILE_STOP_GRACE_MARGIN}"
       [[ -z ${SM_PROFILE_STOP_GRACE:-} ]] || profiled_grace="--profile-stop-grace ${SM_PROFILE_STOP_GRACE}"
       printf '  %-16s %s\n' "stop grace" "$(profile::stop_grace) s (the larger of --stop-grace ${SM_STOP_GRACE} and ${profiled_grace})"
-      # The per-node docker argv below shows the prefix too (this is the dry run's subshell).
-      util::split0 SM_PROFILE_PREFIX profile::nsys_prefix || return 2
       ;;
     nsight-slurm)
       util::split0 opts profile::nsight_tool_options || return 2
       printf '  %-16s %s\n' install "${SM_NSIGHT_SLURM_HOME} (bin/nsight-slurm, bin/nsight-slurm-connector)"
       printf '  %-16s %s\n' "tool path" "${SM_NSIGHT_SLURM_TOOL_PATH}" "profiling mode" "$(profile::nsight_mode)"
-      printf '  %-16s %s\n' "tool options" "$(printf '%q ' "${opts[@]}")"
+      printf '  %-16s %s\n' "tool options" "$(log::quote "${opts[@]}")"
       printf '  %-16s %s\n' "report output" "$(profile::nsight_workspace) (workspace)"
       printf '  %-16s %s\n' "direct reports" "$(profile::nsight_direct)/${PROFILE_REPORT_NAME}.nsys-rep (one per rank)"
       printf '  %-16s %s\n' "runtime dir" "$(profile::nsight_runtime) (pyxis: mounted at /nsrt; rescued into $(profile::nsight_rescued))"

@@ -309,7 +309,8 @@ def prepare(
     if runtime == "docker" and detect:
         check_docker_engine(env, node)
     resolve_build_paths(ctx, env)
-    reachable_self_address(ctx, env, socket.gethostname())
+    if shown_scratch is None:  # a fact of the node itself: the dry run cannot know it
+        reachable_self_address(ctx, env, socket.gethostname())
     gpu_args = gpu_arguments(ctx, detected, node) if detect else []
     os.makedirs(os.path.join(scratch, "output"), exist_ok=True)
     run = model_run(ctx, env, runtime, detected, gpu_args, scratch, shown, dry_run=shown_scratch is not None)

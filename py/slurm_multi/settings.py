@@ -75,7 +75,8 @@ TABLE: tuple[Setting, ...] = (
       "cache already holds the image)", kind="choice", choices=("cache", "relay", "auto")),
     S("SM_RELAY_FANOUT", "--relay-fanout", "K", "1",
       "relay topology: 1 is a chain, K a tree where every node forwards to K others", kind="count"),
-    S("SM_OUT", "--out", "DIR", "./slurm_output", "where job outputs go: <out>/<model>/<jobid>/", core=True),
+    S("SM_OUT", "--out", "DIR", "./slurm_output", "where job outputs go: <out>/<model>/<jobid>/", core=True,
+      kind="abs-path"),
     S("SM_TIMEOUT", "--timeout", "SECONDS", "", "workload time limit per node (0 = none)", kind="seconds",
       default_doc="the manifest model's timeout, else 3600", core=True),
     S("SM_HANG_TIMEOUT", "--hang-timeout", "SECONDS", "900",
@@ -345,10 +346,11 @@ def _check_kind(r: Resolved, s: Setting) -> None:
         raise SettingsError(f"{flag} '{value}': expected {_one_of(s.choices)}")
     if s.kind == "bool" and value.lower() not in BOOL:
         raise SettingsError(f"{flag} '{value}': expected true or false")
-    if s.kind == "abs-path" and not value.startswith("/"):
+    if s.kind == "abs-path" and not value.startswith("/") and r.label(s.name) != "default":
         raise SettingsError(
             f"{flag} '{value}' must be absolute: every node resolves it, each from its own working "
-            "directory (give the same shared directory on every node, e.g. /shared/sm-cache)"
+            f"directory (give the same shared directory on every node, e.g. {os.path.abspath(value)} "
+            "if that is shared)"
         )
     if s.kind == "name" and not re.fullmatch(r"[a-z0-9_.-]+", value):
         raise SettingsError(f"{flag} '{value}': expected a lowercase name such as trtllm")

@@ -38,6 +38,7 @@ setup() {
   assert [ -n "${id1}" ]
   assert_equal "${id2}" "${id1}"
   assert_equal "$(e2e::json "${JOB_DIR}/node_1/status.json" 'd["image_id"]')" "${id1}"
+  e2e::assert_dry_run_is_the_job 0 1
 }
 
 @test "a second run finds the warm cache: no save, no load, and a faster image stage" {
@@ -174,4 +175,5 @@ setup() {
   run grep -h -o '^rank [0-9] of [0-9]' "${JOB_DIR}"/node_*/node.log
   assert_equal "$(printf '%s\n' "${lines[@]}" | sort | paste -sd,)" "rank 0 of 4,rank 1 of 4,rank 2 of 4,rank 3 of 4"
   assert_equal "$(e2e::json "${JOB_DIR}/summary.json" 'len(d["nodes"]), d["verdict"]')" "(4, 'SUCCESS')"
+  e2e::assert_dry_run_is_the_job 0 1
 }

@@ -56,6 +56,7 @@ staged() {
   assert_equal "$(sed -n 's/^id=//p' "$(sqsh).id")" "$(e2e::image_id node1)"
   assert_equal "$(sed -n 's/^bytes=//p' "$(sqsh).id")" "$(stat -c %s "$(sqsh)")"
   assert_equal "$(e2e::json "${JOB_DIR}/node_1/status.json" 'd["image_id"]')" "$(e2e::image_id node1)"
+  e2e::assert_dry_run_is_the_job 0 1
 }
 
 @test "pyxis, 3 nodes, warm: the squashfs is reused as it is, the last rank's CSV is chosen" {
@@ -216,11 +217,12 @@ PY
     e2e::assert_complete_report "${JOB_DIR}/profile/${JOB_ID}_${node}_rank${r}.nsys-rep"
     run cat "${JOB_DIR}/node_${r}/node.log"
     assert_output --regexp "--container-mounts=[^ ]*${JOB_DIR}/profile:${JOB_DIR}/profile"
-    assert_output --regexp "sm-rank /opt/slurm-multi/bin/nsys profile .* -o ${JOB_DIR}/profile/"
+    assert_output --regexp "sm-rank /opt/slurm-multi/bin/nsys profile .* -o '${JOB_DIR}/profile/"
     assert_output --partial "nsys report of rank ${r} settled"
   done
   run find "${JOB_DIR}/profile" -name '*.nsys-rep'
   assert_equal "${#lines[@]}" 2
+  e2e::assert_dry_run_is_the_job 0 1
 }
 
 @test "pyxis + nsys scancelled mid-run: no report is lost, every rank staged" {

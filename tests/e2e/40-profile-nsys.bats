@@ -40,7 +40,7 @@ node_of() { e2e::json "${JOB_DIR}/node_$1/status.json" 'd["node"]'; }
     e2e::assert_complete_report "${JOB_DIR}/profile/${JOB_ID}_${node}_rank${r}.nsys-rep"
     run cat "${JOB_DIR}/node_${r}/node.log"
     # nsys ran inside the container, with the rank env and the profile window.
-    assert_output --regexp "docker run .* -v ${JOB_DIR}/profile:${JOB_DIR}/profile .*-e TLLM_PROFILE_START_STOP .*toy/model:local sh -c .* sm-model /opt/slurm-multi/bin/nsys profile -t cuda-sw\\\\,nvtx\\\\,python-gil .* -o ${JOB_DIR}/profile/%q\\\\\{SLURM_JOB_ID\\\\\}_%q\\\\\{SLURMD_NODENAME\\\\\}_rank%q\\\\\{SLURM_PROCID\\\\\} bash run.sh"
+    assert_output --regexp "docker run .* -v ${JOB_DIR}/profile:${JOB_DIR}/profile .*-e TLLM_PROFILE_START_STOP .*toy/model:local sh -c .* sm-model /opt/slurm-multi/bin/nsys profile -t cuda-sw,nvtx,python-gil .* -o '${JOB_DIR}/profile/%q\\{SLURM_JOB_ID\\}_%q\\{SLURMD_NODENAME\\}_rank%q\\{SLURM_PROCID\\}' bash run.sh"
     assert_output --partial "Generated:"
     assert_output --partial "nsys report of rank ${r} settled"
   done
@@ -52,6 +52,8 @@ node_of() { e2e::json "${JOB_DIR}/node_$1/status.json" 'd["node"]'; }
   run cat "${JOB_OUT}"
   assert_output --regexp "profile: 2 of 2 reports \([0-9.]+ kB\)"
   assert_equal "$(e2e::json "${JOB_DIR}/summary.json" '[r["settled"] for r in d["profile"]["ranks"]]')" "[True, True]"
+  # The dry run showed this argv, profile mount and worker env included.
+  e2e::assert_dry_run_is_the_job 0 1
 }
 
 @test "nsys, scancelled mid-run: every rank's report is complete, flushed before the steps were killed" {

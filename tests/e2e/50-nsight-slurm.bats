@@ -101,6 +101,7 @@ PY
   assert_output "$(printf '%s\n' 'configure tool-path' 'configure tool-command' 'configure profiling-mode' \
     'configure tool-options' 'configure report-output' 'disable pyxis' 'coordinator start' 'configure' \
     'srun --nodes' 'stop --job' 'coordinator stop')"
+  e2e::assert_dry_run_is_the_job 0 1
 }
 
 @test "nsight-slurm without the IPv4 override: node1's ranks time out, node2's join, and the probe says why" {

@@ -169,6 +169,8 @@ e2e::run_job() {
   cd "${BATS_FILE_TMPDIR}" || return 1
   e2e::sbatch_wait "${sargs[@]}" -o "${BATS_FILE_TMPDIR}/job-%j.out" "${REPO_ROOT}/sbatch/multi.sbatch" \
     --out "${out}" "$@"
+  # What e2e::assert_dry_run_is_the_job gives the dry run.
+  E2E_JOB_SARGS=("${sargs[@]}") E2E_JOB_ARGS=(--out "${out}" "$@")
   JOB_OUT=${BATS_FILE_TMPDIR}/job-${JOB_ID}.out
   JOB_DIR=$(find "${out}" -mindepth 2 -maxdepth 2 -type d -name "${JOB_ID}" | head -n 1)
   export JOB_OUT JOB_DIR
@@ -177,6 +179,30 @@ e2e::run_job() {
     cat "${JOB_OUT}" >&2 2>/dev/null || true
     return 1
   fi
+}
+
+# e2e::assert_dry_run_is_the_job [RANK...]: the dry run of the last e2e::run_job (its sbatch -N and
+# --ntasks-per-node, its arguments, as the job's user, from where it was submitted) shows the batch
+# step's srun and each RANK's run command (default 0 1) word for word as the job logged them, bar
+# what only the job can know (tests/e2e/dry_run_vs_job.py).
+e2e::assert_dry_run_is_the_job() {
+  local ranks=("${@:-0}") nodes=1 tasks="" arg prev="" dry=${BATS_TEST_TMPDIR}/dry-run.txt
+  (($#)) || ranks=(0 1)
+  for arg in "${E2E_JOB_SARGS[@]}"; do
+    case ${prev}:${arg} in
+      -N:* | --nodes:*) nodes=${arg} ;;
+      *:-N?*) nodes=${arg#-N} ;;
+      *:--nodes=*) nodes=${arg#--nodes=} ;;
+      *:--ntasks-per-node=*) tasks=${arg#--ntasks-per-node=} ;;
+    esac
+    prev=${arg}
+  done
+  (cd "${BATS_FILE_TMPDIR}" && runuser -u "${E2E_USER}" -- env ${tasks:+SLURM_NTASKS_PER_NODE=${tasks}} \
+    bash "${REPO_ROOT}/sbatch/multi.sbatch" --dry-run -N "${nodes}" "${E2E_JOB_ARGS[@]}") >"${dry}" 2>&1 ||
+    { cat "${dry}" >&2; return 1; }
+  run "${SM_PYTHON}" "${REPO_ROOT}/tests/e2e/dry_run_vs_job.py" "${JOB_ID}" "${dry}" "${JOB_DIR}" "${ranks[@]}"
+  assert_success
+  assert_output --partial "dry run == job"
 }
 
 # e2e::json FILE EXPR: evaluate a Python expression over the parsed JSON file (bound to `d`).

@@ -142,6 +142,8 @@ def test_bash_defines_no_default_of_a_setting_in_the_table():
         ({}, ["--framework", "TRT"], "--framework 'TRT': expected a lowercase name"),
         ({}, ["--image-cache", "cache"], "--image-cache 'cache' must be absolute"),
         ({"MAD_DOCKER_BUILDS": "./c"}, [], "--image-cache (from MAD_DOCKER_BUILDS) './c' must be absolute"),
+        ({}, ["--out", "results"], "--out 'results' must be absolute"),
+        ({"SM_OUT": "results"}, [], "--out (from SM_OUT) 'results' must be absolute"),
         (
             {},
             ["--profile", "nsys", "--nsys-host-path", "/nonexistent/nsys"],
@@ -272,3 +274,8 @@ def test_defaults_and_what_does_matter_are_not_warned_about():
     assert (
         table.unused(resolved({}, ["--profile", "nsys", "--profile-dir", "/r", "--relay-fanout", "2"])) == []
     )
+
+
+def test_the_default_out_is_relative_to_the_submit_dir_and_accepted():
+    r = check({}, ["--image", "img"])  # the default ./slurm_output is not the user's relative path
+    assert (r.values["SM_OUT"], r.label("SM_OUT")) == ("./slurm_output", "default")
