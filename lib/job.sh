@@ -461,8 +461,12 @@ job::dry_run_runtime() {
     local transport
     case ${SM_IMAGE_TRANSPORT} in
       relay) transport="relay: rank 0 streams its image node to node while it saves it (--image-transport relay)" ;;
-      cache) transport="cache: rank 0 saves a tar in --image-cache, the workers load it (--image-transport cache)" ;;
-      auto) transport="auto: nothing moves to a worker that already holds rank 0's image; else the cache's tar when${SM_IMAGE_CACHE:+ ${SM_IMAGE_CACHE}} holds it (rank 0 looks), else the relay" ;;
+      cache) transport="cache: rank 0 saves a tar in --image-cache, the workers load it; a worker that does not see rank 0's tar there fails the job (--image-transport cache)" ;;
+      auto)
+        local via_cache=
+        [[ -z ${SM_IMAGE_CACHE:-} ]] || via_cache="the tar in ${SM_IMAGE_CACHE} when it holds rank 0's image as every node sees it, else "
+        transport="auto: nothing moves to a worker that already holds rank 0's image; else ${via_cache}the relay"
+        ;;
     esac
     printf '  %-16s %s\n' "image transport" "${transport}"
   fi

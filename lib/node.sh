@@ -349,10 +349,23 @@ node::image_docker_rank0() {
   export SM_IMAGE_ID=${id}
   NODE_IMAGE_RELEASE=${id}
   [[ $1 == barrier ]] || return 0
-  if node::workers_hold "${id}"; then
+  local how=
+  if ! node::workers_hold "${id}"; then
+    how=$(image::transport "${id}")
+    # The cache only when every worker sees there what rank 0 sees (never rank 0's view alone).
+    if [[ ${how} == cache ]] && ! node::workers_see_cache "${id}"; then
+      if [[ ${SM_IMAGE_TRANSPORT} == cache ]]; then
+        NODE_IMAGE_FAILED="--image-transport cache: ${NODE_CACHE_UNSEEN}"
+        return 1
+      fi
+      log::warn image "${NODE_CACHE_UNSEEN}; relaying the image instead"
+      how=relay
+    fi
+  fi
+  if [[ -z ${how} ]]; then
     # A warm job moves nothing, with or without --image-cache: no save, no stream, no load.
     log::info image "every worker already holds ${SM_IMAGE} ${id:7:12}: nothing to save, stream or load"
-  elif [[ $(image::transport "${id}") == relay ]]; then
+  elif [[ ${how} == relay ]]; then
     # Released first: the workers dial in and load while this node saves.
     log::info image "relaying ${SM_IMAGE} ${id:7:12} to the workers while it is saved (--image-transport ${SM_IMAGE_TRANSPORT})"
     NODE_IMAGE_RELEASE=relay+${id} NODE_IMAGE_THEN=node::image_docker_relay
@@ -443,6 +456,33 @@ node::workers_hold() {
   return 1
 }
 
+# node::workers_see_cache ID: when rank 0's cache tar holds ID, every worker that does not hold ID
+# itself said (in its image READY: barrier.holds' third column) that it sees that tar too; else
+# NODE_CACHE_UNSEEN says which ranks do not (a cache dir that is node-local, or another directory
+# on some nodes). A worker that has not said counts as not seeing it, unless --image-transport
+# cache forces the cache (then only what a worker said counts). A cache that holds nothing yet is
+# rank 0's to fill: nothing to check.
+node::workers_see_cache() {
+  local want=$1 tar unseen silent=1 workers=$((${SM_NTASKS:-${NNODES}} - 1))
+  NODE_CACHE_UNSEEN=
+  tar=${SM_IMAGE_CACHE}/$(image::cache_key "${SM_IMAGE}").tar
+  cache::holds "${tar}" "${want}" || return 0
+  [[ ${SM_IMAGE_TRANSPORT} != cache ]] || silent=0
+  local holds=${SM_SCRATCH}/barrier.holds
+  [[ -f ${holds} ]] || holds=/dev/null
+  unseen=$(awk -v want="${want}" -v seen="${want:7:16}" -v workers="${workers}" -v silent="${silent}" '
+    { h[$1] = $2; c[$1] = $3 }
+    END { for (r = 1; r <= workers; r++) if (((r in h) || silent) && h[r] != want && c[r] != seen) printf "%s%s", (n++ ? " " : ""), r }' \
+    "${holds}")
+  [[ -n ${unseen} ]] || return 0
+  local r hosts=() names='' list
+  list=$(slurm::hostnames "${SLURM_JOB_NODELIST:-}") || list=
+  mapfile -t hosts <<<"${list}"
+  for r in ${unseen}; do names+="${names:+, }rank ${r}${hosts[r]:+ (${hosts[r]})}"; done
+  NODE_CACHE_UNSEEN="${names} do(es) not see the ${SM_IMAGE} tar that rank 0 sees (${tar}): --image-cache ${SM_IMAGE_CACHE} must be the same shared directory on every node"
+  return 1
+}
+
 # node::await_release: a worker reads the ID rank 0 released (its join helper prints it) into
 # NODE_RELEASED; the helper's own reason is the stage's when it fails.
 node::await_release() {
@@ -476,13 +516,19 @@ node::join_image_phase() {
     --connect-timeout "${SM_BARRIER_TIMEOUT}" --wait-timeout "$((SM_IMAGE_TIMEOUT + SM_BARRIER_TIMEOUT))")
   # It tells rank 0 which ID of the image this node holds: rank 0 moves nothing to a holder. (It
   # starts beside prepare, before SM_IMAGE is resolved here: the plan's JOB_IMAGE is the same.)
-  local ref=${SM_IMAGE:-${JOB_IMAGE:-}}
+  local ref=${SM_IMAGE:-${JOB_IMAGE:-}} tar=
   [[ ${SM_RUNTIME} != docker || -z ${ref} ]] || argv+=(--holds-image "${ref}")
-  log::cmd image "${SM_HOME}/bin/slurm-multi" "${argv[@]}"
-  log::info image "(its stdout is a pipe to this task; SIGUSR1 from this task starts its start phase)"
+  # And which image the shared cache's tar holds as this node sees it (rank 0 sends the cache only
+  # to nodes that see its tar): read in the helper's own process, off this task's path.
+  [[ ${SM_RUNTIME} != docker || -z ${ref} || -z ${SM_IMAGE_CACHE:-} ]] || tar=${SM_IMAGE_CACHE}/$(image::cache_key "${ref}").tar
   # Not util::py: the process substitution must BE the helper (exec), so SIGUSR1 reaches Python.
-  exec {NODE_JOIN_FD}< <(SM_ERROR_FILE=${SM_SCRATCH}/join.error PYTHONPATH="${SM_HOME}/py${PYTHONPATH:+:${PYTHONPATH}}" \
-    exec "${SM_PYTHON}" -m slurm_multi "${argv[@]}")
+  exec {NODE_JOIN_FD}< <(
+    if [[ -n ${tar} ]] && cache::holds "${tar}"; then argv+=(--cache-holds "$(cache::get "${tar}" id)"); fi
+    log::cmd image "${SM_HOME}/bin/slurm-multi" "${argv[@]}"
+    log::info image "(its stdout is a pipe to this task; SIGUSR1 from this task starts its start phase)"
+    SM_ERROR_FILE=${SM_SCRATCH}/join.error PYTHONPATH="${SM_HOME}/py${PYTHONPATH:+:${PYTHONPATH}}" \
+      exec "${SM_PYTHON}" -m slurm_multi "${argv[@]}"
+  )
   NODE_JOIN_PID=$!
 }
 

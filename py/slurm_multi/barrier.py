@@ -50,6 +50,7 @@ from slurm_multi.net import (
     secs,
 )
 from slurm_multi.wire import (
+    CACHE_SEEN_HEX,
     DEFAULT_TOKEN_ENV,
     HELD_ID_RE,
     IMAGE_ID_RE,
@@ -165,8 +166,10 @@ class BarrierServer:
         barrier_timeout: float | None = None,
         holds_fd: int | None = None,
     ) -> None:
-        """holds_fd: an O_APPEND file that gets `<rank> <image-id or ->` for every image READY
-        before the release (what each worker already holds: rank 0 moves nothing to a holder)."""
+        """holds_fd: an O_APPEND file that gets `<rank> <image-id or -> <cache-id or ->` for every
+        image READY before the release (what each worker already holds: rank 0 moves nothing to a
+        holder; and the start of the image ID it sees in the shared cache's tar: rank 0 sends the
+        cache only to workers that see rank 0's)."""
         if nnodes < 1:
             raise usage_error("barrier: --nnodes must be at least 1")
         self.token = token
@@ -604,7 +607,7 @@ class BarrierServer:
         waiting[msg.rank] = conn
         if msg.phase == "image" and self._holds_fd is not None:
             try:  # one short write to an O_APPEND file: whole lines, whoever reads it meanwhile
-                os.write(self._holds_fd, f"{msg.rank} {msg.holds or '-'}\n".encode())
+                os.write(self._holds_fd, f"{msg.rank} {msg.holds or '-'} {msg.cache or '-'}\n".encode())
             except OSError as exc:
                 self._log(f"cannot record what rank {msg.rank} holds ({describe(exc)}); it gets the image")
                 self._holds_fd = None
@@ -866,21 +869,27 @@ def join(
     *,
     phase: str = "start",
     holds: str = "",
+    cache: str = "",
     connect_timeout: float = 600.0,
     wait_timeout: float = 600.0,
     log: Log = _talk,
     sleep: Callable[[float], None] = time.sleep,
 ) -> str:
     """Send READY to rank 0 and return the image ID from its GO. `holds` (image phase only): the
-    image ID this node already has, so that rank 0 moves no image to a node that holds its own.
+    image ID this node already has, so that rank 0 moves no image to a node that holds its own;
+    `cache` (image phase only): the image ID this node sees in the shared cache's tar, so that rank
+    0 picks the cache only when every worker sees what it sees.
 
     Raises BarrierAborted (exit 1) on ABORT, HelperError exit 2 on an ERR reply, exit 3 when rank 0
     does not answer within `connect_timeout` or GO does not come within `wait_timeout` (a separate
     budget that starts at the first connection: rank 0 may spend a long time building first).
     """
-    if holds and (phase != "image" or not HELD_ID_RE.fullmatch(holds)):
-        raise usage_error(f"barrier: holds {holds!r}: not an image ID (sha256:<64 hex>) of the image phase")
+    for given in (holds, cache):
+        if given and (phase != "image" or not HELD_ID_RE.fullmatch(given)):
+            raise usage_error(f"barrier: {given!r}: not an image ID (sha256:<64 hex>) of the image phase")
     ready = [str(rank), phase, *([holds] if holds else [])]
+    if cache:
+        ready += [*([] if holds else ["-"]), "cache:" + cache[7 : 7 + CACHE_SEEN_HEX]]
     dialer = _Dialer(host, list(ports), log=log, sleep=sleep)
     started = time.monotonic()
     deadline = started + connect_timeout
@@ -1361,6 +1370,13 @@ def abort_cmd(
     help="Image phase: tell rank 0 the ID of REF on this node's docker engine (DOCKER_HOST), so that "
     "rank 0 moves no image to a node that already holds its own.",
 )
+@click.option(
+    "--cache-holds",
+    metavar="ID",
+    default="",
+    help="Image phase: the image ID this node sees in the shared cache's tar (lib/node.sh reads its "
+    "sidecar), so that rank 0 sends the cache only to workers that see what it sees.",
+)
 @_token_option
 def join_cmd(
     rank: int,
@@ -1375,6 +1391,7 @@ def join_cmd(
     connect_timeout: float,
     wait_timeout: float,
     holds_image: str | None,
+    cache_holds: str,
     token_env: str,
 ) -> None:
     """Worker: wait for rank 0's GO and print its image ID on stdout.
@@ -1410,6 +1427,7 @@ def join_cmd(
         rank,
         phase="image" if phase == "both" else phase,
         holds=holds,
+        cache=cache_holds if phase != "start" else "",
         connect_timeout=connect_timeout,
         wait_timeout=wait_timeout,
     )

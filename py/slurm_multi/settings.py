@@ -346,7 +346,8 @@ def _check_kind(r: Resolved, s: Setting) -> None:
         raise SettingsError(f"{flag} '{value}': expected {_one_of(s.choices)}")
     if s.kind == "bool" and value.lower() not in BOOL:
         raise SettingsError(f"{flag} '{value}': expected true or false")
-    if s.kind == "abs-path" and not value.startswith("/") and r.label(s.name) != "default":
+    # The default ./slurm_output is the submit dir's (job.json records it as it is, for re-runs).
+    if s.kind == "abs-path" and not value.startswith("/") and value != s.default:
         raise SettingsError(
             f"{flag} '{value}' must be absolute: every node resolves it, each from its own working "
             f"directory (give the same shared directory on every node, e.g. {os.path.abspath(value)} "

@@ -8,9 +8,12 @@ the client picks its own nonce C, and each side signs its line with `auth.mac(to
 direction, so a signed request can never pass for a reply (or the other way round).
 
     rank 0     -> CHALLENGE <S>                                         (on accept)
-    worker     -> READY <mac> <C> <rank> [image [<held-id>]|start]      (phase defaults to `start`)
-                  mac = mac(token, "to-rank0", "READY", S, C, rank, phase[, held-id])
-                  (held-id: the image ID this node already holds; serve --holds-file records it)
+    worker     -> READY <mac> <C> <rank> [image [<held-id>|- [cache:<16 hex>]]|start]
+                  (phase defaults to `start`)
+                  mac = mac(token, "to-rank0", "READY", S, C, rank, phase[, held-id[, cache]])
+                  (held-id: the image ID this node already holds; cache: the first 16 hex digits of
+                  the image ID this node sees in the --image-cache tar; serve --holds-file records
+                  both, so rank 0 never picks the cache from its own view alone)
     controller -> RELEASE <mac> <C> <image-id>  |  ABORT <mac> <C> <reason>
                   mac = mac(token, "to-rank0", verb, S, C, image-id | reason)
     rank 0     -> WAIT <mac> <rank>   (at once, to a READY it keeps waiting; then, later, one of:)
@@ -56,6 +59,10 @@ RANK_RE = re.compile(r"0|[1-9][0-9]{0,8}")  # ASCII only: `\d` would accept unic
 IMAGE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,159}")
 # What an image READY may say the worker holds: a local image ID, nothing else.
 HELD_ID_RE = re.compile(r"sha256:[0-9a-f]{64}")
+# What it sees in the shared cache: the start of the cached tar's image ID (the whole would not fit
+# MAX_LINE beside a held ID).
+CACHE_SEEN_HEX = 16
+CACHE_SEEN_RE = re.compile(rf"cache:[0-9a-f]{{{CACHE_SEEN_HEX}}}")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -75,6 +82,7 @@ class Message:
     reason: str = ""
     nonce: str = ""  # the client's nonce C: rank 0 signs its reply over it
     holds: str = ""  # an image READY's: the image ID the worker already has (`sha256:…`), if any
+    cache: str = ""  # an image READY's: the 16 hex digits of the cache tar's image ID it sees, if any
 
 
 @dataclass(frozen=True)
@@ -193,15 +201,20 @@ def parse_line(line: bytes | str, token: str, nnodes: int, challenge: str) -> Me
         if not IMAGE_ID_RE.fullmatch(rest):
             raise ProtocolError("bad image id")
         return Message("RELEASE", image_id=rest, nonce=nonce)
-    if len(fields) not in (2, 3):
+    if len(fields) not in (2, 3, 4):
         raise ProtocolError("malformed READY")
     rank = parse_rank(fields[0], nnodes)
     if fields[1] not in PHASES:
         raise ProtocolError("bad phase")
-    holds = fields[2] if len(fields) == 3 else ""
-    if holds and (fields[1] != "image" or not HELD_ID_RE.fullmatch(holds)):
+    holds = fields[2] if len(fields) >= 3 else ""
+    cache = fields[3] if len(fields) == 4 else ""
+    if holds and (fields[1] != "image" or not (HELD_ID_RE.fullmatch(holds) or (cache and holds == "-"))):
         raise ProtocolError("bad held image id")
-    return Message("READY", rank=rank, phase=fields[1], nonce=nonce, holds=holds)
+    if cache and not CACHE_SEEN_RE.fullmatch(cache):
+        raise ProtocolError("bad cache id")
+    holds = "" if holds == "-" else holds
+    return Message("READY", rank=rank, phase=fields[1], nonce=nonce, holds=holds,
+                   cache=cache.removeprefix("cache:"))  # fmt: skip
 
 
 def parse_reply(line: bytes | str, token: str, challenge: str, nonce: str) -> Reply:

@@ -335,6 +335,40 @@ hold_lock() {
   assert_equal "$(count_calls 'node1 save')" 1
 }
 
+@test "rank 0 sends the warm cache only when every worker sees its tar; a node-local cache is relayed, or refused when forced" {
+  export SM_IMAGE_CACHE=${CACHE} SLURM_JOB_NODELIST=node1,node2
+  local id
+  id=$(build node1)
+  on node1 image::cache_save "${CACHE}" "${KEY}" "${id}" fp 2>/dev/null
+  # The worker sees the same tar: the cache it is.
+  echo "1 - ${id:7:16}" >"${SM_SCRATCH}/barrier.holds"
+  run stage node1 0
+  assert_line "rc=0"
+  assert_equal "$(cat "${BATS_TEST_TMPDIR}/control")" "RELEASE ${id}"
+  refute_output --partial "relaying"
+  # It sees no tar there (a node-local dir): the relay, saying why.
+  rm -f "${BATS_TEST_TMPDIR}/control"
+  echo "1 - -" >"${SM_SCRATCH}/barrier.holds"
+  run stage node1 0 'image::relay_send() { return 0; }'
+  assert_line "rc=0"
+  assert_equal "$(cat "${BATS_TEST_TMPDIR}/control")" "RELEASE relay+${id}"
+  assert_output --partial "rank 1 (node2) do(es) not see the toy/model:local tar that rank 0 sees (${TAR}): --image-cache ${CACHE} must be the same shared directory on every node; relaying the image instead"
+  # Another image's tar under that name, or a worker that never said: not seen either.
+  for said in "1 - 0123456789abcdef" ""; do
+    rm -f "${BATS_TEST_TMPDIR}/control"
+    printf '%s' "${said:+${said}$'\n'}" >"${SM_SCRATCH}/barrier.holds"
+    run stage node1 0 'image::relay_send() { return 0; }; NODE_HOLDS_WAIT=0'
+    assert_equal "$(cat "${BATS_TEST_TMPDIR}/control")" "RELEASE relay+${id}"
+  done
+  # --image-transport cache: the job cannot do what it was told, and says so before anything moves.
+  rm -f "${BATS_TEST_TMPDIR}/control"
+  echo "1 - -" >"${SM_SCRATCH}/barrier.holds"
+  SM_IMAGE_TRANSPORT=cache run stage node1 0
+  assert_line "rc=1"
+  assert_line --partial "reason=rank 0 ($(hostname)): image stage failed: --image-transport cache: rank 1 (node2) do(es) not see"
+  assert_equal "$(head -c 6 "${BATS_TEST_TMPDIR}/control")" "ABORT "
+}
+
 @test "rank 0 that cannot obtain the image tells every worker why (ABORT) and fails with that reason" {
   run stage node1 0
   local reason="rank 0 ($(hostname)): image stage failed: cannot obtain toy/model:local (see node_0/node.log)"

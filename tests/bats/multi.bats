@@ -92,7 +92,7 @@ setup() {
   assert_output --regexp "srun --nodes=3 --ntasks-per-node=1 .*bin/sm-node --jobdir"
   # The model's script dir read-only at /sm-model, copied into the run directory by the container
   # (madengine's run_directory), then `bash <script> <args>` there.
-  assert_output --regexp "docker run --name sm-DRYRUN-r2 --network host --init -v [^ ]*/slurm-multi.DRYRUN.r2/output:/sm-out -v [^ ]*/examples/toy/scripts/toy_model:/sm-model:ro --shm-size 64M -w /myworkspace/run_directory .* --env-file [^ ]*/slurm-multi.DRYRUN.r2/container.env -e HF_TOKEN toy/model:local sh -c cp.* sm-model bash run.sh --steps 20"
+  assert_output --regexp "docker run --name sm-DRYRUN-r2 --network host --init -v [^ ]*/slurm-multi.DRYRUN.r2/output:/sm-out -v [^ ]*/examples/toy/scripts/toy_model:/sm-model:ro --shm-size 64M -w /myworkspace/run_directory .* --env-file [^ ]*/slurm-multi.DRYRUN.r2/container.env -e HF_TOKEN toy/model:local sh -c .cp.* sm-model bash run.sh --steps 20"
   assert_output --regexp "MAD_MULTI_NODE_RUNNER=torchrun --standalone --nproc_per_node=1"
   assert_output --partial "MAD_COLLECT_METRICS=false"
   assert_output --partial "mounts and options (after de-duplication)"

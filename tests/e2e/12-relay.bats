@@ -124,6 +124,35 @@ assert_timeline() {
   assert_timeline 3
 }
 
+@test "an --image-cache that is node-local: the warm run sees it on rank 0 only, says so and relays; forced, it fails naming the node" {
+  # Each node its own empty directory under one name (a tmpfs in each node's mount namespace).
+  local dir=/var/tmp/sm-e2e-localcache node
+  for node in node1 node2; do
+    "${REPO_ROOT}/tests/cluster/exec" "${node}" sh -c "mkdir -p ${dir} && mount -t tmpfs -o size=256m,mode=1777 tmpfs ${dir}"
+  done
+  e2e::run_job -N2 -- --manifest "${TOY_MANIFEST}" --image-cache "${dir}"  # cold: rank 0 fills its own
+  assert_equal "${JOB_RC}" 0
+  "${REPO_ROOT}/tests/cluster/exec" node2 docker image rm -f toy/model:local >/dev/null
+  e2e::run_job -N2 -- --manifest "${TOY_MANIFEST}" --image-cache "${dir}"
+  local ok_rc=${JOB_RC} ok_dir=${JOB_DIR}
+  "${REPO_ROOT}/tests/cluster/exec" node2 docker image rm -f toy/model:local >/dev/null
+  e2e::run_job -N2 -- --manifest "${TOY_MANIFEST}" --image-cache "${dir}" --image-transport cache
+  for node in node1 node2; do "${REPO_ROOT}/tests/cluster/exec" "${node}" umount "${dir}"; done
+  # Rank 0 saw a warm tar, the worker did not: relayed, never "no tar" on the worker.
+  assert_equal "${ok_rc}" 0
+  run cat "${ok_dir}/node_0/node.log"
+  assert_output --partial "rank 1 (node2) do(es) not see the toy/model:local tar that rank 0 sees (${dir}/"
+  assert_output --partial "--image-cache ${dir} must be the same shared directory on every node; relaying the image instead"
+  run cat "${ok_dir}/node_1/node.log"
+  assert_output --partial "over the relay"
+  # Forced to the cache, the job cannot be what it was told: FAILURE naming the node, nothing moved.
+  assert_equal "${JOB_RC}" 1
+  run e2e::json "${JOB_DIR}/summary.json" 'd["verdict"], " | ".join(d["reasons"])'
+  assert_output --partial "('FAILURE', "
+  assert_output --partial "--image-transport cache: rank 1 (node2) do(es) not see the toy/model:local tar"
+  assert_equal "$(e2e::image_id node2)" ""
+}
+
 @test "the relay's middle node dies mid-stream: the last node says so, naming node2, and falls back within seconds" {
   local half=$((RELAY_PAD_MB * 1024 * 1024 / 2))
   local t0=${SECONDS}

@@ -53,7 +53,7 @@ def dry_commands(text: str) -> dict[str, str]:
         if node is None:
             continue
         if line.startswith("  bare metal: "):
-            found[node] = line[len("  bare metal: "):]
+            found[node] = line[len("  bare metal: ") :]
         elif line.startswith("  docker (GPU arguments") or line.startswith("  pyxis: sm-node on the node"):
             found[node] = lines[i + 1].strip()
     return found
@@ -84,7 +84,9 @@ def main(argv: list[str]) -> int:
     ok = True
     if "batch" not in dry:
         raise SystemExit("the dry run shows no batch step")
-    ok &= compare("batch step", dry["batch"], logged(jobdir / "batch.log", BATCH_MARK, "/bin/sm-node "), job_id, 0)
+    ok &= compare(
+        "batch step", dry["batch"], logged(jobdir / "batch.log", BATCH_MARK, "/bin/sm-node "), job_id, 0
+    )
     for rank in ranks:
         if rank not in dry:
             raise SystemExit(f"the dry run shows no command for node {rank}")

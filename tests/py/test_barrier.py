@@ -455,7 +455,12 @@ REJECTED = [
     ("READY {sig} 1 image sha256:" + "a" * 63, "bad held image id"),
     ("READY {sig} 1 image sha256:" + "A" * 64, "bad held image id"),
     ("READY {sig} 1 image toy/model:local", "bad held image id"),  # an ID, never a name
-    ("READY {sig} 1 image sha256:" + "a" * 64 + " x", "malformed READY"),
+    ("READY {sig} 1 image sha256:" + "a" * 64 + " x", "bad cache id"),
+    ("READY {sig} 1 image sha256:" + "a" * 64 + " cache:" + "a" * 15, "bad cache id"),
+    ("READY {sig} 1 image - cache:" + "A" * 16, "bad cache id"),
+    ("READY {sig} 1 image - cache:" + "a" * 16 + " x", "malformed READY"),
+    ("READY {sig} 1 image -", "bad held image id"),  # `-` only holds the place of a cache field
+    ("READY {sig} 1 start - cache:" + "a" * 16, "bad held image id"),
     ("READY {sig}\t1", "unprintable character"),
     ("READY {sig} 1\x00", "unprintable character"),
     ("READY {t} 1", "bad token"),  # the old clear-text token is no MAC
@@ -535,6 +540,20 @@ def test_an_image_ready_says_which_image_id_the_worker_holds_under_the_mac() -> 
     assert wire.request_line(TOKEN, "READY", S, C, "2", "image", held) == from_template(
         f"READY {{sig}} 2 image {held}\n"
     )
+
+
+def test_an_image_ready_says_what_the_worker_sees_in_the_cache_under_the_mac() -> None:
+    held, seen = "sha256:" + "0123456789abcdef" * 4, "fedcba9876543210"
+    msg = parse_line(from_template(f"READY {{sig}} 2 image - cache:{seen}"), TOKEN, 4, S)
+    assert (msg.rank, msg.phase, msg.holds, msg.cache) == (2, "image", "", seen)
+    both = parse_line(from_template(f"READY {{sig}} 2 image {held} cache:{seen}"), TOKEN, 4, S)
+    assert (both.holds, both.cache) == (held, seen)
+    line = from_template(f"READY {{sig}} 2 image - cache:{seen}").decode().replace(seen, "0" * 16)
+    with pytest.raises(ProtocolError, match="bad token"):
+        parse_line(line.encode(), TOKEN, 4, S)
+    # The longest READY (a 9-digit rank, a held ID and the cache's) fits one line.
+    longest = wire.request_line(TOKEN, "READY", S, C, "123456789", "image", held, f"cache:{seen}")
+    assert len(longest) <= wire.MAX_LINE
 
 
 def test_parse_line_controller_messages() -> None:
@@ -721,29 +740,35 @@ def test_image_phase_is_answered_as_soon_as_the_image_is_released() -> None:
         assert b.outcome().exit_code == 0
 
 
+@contextlib.contextmanager
+def holds_file(path: Path) -> Iterator[int]:
+    """The O_APPEND fd serve --holds-file opens."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
 def test_what_each_worker_holds_is_appended_to_the_holds_file_until_the_release(tmp_path: Path) -> None:
     held = "sha256:" + "ab" * 32
     path = tmp_path / "barrier.holds"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    try:
-        with running_barrier(4, holds_fd=fd) as b:
-            one = ready(b.port, 1, f"image {held}")
-            two = ready(b.port, 2, "image")  # an old worker, or one that holds nothing
-            three = ready(b.port, 3, "start")  # a start READY says nothing of images
-            wait_for(lambda: logged(b, "rank 3 ready (start)") and path.read_text().count("\n") == 2)
-            assert sorted(path.read_text().splitlines()) == [f"1 {held}", "2 -"]
-            again = ready(b.port, 1, "image")  # rank 1 reconnects: its last word counts (node.sh)
-            wait_for(lambda: path.read_text().count("\n") == 3)
-            assert path.read_text().splitlines()[-1] == "1 -"
-            assert control_line(b.port, "RELEASE", held) == "OK"
-            assert read_line(again) == f"GO 1 {held}" and read_line(two) == f"GO 2 {held}"
-            late = ready(b.port, 2, f"image {held}")  # after the release nothing is recorded
-            assert read_line(late) == f"GO 2 {held}"
-            assert path.read_text().count("\n") == 3
-            for conn in (one, three):
-                conn.close()
-    finally:
-        os.close(fd)
+    with holds_file(path) as fd, running_barrier(4, holds_fd=fd) as b:
+        one = ready(b.port, 1, f"image {held}")
+        two = ready(b.port, 2, "image")  # an old worker, or one that holds nothing
+        three = ready(b.port, 3, "start")  # a start READY says nothing of images
+        wait_for(lambda: logged(b, "rank 3 ready (start)") and path.read_text().count("\n") == 2)
+        assert sorted(path.read_text().splitlines()) == [f"1 {held} -", "2 - -"]
+        again = ready(b.port, 1, f"image - cache:{held[7:23]}")  # reconnects: its last word counts (node.sh)
+        wait_for(lambda: path.read_text().count("\n") == 3)
+        assert path.read_text().splitlines()[-1] == f"1 - {held[7:23]}"
+        assert control_line(b.port, "RELEASE", held) == "OK"
+        assert read_line(again) == f"GO 1 {held}" and read_line(two) == f"GO 2 {held}"
+        late = ready(b.port, 2, f"image {held}")  # after the release nothing is recorded
+        assert read_line(late) == f"GO 2 {held}"
+        assert path.read_text().count("\n") == 3
+        for conn in (one, three):
+            conn.close()
 
 
 def test_join_tells_rank_0_the_id_its_docker_engine_has_of_the_image(tmp_path: Path) -> None:
@@ -794,6 +819,29 @@ def test_join_tells_rank_0_the_id_its_docker_engine_has_of_the_image(tmp_path: P
         assert box == {"id": held}
     with pytest.raises(HelperError, match="not an image ID"):
         join(LOOPBACK, [1], TOKEN, 1, phase="start", holds=held, connect_timeout=0.1)
+    with pytest.raises(HelperError, match="not an image ID"):
+        join(LOOPBACK, [1], TOKEN, 1, phase="image", cache="toy/model:local", connect_timeout=0.1)
+
+
+def test_join_tells_rank_0_what_it_sees_in_the_cache(tmp_path: Path) -> None:
+    seen = "sha256:" + "ef" * 32
+    path = tmp_path / "barrier.holds"
+    with holds_file(path) as fd, running_barrier(2, holds_fd=fd) as b:
+        box: dict[str, str] = {}
+        worker = threading.Thread(
+            target=lambda: box.update(
+                id=join(
+                    LOOPBACK, [b.port], TOKEN, 1, phase="image", cache=seen, connect_timeout=5, wait_timeout=5
+                )
+            ),  # fmt: skip
+            daemon=True,
+        )
+        worker.start()
+        wait_for(lambda: path.read_text().count("\n") == 1)
+        assert path.read_text() == f"1 - {seen[7:23]}\n"
+        assert control_line(b.port, "RELEASE", seen) == "OK"
+        worker.join(5)
+        assert box == {"id": seen}
 
 
 def test_wrong_token_gets_err_and_never_counts() -> None:
