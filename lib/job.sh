@@ -407,7 +407,7 @@ job::dry_run_prepare() {
 job::dry_run_plan() {
   local nnodes=$1 scratch=$2 r
   # shellcheck disable=SC2153 # JOB_MODEL comes from the job plan (job::plan)
-  printf '== slurm-multi plan: %s nodes, model %s ==\n\n' "${nnodes}" "${JOB_MODEL}"
+  printf '== slurm-multi plan: %s nodes (%s), model %s ==\n\n' "${nnodes}" "${PLAN_NNODES_FROM:-"-N"}" "${JOB_MODEL}"
   local per_node
   per_node=$(launch::tasks_per_node)
   if ((per_node > 1)); then

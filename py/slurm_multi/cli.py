@@ -95,10 +95,27 @@ def main() -> None:
     import sys
 
     try:
-        group(prog_name="slurm-multi")
+        rc = group.main(prog_name="slurm-multi", standalone_mode=False)
+    except click.UsageError as exc:
+        # One line, never click's usage block, worded as the click-free parsers word it (argv.py).
+        from slurm_multi.common import usage_error
+
+        ctx = exc.ctx
+        area = ctx.command_path.removeprefix("slurm-multi").strip() if ctx else ""
+        usage = " ".join([ctx.command_path, *ctx.command.collect_usage_pieces(ctx)]) if ctx else "slurm-multi"
+        message = " ".join(exc.format_message().split()).rstrip(".")
+        where = f"{area}: " if area else ""
+        usage_error(f"{where}{message}; Usage: {usage} (--help lists the options)").show()
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:  # HelperError: its one line (and SM_ERROR_FILE)
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        sys.exit(130)
     except Exception as exc:  # a bug of ours: one line, not a traceback (SM_DEBUG=1 shows it)
         if os.environ.get("SM_DEBUG") == "1":
             raise
         from slurm_multi.common import internal_error
 
         sys.exit(internal_error(exc))
+    sys.exit(rc if isinstance(rc, int) else 0)

@@ -217,6 +217,7 @@ def plan(
         _emit(emit, shell.render("slurm-multi job plan", scalars={"PLAN_ACTION": "help"}))
         return
     dry = parsed.dry_run or env.get("SM_DRY_RUN") == "1"
+    given_nnodes = nnodes
     nnodes = _node_count(parsed, env, dry, nnodes)
     resolved = table.resolve(env, parsed.given, parsed.typed)
     try:
@@ -267,6 +268,7 @@ def plan(
         scalars={
             "PLAN_ACTION": "dry-run" if dry else "run",
             "PLAN_NNODES": str(nnodes),
+            "PLAN_NNODES_FROM": _node_count_source(parsed, env, dry, given_nnodes),
             "SM_JOBDIR": directory,
             "JOB_MODEL": model,
             "JOB_MODEL_KEY": ctx.model_key,
@@ -302,6 +304,17 @@ def _node_count(parsed: Any, env: Mapping[str, str], dry: bool, given: int | Non
         )
     text = parsed.nodes or in_job or ("2" if dry else "1")
     return int(text) if text.isdigit() and int(text) >= 1 else 1
+
+
+def _node_count_source(parsed: Any, env: Mapping[str, str], dry: bool, given: int | None) -> str:
+    """Where the node count came from, for the dry run's header."""
+    if given is not None or not dry:
+        return "the job"
+    if parsed.nodes:
+        return "-N"
+    if env.get("SLURM_JOB_NUM_NODES"):
+        return "the allocation"
+    return "no -N given: 2 assumed; the job's is sbatch's -N"
 
 
 def settings_shown(resolved: Any, numbers: Mapping[str, str]) -> list[str]:

@@ -86,7 +86,7 @@ setup() {
   export HF_TOKEN=hf_dryrun_secret_value MAD_BARRIER_TOKEN=barrier-secret-value-123
   run bash "${REPO_ROOT}/sbatch/multi.sbatch" --dry-run -N 3 --manifest "${REPO_ROOT}/examples/toy/build_manifest.json"
   assert_success
-  assert_output --partial "slurm-multi plan: 3 nodes, model toy_model"
+  assert_output --partial "slurm-multi plan: 3 nodes (-N), model toy_model"
   assert_output --partial "Node 0: rank 0 (serves the barrier)"
   assert_output --partial "Node 2: worker"
   assert_output --regexp "srun --nodes=3 --ntasks-per-node=1 .*bin/sm-node --jobdir"
@@ -140,6 +140,14 @@ setup() {
     assert_success
     assert_output --regexp "job dir +${BATS_TEST_TMPDIR}/out/[A-Za-z0-9_][A-Za-z0-9._-]*/DRYRUN"
   done
+}
+
+@test "--dry-run without -N says it assumed 2 nodes, and where a count came from" {
+  run bash "${REPO_ROOT}/sbatch/multi.sbatch" --dry-run --image busybox:latest
+  assert_success
+  assert_line --index 0 "== slurm-multi plan: 2 nodes (no -N given: 2 assumed; the job's is sbatch's -N), model busybox_latest =="
+  SLURM_JOB_NUM_NODES=4 run bash "${REPO_ROOT}/sbatch/multi.sbatch" --dry-run --image busybox:latest
+  assert_line --index 0 --partial "4 nodes (the allocation)"
 }
 
 @test "--dry-run takes the workload command after --" {
