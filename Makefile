@@ -75,7 +75,7 @@ cluster-status: ## show the test cluster's nodes and daemons
 	@tests/cluster/status
 
 test-cluster: setup ## end-to-end tests on the test cluster (brings it up)
-	@$(BATS) tests/e2e
+	@$(BATS) --timing tests/e2e
 
 test: setup ## lint, bats, pytest, then end-to-end on the test cluster
 	@$(MAKE) --no-print-directory test-unit

@@ -465,6 +465,7 @@ node::workers_hold() {
 node::workers_see_cache() {
   local want=$1 tar unseen silent=1 workers=$((${SM_NTASKS:-${NNODES}} - 1))
   NODE_CACHE_UNSEEN=
+  [[ -n ${SM_IMAGE_CACHE:-} ]] || return 0
   tar=${SM_IMAGE_CACHE}/$(image::cache_key "${SM_IMAGE}").tar
   cache::holds "${tar}" "${want}" || return 0
   [[ ${SM_IMAGE_TRANSPORT} != cache ]] || silent=0

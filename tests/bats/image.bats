@@ -367,6 +367,11 @@ hold_lock() {
   assert_line "rc=1"
   assert_line --partial "reason=rank 0 ($(hostname)): image stage failed: --image-transport cache: rank 1 (node2) do(es) not see"
   assert_equal "$(head -c 6 "${BATS_TEST_TMPDIR}/control")" "ABORT "
+  # Forced to a cache that is not configured: nothing to check (the workers rebuild or pull).
+  rm -f "${BATS_TEST_TMPDIR}/control"
+  SM_IMAGE_CACHE='' SM_IMAGE_TRANSPORT=cache run stage node1 0 'unset SM_IMAGE_CACHE'
+  assert_line "rc=0"
+  assert_equal "$(cat "${BATS_TEST_TMPDIR}/control")" "RELEASE ${id}"
 }
 
 @test "rank 0 that cannot obtain the image tells every worker why (ABORT) and fails with that reason" {
