@@ -446,7 +446,7 @@ job::dry_run_runtime() {
   if ((SM_HANG_TIMEOUT == 0)); then
     hang="off (--hang-timeout 0)"
   elif [[ ${SM_RUNTIME} == pyxis ]]; then
-    hang="NOT under pyxis yet: a rank that stops in its collective waits for the collective's own timeout or the job's time limit (--hang-timeout ${SM_HANG_TIMEOUT} applies to docker and none)"
+    hang="a rank whose step printed no new output line and whose tasks on its node (under the step's slurmstepd) used no CPU for ${SM_HANG_TIMEOUT} s after GO fails the job, naming it (--hang-timeout)"
   else
     hang="a rank with no new output line and no CPU for ${SM_HANG_TIMEOUT} s after GO fails the job, naming it (--hang-timeout)"
   fi

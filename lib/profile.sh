@@ -344,10 +344,14 @@ profile::after_run() {
     rm -f "${SM_NODE_DIR:-/nonexistent}/.profile-nsys"
     return 0
   fi
+  # On the node's timeline: the flush is a sub-step of the run stage (profile_flush).
+  timeline::event profile_flush_start
   if profile::wait_reports "$(profile::dir)" 1 "${SM_FLUSH_SETTLE_SECONDS}" "${SM_FLUSH_TIMEOUT_SECONDS}" "*_rank${SLURM_PROCID:-}.nsys-rep"; then
     log::info profile "nsys report of rank ${SLURM_PROCID:-} settled"
+    timeline::event profile_flush_end settled=1
   else
     log::warn profile "nsys report of rank ${SLURM_PROCID:-} did not settle within ${SM_FLUSH_TIMEOUT_SECONDS} s; staging anyway"
+    timeline::event profile_flush_end settled=0
   fi
   return 0
 }

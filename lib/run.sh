@@ -85,9 +85,20 @@ run::hang_watch() {
   ((${NODE_FROM_JOB:-0})) || peers=(--job-dir "${SM_JOBDIR}" --ranks "${SM_NTASKS:-${NNODES:-1}}" --hold "${SM_PEER_GRACE}")
   (
     trap - TERM INT EXIT
-    local rc=0 state line
+    local rc=0 state line target=("$@") step=
+    if [[ $1 == --step-name ]]; then
+      # A pyxis rank: its step shows up in Slurm a moment after srun starts it; its tasks on this
+      # node are what the watch reads.
+      local tries=0
+      while [[ -z ${step} && ! -e ${SM_SCRATCH}/run-done ]] && ((tries++ < 150)); do
+        step=$(run::pyxis_step_id) || step=
+        [[ -n ${step} ]] || sleep 0.2
+      done
+      [[ -n ${step} ]] || { [[ -e ${SM_SCRATCH}/run-done ]] || log::warn run "no step $2 of this job on this node: this rank has no hang watch"; exit 0; }
+      target=(--step "${SLURM_JOB_ID}.${step}")
+    fi
     # A direct child (no command substitution), so stopping this subshell's children stops it.
-    util::py -S -m slurm_multi.hangwatch "$@" --timeout "${SM_HANG_TIMEOUT}" --output "${SM_NODE_LOG}" \
+    util::py -S -m slurm_multi.hangwatch "${target[@]}" --timeout "${SM_HANG_TIMEOUT}" --output "${SM_NODE_LOG}" \
       --node-dir "${SM_NODE_DIR}" --diagnostics "${SM_SCRATCH}/diagnostics" --rank "${SM_RANK}" \
       --node "$(hostname)" "${peers[@]+"${peers[@]}"}" >"${SM_SCRATCH}/hang-watch.out" || rc=$?
     ((rc == 3)) && [[ ! -e ${SM_SCRATCH}/run-done ]] || exit 0
@@ -97,6 +108,17 @@ run::hang_watch() {
     if [[ ${1} == --container ]]; then
       run::diagnose "$2" "${line}"
       run::stop_hung_container "$2" "${state}"
+    elif [[ ${1} == --step-name ]]; then
+      run::pyxis_diagnose "${line}"
+      # A stopped or frozen task cannot take SIGTERM: SIGKILL, then SIGCONT so that it goes.
+      case ${state} in
+        frozen | stopped)
+          log::cmd run scancel --signal=KILL "${SLURM_JOB_ID}.${step}"
+          scancel --signal=KILL "${SLURM_JOB_ID}.${step}" 2>/dev/null || true
+          scancel --signal=CONT "${SLURM_JOB_ID}.${step}" 2>/dev/null || true
+          ;;
+        *) run::pyxis_stop "${line}" ;;
+      esac
     else
       case ${state} in frozen | stopped) run::kill_tree KILL "$2" "${RUN_WORKLOAD_TICKS:-}" ;; *) run::kill_tree TERM "$2" "${RUN_WORKLOAD_TICKS:-}" ;; esac
       run::kill_tree CONT "$2" "${RUN_WORKLOAD_TICKS:-}"
@@ -146,6 +168,19 @@ run::stop_hung_container() {
 }
 
 # run::end_watchers PID...: stop the watchdogs of a workload that ended on its own.
+# run::took_hang_verdict: once the workload has ended (bare metal, pyxis): when the hang watch
+# stopped it, wait for the watch to finish that stop and take its reason into RUN_HUNG (0); else
+# end the watch (1).
+run::took_hang_verdict() {
+  if [[ -f ${SM_SCRATCH}/hung ]]; then
+    wait "${RUN_HANG_PID}" 2>/dev/null || true
+    RUN_HUNG=$(<"${SM_SCRATCH}/hung")
+    return 0
+  fi
+  run::end_watchers "${RUN_HANG_PID}"
+  return 1
+}
+
 run::end_watchers() {
   local pid
   for pid in "$@"; do
@@ -254,12 +289,7 @@ run::bare() {
   wait "${pid}" || rc=$?
   RUN_DOCKER_PID=
   : >"${SM_SCRATCH}/run-done"
-  if [[ -f ${SM_SCRATCH}/hung ]]; then
-    wait "${RUN_HANG_PID}" 2>/dev/null || true
-    RUN_HUNG=$(<"${SM_SCRATCH}/hung")
-  else
-    run::end_watchers "${RUN_HANG_PID}"
-  fi
+  run::took_hang_verdict || true
   RUN_EXIT=${rc}
 }
 
@@ -368,6 +398,7 @@ run::pyxis() {
   pid=$!
   RUN_DOCKER_PID=${pid}
   timeline::event container_start
+  run::hang_watch --step-name "$(run::pyxis_step_name)"
   if ((SM_TIMEOUT > 0)); then
     deadline=$((SECONDS + SM_TIMEOUT))
     while kill -0 "${pid}" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.2; done
@@ -378,6 +409,7 @@ run::pyxis() {
       wait "${pid}" 2>/dev/null || true
       RUN_DOCKER_PID=
       : >"${SM_SCRATCH}/run-done"
+      run::end_watchers "${RUN_HANG_PID}"
       RUN_EXIT=124
       return 0
     fi
@@ -386,6 +418,7 @@ run::pyxis() {
   RUN_DOCKER_PID=
   : >"${SM_SCRATCH}/run-done"
   RUN_EXIT=${rc}
+  run::took_hang_verdict && return 0
   if ((rc != 0)); then
     log::error run "the rank's step exited ${rc}"
     run::pyxis_diagnose "step exited ${rc}"

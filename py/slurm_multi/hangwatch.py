@@ -6,7 +6,9 @@ computing, or chatty but idle, is not hung.
 
 - Output: the size of the file the workload's output lands in (the node log).
 - CPU: for a docker container, its cgroup's CPU usage (cgroup v1 cpuacct.usage or v2 cpu.stat);
-  for a bare or pyxis workload, the summed utime+stime of the watched process and its descendants.
+  for a bare workload, the summed utime+stime of the watched process and its descendants; for a
+  pyxis rank (a Slurm step of its own: its tasks are children of the step's slurmstepd on this
+  node, not of the srun that started it), that of the slurmstepd's descendants.
   Less than CPU_BUSY_FRACTION of one core between two polls counts as no CPU: an idle runtime
   still ticks a little (timers, a keep-alive thread), and that is not progress.
 
@@ -239,12 +241,25 @@ def _cgroup_mounts() -> dict[str, str]:
     return mounts
 
 
+def step_daemon(step: str) -> int:
+    """The pid of this node's slurmstepd of `step` (JOB.STEP), 0 when there is none (yet)."""
+    want = f"slurmstepd: [{step}]"
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            text = _read(f"/proc/{entry}/cmdline")
+            if text and text.split("\0", 1)[0].strip() == want:
+                return int(entry)
+    return 0
+
+
 @dataclass
 class Target:
-    """The workload: a docker container (by name) or a process tree (by pid)."""
+    """The workload: a docker container (by name), a process tree (by pid), or a Slurm step's tasks
+    on this node (by JOB.STEP: the pyxis runtime)."""
 
     container: str = ""
     pid: int = 0
+    step: str = ""
     docker: str = "docker"
     init_pid: int = 0
     cgroup: dict[str, str] = field(default_factory=dict)  # controller -> path of its cgroup dir
@@ -253,11 +268,19 @@ class Target:
     def start(self, wait_seconds: float, parent: int = 0) -> bool:
         """Find the container's init process (it may not have started yet); False if it never ran
         (or the process that started this watch went away meanwhile)."""
+        deadline = time.monotonic() + wait_seconds
+        if self.step:
+            while time.monotonic() < deadline and (not parent or os.getppid() == parent):
+                self.init_pid = step_daemon(self.step)
+                if self.init_pid:
+                    self.start_ticks = _start_ticks(self.init_pid)
+                    return self.alive()
+                time.sleep(0.2)
+            return False
         if not self.container:
             self.init_pid = self.pid
             self.start_ticks = _start_ticks(self.pid)
             return self.alive()
-        deadline = time.monotonic() + wait_seconds
         while time.monotonic() < deadline and (not parent or os.getppid() == parent):
             out = self._docker("inspect", "-f", "{{.State.Pid}} {{.State.Running}}", self.container)
             fields = out.split()
@@ -299,7 +322,12 @@ class Target:
         return not self.start_ticks or parsed[1][19] == self.start_ticks
 
     def pids(self) -> list[int]:
-        return process_tree(self.init_pid) if self.init_pid else []
+        """The workload's processes: the tree under its first process (a step: under its slurmstepd,
+        which is Slurm's, not the workload)."""
+        if not self.init_pid:
+            return []
+        tree = process_tree(self.init_pid)
+        return tree[1:] if self.step else tree
 
     def cpu_seconds(self) -> float:
         """The workload's CPU time so far: its cgroup's, else its process tree's."""
@@ -614,7 +642,8 @@ def main(argv: Sequence[str]) -> int:
     )
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--container", help="docker container name (the docker runtime)")
-    what.add_argument("--pid", type=int, help="the workload's process (bare metal, pyxis)")
+    what.add_argument("--pid", type=int, help="the workload's process (bare metal)")
+    what.add_argument("--step", help="JOB.STEP: the Slurm step whose tasks here are the workload (pyxis)")
     parser.add_argument("--timeout", type=float, required=True, help="seconds without output and CPU")
     parser.add_argument("--output", required=True, help="the file the workload's output lands in")
     parser.add_argument("--node-dir", required=True, help="where progress.json and hang.json go")
@@ -631,7 +660,10 @@ def main(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     if args.timeout <= 0 or args.poll <= 0 or args.hold < 0 or args.ranks < 1:
         parser.error("--timeout and --poll must be positive, --hold not negative, --ranks at least 1")
-    target = Target(container=args.container or "", pid=args.pid or 0, docker=args.docker)
+    if args.step is not None and not re.fullmatch(r"\d+\.\d+", args.step):
+        parser.error(f"--step {args.step!r}: expected JOB.STEP, e.g. 4242.3")
+    target = Target(container=args.container or "", pid=args.pid or 0, step=args.step or "",
+                    docker=args.docker)  # fmt: skip
     try:
         node = args.node or os.uname().nodename
         peers = Peers(args.job_dir, args.ranks, args.hold) if args.job_dir else None

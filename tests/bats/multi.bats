@@ -238,7 +238,7 @@ SH
   assert_output --regexp "hang watch +a rank with no new output line and no CPU for 45 s after GO fails the job"
   assert_output --regexp "stop +docker stop -t 30 per node"
   run bash "${REPO_ROOT}/sbatch/multi.sbatch" --dry-run --image x --runtime pyxis -- true
-  assert_output --regexp "hang watch +NOT under pyxis yet"
+  assert_output --regexp "hang watch +a rank whose step printed no new output line and whose tasks on its node \(under the step.s slurmstepd\) used no CPU for 900 s"
   assert_output --regexp "stop +SIGTERM to each rank's step; Slurm SIGKILLs it after its KillWait"
   run bash "${REPO_ROOT}/sbatch/multi.sbatch" --dry-run --image x --runtime none --hang-timeout 0 -- true
   assert_output --regexp "hang watch +off \(--hang-timeout 0\)"

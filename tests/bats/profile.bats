@@ -723,9 +723,10 @@ for line in open(sys.argv[1]):
   mkdir -p job/profile
   head -c 4096 /dev/zero >job/profile/4242_node2_rank1.nsys-rep
   : >job/profile/4242_node3_rank10.nsys-rep # another rank's report, still empty
+  mkdir -p job/node_1
   run bash -c '
-    for lib in log util settings profile; do source "${REPO_ROOT}/lib/${lib}.sh"; done
-    export SM_JOBDIR=${PWD}/job SLURM_PROCID=1 SM_FLUSH_SETTLE_SECONDS=1 SM_FLUSH_TIMEOUT_SECONDS=10
+    for lib in log util settings timeline profile; do source "${REPO_ROOT}/lib/${lib}.sh"; done
+    export SM_JOBDIR=${PWD}/job SM_NODE_DIR=${PWD}/job/node_1 SLURM_PROCID=1 SM_FLUSH_SETTLE_SECONDS=1 SM_FLUSH_TIMEOUT_SECONDS=10
     PROFILE_NODE_ACTIVE=1 RUN_EXIT=143
     profile::after_run; profile::after_run'
   assert_success
@@ -733,6 +734,9 @@ for line in open(sys.argv[1]):
   assert_output --partial "nsys report of rank 1 settled"
   run grep -c "reports wait" <<<"${output}"
   assert_output 1
+  # The wait is on the node's timeline, once, with its outcome.
+  run awk '{ print $2, $NF }' job/node_1/events.log
+  assert_output "$(printf '%s\n' "profile_flush_start host=$(hostname)" "profile_flush_end settled=1")"
 }
 
 @test "a container that never started, or nsys not found (125-127), waits for no report and says so" {

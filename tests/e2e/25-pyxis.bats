@@ -137,6 +137,54 @@ staged() {
   assert_output ""
 }
 
+@test "pyxis, 3 nodes: a rank stopped (SIGSTOP) while another prints is hung, the cause; the rank waiting on it is listed" {
+  # Rank 0 prints, then waits for a peer that never comes (accept: a socket wait, as a collective);
+  # rank 2 prints until it is stopped; rank 1 is SIGSTOPped mid-run on node2, in its pyxis step.
+  local hang=8 grace=3 job dir deadline pid='' t0 took
+  cd "${BATS_FILE_TMPDIR}"
+  job=$(sbatch --parsable -N3 -w node1,node2,node3 -o "${BATS_FILE_TMPDIR}/job-%j.out" "${REPO_ROOT}/sbatch/multi.sbatch" \
+    --out "${BATS_FILE_TMPDIR}/out" --image toy/model:local --runtime pyxis --image-cache "${E2E_CACHE}" \
+    --hang-timeout "${hang}" --peer-grace "${grace}" -- sh -c 'i=0
+      while [ "${RANK}" != 0 ] || [ "${i}" -lt 10 ]; do i=$((i + 1)); echo "rank ${RANK} step ${i}"; sleep 0.5; done
+      echo "rank 0 waits for its peer"; exec nc -l -p 29777')
+  dir=${BATS_FILE_TMPDIR}/out/model_local/${job} # the model dir of --image toy/model:local
+  deadline=$((SECONDS + 120))
+  until grep -qs 'rank 1 step 4$' "${dir}/node_1/node.log"; do
+    ((SECONDS < deadline)) || { cat "${BATS_FILE_TMPDIR}/job-${job}.out" >&2; scancel "${job}"; false; }
+    sleep 0.2
+  done
+  # Rank 1's own shell, in its container on node2 (never the srun that started the step; the nodes
+  # share one process table, so its environment says which rank a shell is).
+  for pid in $(pgrep -u "${E2E_USER}" -x -f 'sh -c i=0.*'); do
+    tr '\0' '\n' <"/proc/${pid}/environ" 2>/dev/null | grep -qx 'RANK=1' && break
+    pid=
+  done
+  assert [ -n "${pid}" ]
+  "${REPO_ROOT}/tests/cluster/exec" node2 kill -STOP "${pid}"
+  t0=${SECONDS}
+  e2e::wait_job "${job}"
+  took=$((SECONDS - t0))
+  echo "# pyxis stopped rank: job over ${took} s after SIGSTOP (hang timeout ${hang} s, peer grace ${grace} s)" >&3
+  # Detection: hang + 1 s poll after its last progress; the cause holds its stop until the waiter's
+  # watch has spoken (at most the peer grace); the others stop after the peer grace; teardown.
+  assert [ "${took}" -le $((hang + 2 * grace + 10)) ]
+  e2e::json "${dir}/summary.json" '"\n".join("# reason: " + r for r in d["reasons"])' >&3
+  run e2e::json "${dir}/summary.json" 'd["verdict"], d["reasons"][0]'
+  assert_output --regexp "^\('FAILURE', 'hung: node2 \(rank 1\), no output and no CPU for [0-9]+ s since [0-9:]{8} \(stopped"
+  assert_equal "$(e2e::json "${dir}/node_1/hang.json" 'd["role"], d["state"]')" "('cause', 'stopped')"
+  run e2e::json "${dir}/summary.json" '[(w["node"], w["state"]) for w in d["hang"]["waiters"]]'
+  assert_output "[('node1', 'socket-wait')]"
+  assert_file_exists "${dir}/node_1/diagnostics/hang-processes.txt"
+  assert_file_exists "${dir}/node_1/diagnostics/step-state.txt"
+  # Every rank staged; no step of the job is left, nothing stopped lingers on node2.
+  local r
+  for r in 0 1 2; do assert_file_exists "${dir}/node_${r}/status.json"; done
+  run squeue -h -s -j "${job}"
+  assert_output ""
+  run pgrep -u "${E2E_USER}" -f 'sh -c i=0'
+  assert_failure
+}
+
 @test "pyxis: a manifest mount and a mount given twice each reach the container once" {
   local data=${BATS_FILE_TMPDIR}/data other=${BATS_FILE_TMPDIR}/other models=${BATS_FILE_TMPDIR}/models
   mkdir -p "${data}" "${other}" "${models}"

@@ -52,6 +52,11 @@ node_of() { e2e::json "${JOB_DIR}/node_$1/status.json" 'd["node"]'; }
   run cat "${JOB_OUT}"
   assert_output --regexp "profile: 2 of 2 reports \([0-9.]+ kB\)"
   assert_equal "$(e2e::json "${JOB_DIR}/summary.json" '[r["settled"] for r in d["profile"]["ranks"]]')" "[True, True]"
+  # Each rank's wait for its report is on its timeline, inside the run stage.
+  run awk '$2 ~ /^profile_flush_/ { print $2 }' "${JOB_DIR}/node_1/events.log"
+  assert_output "$(printf '%s\n' profile_flush_start profile_flush_end)"
+  run e2e::json "${JOB_DIR}/timeline.json" '[s["step"] for s in d["nodes"][1]["steps"]]'
+  assert_output --partial "'profile_flush'"
   # The dry run showed this argv, profile mount and worker env included.
   e2e::assert_dry_run_is_the_job 0 1
 }

@@ -339,3 +339,68 @@ def test_a_rank_deadlocked_on_a_lock_while_a_helper_polls_a_socket_is_not_a_wait
     assert (hang["role"], hang["state"]) == ("unclear", "lock-wait"), hang
     assert "main thread asleep off the network (futex" in hang["detail"]
     assert hang_line(hang).startswith("hung or waiting on another rank (not told apart): ")
+
+
+# ---- a pyxis rank: a Slurm step's tasks under its slurmstepd -------------------------------------
+
+STEPD = (  # its sys.executable is lost with its argv[0]: the interpreter comes as an argument
+    "import subprocess, sys\nchild = subprocess.Popen([sys.argv[2], '-c', sys.argv[1]])\nchild.wait()\n"
+)
+
+
+def start_step(procs: list, out: Path, step: str, task: str) -> subprocess.Popen:
+    """A stand-in for slurmstepd (its cmdline says `slurmstepd: [JOB.STEP]`) whose child is the task."""
+    argv = [
+        "bash",
+        "-c",
+        f'exec -a "slurmstepd: [{step}]" "$0" -c "$1" "$2" "$0"',
+        sys.executable,
+        STEPD,
+        task,
+    ]
+    return start(procs, argv, out)
+
+
+def test_a_pyxis_rank_is_its_steps_tasks_under_slurmstepd(procs: list, tmp_path: Path) -> None:
+    out = tmp_path / "node.log"
+    assert hangwatch.step_daemon("77.3") == 0
+    stepd = start_step(procs, out, "77.3", "import time\nwhile True: time.sleep(0.05)")
+    target = Target(step="77.3")
+    assert target.start(5)
+    assert target.init_pid == stepd.pid
+    wait_for_children = time.monotonic() + 5
+    while not target.pids() and time.monotonic() < wait_for_children:
+        time.sleep(0.05)
+    tasks = target.pids()
+    assert len(tasks) == 1 and stepd.pid not in tasks  # slurmstepd is Slurm's, not the workload
+    assert Target(step="77.4").start(0.3) is False  # another step: none on this node
+    # Its task stopped (SIGSTOP): hung, the cause, the task named.
+    os.kill(tasks[0], signal.SIGSTOP)
+    try:
+        assert hangwatch.watch(Target(step="77.3"), str(out), 0.8, str(tmp_path), 1, "node2", poll=0.1,
+                               progress_every=0.2) == hangwatch.EXIT_HUNG  # fmt: skip
+    finally:
+        os.kill(tasks[0], signal.SIGCONT)
+    hang = json.loads((tmp_path / "hang.json").read_text())
+    assert (hang["role"], hang["state"]) == ("cause", "stopped")
+    assert f"[{tasks[0]}]" in hang["detail"]
+    assert stepd.pid not in {p["pid"] for p in hang["processes"]}
+
+
+def test_a_pyxis_rank_that_computes_quietly_is_not_hung_and_its_end_ends_the_watch(
+    procs: list, tmp_path: Path
+) -> None:
+    out = tmp_path / "node.log"
+    start_step(procs, out, "78.0", "import time\nend = time.time() + 2.5\nwhile time.time() < end: pass")
+    assert hangwatch.watch(Target(step="78.0"), str(out), 1.0, str(tmp_path), 1, "node2", poll=0.1,
+                           progress_every=0.2) == 0  # fmt: skip
+    assert not (tmp_path / "hang.json").exists()
+
+
+def test_step_must_be_job_dot_step(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-S", "-m", "slurm_multi.hangwatch", "--step", "sm-rank0", "--timeout", "5",
+         "--output", str(tmp_path / "log"), "--node-dir", str(tmp_path)],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO / "py")}, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "--step 'sm-rank0': expected JOB.STEP" in proc.stderr
