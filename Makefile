@@ -77,9 +77,15 @@ cluster-status: ## show the test cluster's nodes and daemons
 test-cluster: setup ## end-to-end tests on the test cluster (brings it up)
 	@$(BATS) --timing tests/e2e
 
+# The PyTorch base rootfs (debootstrap, minutes the first time, then cached) is made in the
+# background while the unit tests run; the e2e build waits on its lock and finds it.
+TORCH_PREFETCH_LOG := $(or $(TMPDIR),/tmp)/sm-torch-prefetch.log
 test: setup ## lint, bats, pytest, then end-to-end on the test cluster
-	@$(MAKE) --no-print-directory test-unit
-	@$(MAKE) --no-print-directory test-cluster
+	@examples/torchrun/build-image --rootfs-only >$(TORCH_PREFETCH_LOG) 2>&1 & prefetch=$$!; \
+	  $(MAKE) --no-print-directory test-unit; rc=$$?; \
+	  wait $$prefetch || echo "test: the PyTorch base rootfs was not made in the background ($(TORCH_PREFETCH_LOG)); the e2e build tries again"; \
+	  [ $$rc -eq 0 ] || exit $$rc; \
+	  $(MAKE) --no-print-directory test-cluster
 
 toy-image: setup ## build toy/model:local on one node's engine only (NODE=node1)
 	@examples/toy/build-image --node $(NODE)
