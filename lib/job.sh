@@ -388,14 +388,19 @@ job::dry_run() {
   return "${rc}"
 }
 
-# job::dry_run_prepare SCRATCH RANK NNODES: what `node prepare` resolves for that rank (no GPUs).
+# job::dry_run_prepare SCRATCH RANK NNODES [TASKS_PER_NODE]: what `node prepare` resolves for that
+# rank (no GPUs), with the identity sm-node gives it (launch::task_identity when each task is a rank).
 job::dry_run_prepare() {
-  local dir=$1/r$2
+  local dir=$1/r$2 r=$2 nnodes=$3 per=${4:-1}
+  local node=$((r / per)) local_rank=$((r % per))
   mkdir -p "${dir}"
-  export SM_RANK=$2 NODE_RANK=$2 RANK=$2 NNODES=$3 WORLD_SIZE=$3 LOCAL_RANK=0
-  export SLURM_NODEID=$2 SLURM_PROCID=$2 SLURMD_NODENAME="<node $2>" MASTER_ADDR="<node 0>"
-  export MASTER_PORT=${SM_MASTER_PORT} SM_SCRATCH="${TMPDIR:-/tmp}/slurm-multi.${SLURM_JOB_ID}.r$2" SM_OUTPUT_DIR=/sm-out
-  export SLURM_NNODES=$3 SLURM_JOB_NODELIST="<job nodes>" SLURM_STEP_ID="<step>"
+  export SM_RANK=${r} NODE_RANK=${node} RANK=${r} NNODES=${nnodes} WORLD_SIZE=$((nnodes * per)) LOCAL_RANK=${local_rank}
+  export SLURM_NODEID=${node} SLURM_PROCID=${r} SLURMD_NODENAME="<node ${node}>" MASTER_ADDR="<node 0>"
+  export MASTER_PORT=${SM_MASTER_PORT} SM_SCRATCH="${TMPDIR:-/tmp}/slurm-multi.${SLURM_JOB_ID}.r${r}" SM_OUTPUT_DIR=/sm-out
+  export SLURM_NNODES=${nnodes} SLURM_JOB_NODELIST="<job nodes>" SLURM_STEP_ID="<step>"
+  if ((per > 1)); then
+    export SM_NTASKS=$((nnodes * per)) SM_NODE_RANK=${node} SLURM_LOCALID=${local_rank}
+  fi
   local argv=(node prepare --scratch "${dir}" --no-detect --node-scratch "${SM_SCRATCH}")
   ((${#SM_CMD[@]})) && argv+=(-- "${SM_CMD[@]}")
   util::fast "${argv[@]}" 2>/dev/null || log::die multi "${UTIL_ERROR}" 2
@@ -429,13 +434,16 @@ job::dry_run_plan() {
     profile::export_worker_env
     profile::apply_stop_grace 2>/dev/null # the panel said it; the nodes below apply it silently
   fi
-  # Every rank but 0 and the last looks like rank 1: show three, however large the job.
-  for ((r = 0; r < nnodes; r++)); do
-    if ((r >= 2 && r < nnodes - 1)); then
-      ((r == 2)) && printf 'Nodes 2..%s: like node 1, with their own rank\n\n' "$((nnodes - 2))"
+  # Every rank but 0 and the last looks like rank 1: show three, however large the job. Where
+  # each task is a rank, the blocks are ranks (each with its node), else nodes.
+  local what=node total=$((nnodes * per_node))
+  ((per_node == 1)) || what=rank
+  for ((r = 0; r < total; r++)); do
+    if ((r >= 2 && r < total - 1)); then
+      ((r == 2)) && printf '%ss 2..%s: like %s 1, with their own rank\n\n' "${what^}" "$((total - 2))" "${what}"
       continue
     fi
-    job::dry_run_node "${scratch}" "${r}" "${nnodes}"
+    job::dry_run_node "${scratch}" "${r}" "${nnodes}" "${per_node}"
   done
 }
 
@@ -505,18 +513,23 @@ job::dry_run_fitness() {
   printf '\n'
 }
 
-# job::dry_run_node SCRATCH RANK NNODES: what sm-node would run on that node.
+# job::dry_run_node SCRATCH RANK NNODES TASKS_PER_NODE: what sm-node would run for that rank.
 job::dry_run_node() {
-  local r=$2 nnodes=$3
+  local r=$2 nnodes=$3 per=$4
   (
     # shellcheck source=/dev/null
     for lib in image run node; do source "${SM_HOME}/lib/${lib}.sh"; done
-    job::dry_run_prepare "$1" "${r}" "${nnodes}"
+    job::dry_run_prepare "$1" "${r}" "${nnodes}" "${per}"
     local role="worker"
     ((r == 0)) && role="rank 0 (serves the barrier)"
     [[ ${SM_RUNTIME} != none ]] || role="rank ${r} (bare metal: no image, no barrier)"
     ((nnodes == 1)) && role="single node (no cache, no barrier)"
-    printf 'Node %s: %s\n' "${r}" "${role}"
+    if ((per > 1)); then
+      case ${role} in "rank 0 (serves the barrier)") role="serves the barrier" ;; "rank ${r} ("*) role=${role#"rank ${r} ("} role=${role%)} ;; esac
+      printf 'Rank %s (node %s, local rank %s): %s\n' "${r}" "${NODE_RANK}" "${LOCAL_RANK}" "${role}"
+    else
+      printf 'Node %s: %s\n' "${r}" "${role}"
+    fi
     [[ ${SM_RUNTIME} == none ]] || printf '  image: %s%s\n' "${SM_IMAGE:-}" "${SM_IMAGE_CACHE:+ (shared tar cache ${SM_IMAGE_CACHE})}"
     # What the node's run stage adds (profiling), through the same function: the argv is the job's.
     if declare -F profile::run_args >/dev/null; then profile::run_args || return 2; fi

@@ -294,11 +294,15 @@ def _node_count(parsed: Any, env: Mapping[str, str], dry: bool, given: int | Non
     if given is not None:
         return given
     if parsed.nodes and not (parsed.nodes.isdigit() and int(parsed.nodes) >= 1):
-        raise usage_error(f"-N '{parsed.nodes}' is not a node count; --help lists every option")
+        raise usage_error(
+            f"{parsed.nodes_flag} '{parsed.nodes}' is not a node count (a whole number >= 1); "
+            "--help lists every option"
+        )
     in_job = env.get("SLURM_JOB_NUM_NODES", "")
     if parsed.nodes and env.get("SLURM_JOB_ID") and not dry:
         raise usage_error(
-            f"-N {parsed.nodes} after the script is the dry run's node count, not sbatch's: put it before "
+            f"{parsed.nodes_flag} {parsed.nodes} after the script is the dry run's node count, not sbatch's: "
+            "put it before "
             f"the script (sbatch -N {parsed.nodes} sbatch/multi.sbatch ...); this job has {in_job or '?'} "
             "node(s); --help lists every option"
         )

@@ -190,6 +190,7 @@ class Parsed:
     help: bool = False
     dry_run: bool = False
     nodes: str = ""  # -N as given (the dry run's node count)
+    nodes_flag: str = "-N"  # as typed: -N or --nodes
 
 
 def parse_argv(argv: Sequence[str]) -> Parsed:
@@ -212,11 +213,12 @@ def parse_argv(argv: Sequence[str]) -> Parsed:
         if arg in ("-N", "--nodes"):
             if i >= len(words):
                 raise SettingsError(f"{arg} needs a node count")
-            out.nodes = words[i]
+            out.nodes, out.nodes_flag = words[i], arg
             i += 1
             continue
         if arg.startswith("--nodes=") or (arg.startswith("-N") and not arg.startswith("--")):
             out.nodes = arg.split("=", 1)[1] if arg.startswith("--nodes=") else arg[2:]
+            out.nodes_flag = "--nodes" if arg.startswith("--nodes=") else "-N"
             continue
         if not arg.startswith("--"):
             raise SettingsError(f"unexpected argument '{arg}' (the workload command goes after --)")

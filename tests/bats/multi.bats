@@ -249,9 +249,18 @@ SH
   run bash "${REPO_ROOT}/sbatch/multi.sbatch" --dry-run -N 2 --runtime none --ntasks-per-node 4 --on-bad-node requeue -- hostname
   assert_success
   assert_line "Ranks: 2 nodes x 4 tasks = 8 ranks; submit with: sbatch -N 2 --ntasks-per-node=4 sbatch/multi.sbatch ..."
+  # A block per rank, each with its node and local rank, as sm-node gives them.
+  assert_line "Rank 1 (node 0, local rank 1): bare metal: no image, no barrier"
+  assert_line "Ranks 2..6: like rank 1, with their own rank"
+  assert_line "Rank 7 (node 1, local rank 3): bare metal: no image, no barrier"
+  refute_output --partial "Node 1:"
   assert_line --regexp "^  ports +the fitness check's derive from MASTER_PORT 29500 and the job ID"
   assert_line --regexp "^  a bad node +requeue the job without it, at most 2 time\(s\)"
   refute_output --partial "image transport"
+  run bash "${REPO_ROOT}/sbatch/multi.sbatch" --dry-run -N 2 --image toy/model:local --runtime pyxis --ntasks-per-node 2 -- true
+  assert_line "Rank 0 (node 0, local rank 0): serves the barrier"
+  assert_line "Rank 3 (node 1, local rank 1): worker"
+  assert_output --regexp "srun --job-name=sm-rank3 --overlap --nodes=1 --ntasks=1 '--nodelist=<node 1>'"
   run bash "${REPO_ROOT}/sbatch/multi.sbatch" --dry-run -N 2 --image x --image-transport relay --fitness off
   assert_success
   refute_output --partial "Ranks:"

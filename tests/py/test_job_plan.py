@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 TOY = ROOT / "examples" / "toy" / "build_manifest.json"
 
@@ -72,6 +74,23 @@ def test_minus_n_after_the_script_inside_a_real_job_is_refused(tmp_path):
     assert code == 2
     assert err.startswith("slurm-multi: -N 4 after the script is the dry run's node count, not sbatch's")
     assert len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--nodes", "0"], "--nodes '0' is not a node count"),
+        (["--nodes=x"], "--nodes 'x' is not a node count"),
+        (["-N", "0"], "-N '0' is not a node count"),
+    ],
+)
+def test_a_bad_node_count_names_the_flag_as_typed(tmp_path, argv, says):
+    code, _, err, _ = plan(tmp_path, ["--dry-run", *argv, "--image", "x"])
+    assert code == 2 and err.startswith(f"slurm-multi: {says} (a whole number >= 1)")
+    code, _, err, _ = plan(
+        tmp_path, ["--nodes", "4", "--image", "x"], {"SLURM_JOB_ID": "93", "SLURM_JOB_NUM_NODES": "1"}
+    )
+    assert code == 2 and err.startswith("slurm-multi: --nodes 4 after the script is the dry run's node count")
 
 
 def test_errors_are_one_line_once_without_a_log_prefix(tmp_path):
