@@ -359,7 +359,10 @@ job::keep_attempt() {
   for entry in "${JOB_BAD_NODES[@]}"; do reasons+=("${entry}"); done
   util::py -S -m slurm_multi.attempts write "${dir}/requeue.json" "$1" "$2" "${SECONDS}" "$3" "${reasons[@]}" ||
     log::warn multi "could not write ${dir}/requeue.json"
-  for f in "${SM_JOBDIR}"/node_* "${SM_JOBDIR}"/{job.json,summary.json,perf.csv,timeline.json,timeline.txt,batch.log,profile-flush.json,profile,.pre-cleanup.done}; do
+  # The profilers' outputs in the job dir go with the attempt too (a --profile-dir elsewhere keeps
+  # every attempt's reports side by side: their names carry the attempt, lib/profile.sh).
+  for f in "${SM_JOBDIR}"/node_* "${SM_JOBDIR}"/{job.json,summary.json,perf.csv,timeline.json,timeline.txt,batch.log,profile-flush.json,profile,.pre-cleanup.done} \
+    "${SM_JOBDIR}"/{nsight-slurm-direct,nsight-slurm-reports,nsight-slurm-runtime,nsight-slurm.out,.nsight-slurm}; do
     [[ -e ${f} ]] && mv -f "${f}" "${dir}/"
   done
   return 0

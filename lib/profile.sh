@@ -21,8 +21,13 @@
 
 # The TRT-LLM profiling playbook set, without the flags the nsight-slurm connector owns.
 PROFILE_PLAYBOOK_OPTIONS=(-t 'cuda-sw,nvtx,python-gil' --cuda-graph-trace=graph --sample=none --cpuctxsw=none)
-# One report per rank, named by what nsys expands from the profiled process's environment.
-PROFILE_REPORT_NAME='%q{SLURM_JOB_ID}_%q{SLURMD_NODENAME}_rank%q{SLURM_PROCID}'
+# One report per rank and attempt, named by what nsys expands from the profiled process's
+# environment. A requeued attempt (Slurm sets SLURM_RESTART_COUNT from the first requeue on) writes
+# <job>-a<N>_…: it never overwrites, or trips over, an earlier attempt's report of the same rank
+# (a --profile-dir outside the job dir keeps them all; collect matches `_rank<R>.nsys-rep`).
+PROFILE_ATTEMPT=''
+[[ ! ${SLURM_RESTART_COUNT:-} =~ ^[1-9][0-9]*$ ]] || PROFILE_ATTEMPT=-a${SLURM_RESTART_COUNT}
+PROFILE_REPORT_NAME="%q{SLURM_JOB_ID}${PROFILE_ATTEMPT}_%q{SLURMD_NODENAME}_rank%q{SLURM_PROCID}"
 # The batch step's flush records its outcome here, in the job dir: the verdict's profile section.
 PROFILE_FLUSH_FILE=profile-flush.json
 # Where --nsys-host-path is mounted inside the container.
@@ -329,7 +334,7 @@ profile::before_run() {
   profile::run_args || return
   : >"${SM_NODE_DIR}/.profile-nsys" # tells the batch flush this rank's report is coming
   PROFILE_NODE_ACTIVE=1
-  log::info profile "nsys: this rank's report: ${dir}/${SLURM_JOB_ID:-}_${SLURMD_NODENAME:-}_rank${SLURM_PROCID:-}.nsys-rep"
+  log::info profile "nsys: this rank's report: ${dir}/${SLURM_JOB_ID:-}${PROFILE_ATTEMPT}_${SLURMD_NODENAME:-}_rank${SLURM_PROCID:-}.nsys-rep"
 }
 
 # profile::after_run: once the workload has ended (normally, failed, or stopped by SIGTERM), wait

@@ -360,6 +360,22 @@ assert_golden() {
   assert_dir_exists "${BATS_TEST_TMPDIR}/job/profile"
 }
 
+@test "a requeued attempt's reports are named per attempt: <job>-a<N>_<node>_rank<R>, never the first attempt's name" {
+  local attempt
+  for attempt in "" 0 2; do
+    SLURM_RESTART_COUNT=${attempt} run bash -c '
+      for lib in log util settings profile; do source "${REPO_ROOT}/lib/${lib}.sh"; done
+      printf "%s\n" "${PROFILE_REPORT_NAME}"'
+    case ${attempt} in
+      2) assert_output '%q{SLURM_JOB_ID}-a2_%q{SLURMD_NODENAME}_rank%q{SLURM_PROCID}' ;;
+      *) assert_output '%q{SLURM_JOB_ID}_%q{SLURMD_NODENAME}_rank%q{SLURM_PROCID}' ;;
+    esac
+  done
+  # Collect maps an attempt's report to its rank like any other.
+  run "${SM_PYTHON}" -c 'from slurm_multi.results.profile import RANK_RE; print(RANK_RE.search("4242-a2_node2_rank11.nsys-rep").group(1))'
+  assert_output 11
+}
+
 # node_stop_grace [VAR=VALUE…]: the `docker stop` lib/run.sh runs after the node's profile::before_run,
 # through a recording docker, with the settings given (defaults otherwise).
 node_stop_grace() {
