@@ -77,13 +77,16 @@ cluster-status: ## show the test cluster's nodes and daemons
 test-cluster: setup ## end-to-end tests on the test cluster (brings it up)
 	@$(BATS) --timing tests/e2e
 
-# The PyTorch base rootfs (debootstrap, minutes the first time, then cached) is made in the
-# background while the unit tests run; the e2e build waits on its lock and finds it.
-TORCH_PREFETCH_LOG := $(or $(TMPDIR),/tmp)/sm-torch-prefetch.log
+# What the end-to-end tests need first, made in the background while lint, pytest and bats run:
+# the PyTorch base rootfs (debootstrap, minutes on a fresh machine, then cached), the test cluster
+# (4 nodes: 55-bad-nodes needs them; the rest take 3 of them) and the torch image on node1. Each
+# step is idempotent; the e2e files bring up or build whatever this did not.
+E2E_PREP_LOG := $(or $(TMPDIR),/tmp)/sm-e2e-prep.log
 test: setup ## lint, bats, pytest, then end-to-end on the test cluster
-	@examples/torchrun/build-image --rootfs-only >$(TORCH_PREFETCH_LOG) 2>&1 & prefetch=$$!; \
+	@( examples/torchrun/build-image --rootfs-only && tests/cluster/up --nodes 4 && \
+	  examples/torchrun/build-image --node node1 ) >$(E2E_PREP_LOG) 2>&1 & prep=$$!; \
 	  $(MAKE) --no-print-directory test-unit; rc=$$?; \
-	  wait $$prefetch || echo "test: the PyTorch base rootfs was not made in the background ($(TORCH_PREFETCH_LOG)); the e2e build tries again"; \
+	  wait $$prep || echo "test: the e2e prerequisites were not all made in the background ($(E2E_PREP_LOG)); the e2e files try again"; \
 	  [ $$rc -eq 0 ] || exit $$rc; \
 	  $(MAKE) --no-print-directory test-cluster
 

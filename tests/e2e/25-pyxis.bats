@@ -252,8 +252,8 @@ PY
     assert_output --partial "ids rank=${r} local=$((r % 2)) world=4 procid=${r} localid=$((r % 2)) node=$((r / 2)) ntasks=4"
   done
   assert_equal "$(e2e::json "${JOB_DIR}/summary.json" 'd["chosen_csv"]')" node_3/perf_toy.csv
-  # The dry run shows ranks, each with its node: rank 1 is node 0's second task, rank 2 node 1's first.
-  e2e::assert_dry_run_is_the_job 1 2
+  # The dry run shows ranks, each with its node: rank 1 is node 0's second task, rank 3 node 1's.
+  e2e::assert_dry_run_is_the_job 1 3
 }
 
 @test "pyxis + nsys, 2 nodes: one complete report per rank, nsys inside the rank's container" {
