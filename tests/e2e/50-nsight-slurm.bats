@@ -139,11 +139,11 @@ PY
   JOB_ID=${out%%;*}
   JOB_DIR=${BATS_FILE_TMPDIR}/out/job/${JOB_ID}
   # Wait until all 4 ranks run under nsys (4 sessions registered, 4 streams open) and every rank's
-  # sm-node has started (its node.log: "mid-run"; the fake opens its .qdstrm before it starts the
-  # app, and a cancel in between kills an sm-node that never ran: CI saw that once), then cancel.
+  # sm-node is in its run stage (mid-run: a node.log alone can be a rank still in prepare, and a
+  # cancel there is another test's case; CI saw it twice), then cancel.
   deadline=$((SECONDS + 90))
   until [[ $(find "${JOB_DIR}/nsight-slurm-direct" -name '*.qdstrm' 2>/dev/null | wc -l) == 4 &&
-    $(find "${JOB_DIR}" -mindepth 2 -maxdepth 2 -path '*/node_*/node.log' 2>/dev/null | wc -l) == 4 ]]; do
+    $(grep -ls 'stage_start .*stage=run' "${JOB_DIR}"/node_*/events.log 2>/dev/null | wc -l) == 4 ]]; do
     ((SECONDS < deadline)) || { cat "${BATS_FILE_TMPDIR}/job-${JOB_ID}.out" >&2; scancel "${JOB_ID}"; false; }
     sleep 0.3
   done
