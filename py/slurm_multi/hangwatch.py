@@ -407,13 +407,41 @@ def write_json(path: str, document: dict[str, Any]) -> None:
         pass
 
 
+CAUSE_FILE = "hang-cause.json"  # in the job dir: a cause's watch says it was found (its hold)
+
+
 @dataclass(frozen=True)
 class Peers:
-    """The other ranks of the job, as a cause's hold reads them: `<job_dir>/node_<r>/`."""
+    """The other ranks of the job, as a cause's hold reads them (`<job_dir>/node_<r>/`), and the
+    cause's word to them (`<job_dir>/hang-cause.json`): a waiter then speaks at once instead of at
+    its own timeout, which a CPU blip of its runtime may have pushed past the hold."""
 
     job_dir: str
     ranks: int
     hold: float
+
+    @property
+    def cause_file(self) -> str:
+        return os.path.join(self.job_dir, CAUSE_FILE)
+
+    def announce(self, hang: dict[str, Any]) -> None:
+        """The cause's watch, before its hold: which rank was found hung, and when."""
+        write_json(self.cause_file, {"rank": hang["rank"], "node": hang["node"],
+                                     "detected_epoch": hang["detected_epoch"]})  # fmt: skip
+
+    def cause(self, rank: int, since: float) -> dict[str, Any] | None:
+        """Another rank's announcement made after `since` (this watch's start: an earlier one is a
+        requeued attempt's, which job::keep_attempt moves away anyway), else None. One open per
+        poll, which fails while no rank is hung."""
+        try:
+            with open(self.cause_file, encoding="utf-8") as handle:
+                record = json.load(handle)
+            other, detected = int(record["rank"]), float(record["detected_epoch"])
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            return None
+        if other == rank or detected < since:
+            return None
+        return {"rank": other, "node": str(record.get("node", "")), "detected_epoch": detected}
 
     def accounted(self, rank: int, since: float) -> bool:
         """Rank's watch has spoken (hang.json), its run ended (status.json), or its progress record
@@ -511,18 +539,27 @@ def _watch_loop(
         if cpu - state.cpu > CPU_BUSY_FRACTION * max(now - last_poll, 1e-3):
             state.last_cpu = now
         state.cpu, last_poll = cpu, now
+        # Another rank was found hung: this one says at once whether it waits on it (quiet for a
+        # few polls), or shows that it moves (its progress record now, not at the next write).
+        cause = peers.cause(rank, state.started) if peers and peers.ranks > 1 else None
+        if cause and now - state.last < peer_quiet(timeout, poll):
+            next_progress = now
+            cause = None
         if now >= next_progress:
             next_progress = now + progress_every
             write_json(os.path.join(node_dir, "progress.json"), progress_document(state, rank, node, now))
-        if now - state.last >= timeout and target.alive():
+        if (cause or now - state.last >= timeout) and target.alive():
             hang = hang_document(target, state, rank, node, timeout, now)
             if not target.alive():
                 break  # it ended while it was looked at: an ending, not a hang
+            if cause:
+                hang["spoke_for"] = cause  # before its own timeout: rank N was found hung
             write_json(os.path.join(node_dir, "hang.json"), hang)
             write_json(os.path.join(node_dir, "progress.json"), progress_document(state, rank, node, now))
             if diagnostics:
                 snapshot(target, hang, diagnostics)
-            if peers and peers.ranks > 1 and peers.hold > 0 and hang["role"] == "cause":
+            if peers and peers.ranks > 1 and peers.hold > 0 and hang["role"] == "cause" and not cause:
+                peers.announce(hang)
                 held = clock()
                 hang["peers_unaccounted"] = peers.hold_stop(rank, now, poll, clock)
                 hang["held_seconds"] = round(clock() - held, 1)
@@ -530,6 +567,12 @@ def _watch_loop(
             print(hang["state"], hang_line(hang), flush=True)  # the caller reads: STATE LINE
             return EXIT_HUNG
     raise Stopped
+
+
+def peer_quiet(timeout: float, poll: float) -> float:
+    """How long a rank must have been quiet to say it waits on a cause another rank announced:
+    three polls (at least 2 s), never more than the timeout itself."""
+    return min(timeout, max(2.0, 3 * poll))
 
 
 def progress_document(state: Progress, rank: int, node: str, now: float) -> dict[str, Any]:

@@ -288,6 +288,74 @@ def test_a_waiter_never_holds(procs: list, tmp_path: Path) -> None:
     assert result == hangwatch.EXIT_HUNG and hang["role"] == "waiter" and "held_seconds" not in hang
 
 
+def test_a_waiter_speaks_when_a_cause_is_announced_not_at_its_own_timeout(procs: list, tmp_path: Path) -> None:
+    """A rank waiting on a hung one speaks as soon as the cause's watch announces it (3 polls of
+    quiet, at least 2 s), long before its own 60 s timeout, which a CPU blip of its runtime may
+    have restarted: then the cause's hold finds it and it is listed as a waiter."""
+    job = tmp_path / "job"
+    job.mkdir()
+    writer = subprocess.Popen(
+        ["sh", "-c", f"sleep 0.5; printf '%s' '{{\"rank\": 1, \"node\": \"node2\", \"detected_epoch\": '$(date +%s)'}}' "
+         f">{job}/{hangwatch.CAUSE_FILE}"]
+    )  # fmt: skip
+    procs.append(writer)
+    began = time.time()
+    code, hang = watch_in_job(procs, job, 0, ["sh", "-c", "echo started; sleep 60"], 60.0, 3, 30.0)
+    assert code == hangwatch.EXIT_HUNG and time.time() - began < 10
+    assert hang["spoke_for"]["rank"] == 1 and hang["spoke_for"]["node"] == "node2"
+    assert 2.0 <= hang["quiet_seconds"] < 10
+    # It is not a second cause holding the job: only the announced cause holds.
+    assert "held_seconds" not in hang
+    assert json.loads((job / hangwatch.CAUSE_FILE).read_text())["rank"] == 1
+
+
+def test_a_rank_that_moves_when_a_cause_is_announced_shows_it_at_once_and_keeps_running(
+    procs: list, tmp_path: Path
+) -> None:
+    """A printing rank never speaks for the cause; its progress record is written every poll while
+    the cause is known, so the cause's hold counts it as moving within a poll."""
+    job = tmp_path / "job"
+    (job / "node_2").mkdir(parents=True)
+    (job / hangwatch.CAUSE_FILE).write_text(json.dumps({"rank": 1, "node": "node2", "detected_epoch": time.time() + 1}))
+    proc = start(procs, ["sh", "-c", "i=0; while [ $i -lt 30 ]; do echo $i; i=$((i+1)); sleep 0.1; done"],
+                 job / "node_2" / "node.log")  # fmt: skip
+    records = []
+
+    def clock() -> float:
+        now = time.time()
+        try:
+            records.append(json.loads((job / "node_2" / "progress.json").read_text())["updated_epoch"])
+        except (OSError, ValueError):
+            pass
+        return now
+
+    code = hangwatch.watch(
+        Target(pid=proc.pid), str(job / "node_2" / "node.log"), 60.0, str(job / "node_2"), 2, "node3",
+        poll=0.1, progress_every=30.0, peers=hangwatch.Peers(str(job), 3, 5.0), clock=clock,
+    )  # fmt: skip
+    assert code == 0 and not (job / "node_2" / "hang.json").exists()
+    # Rewritten poll after poll (progress_every is 30 s), not once.
+    assert len(set(records)) >= 10
+
+
+def test_an_announcement_before_this_watch_started_or_its_own_is_not_a_cause(tmp_path: Path) -> None:
+    peers = hangwatch.Peers(str(tmp_path), 3, 5.0)
+    assert peers.cause(0, since=100.0) is None  # none yet
+    peers.announce({"rank": 1, "node": "node2", "detected_epoch": 90.0})
+    assert peers.cause(0, since=100.0) is None  # a requeued attempt's
+    peers.announce({"rank": 1, "node": "node2", "detected_epoch": 110.0})
+    assert peers.cause(0, since=100.0) == {"rank": 1, "node": "node2", "detected_epoch": 110.0}
+    assert peers.cause(1, since=100.0) is None  # its own
+    (tmp_path / hangwatch.CAUSE_FILE).write_text('{"rank": "x"')
+    assert peers.cause(0, since=100.0) is None
+
+
+def test_a_requeued_attempt_takes_the_cause_file_with_it():
+    text = (REPO / "lib" / "job.sh").read_text()
+    body = text[text.index("job::keep_attempt() {"):]
+    assert hangwatch.CAUSE_FILE in body[: body.index("\n}\n")]
+
+
 def test_a_pid_another_process_got_is_not_the_workload(procs: list, tmp_path: Path) -> None:
     proc = start(procs, ["sleep", "30"], tmp_path / "node.log")
     target = Target(pid=proc.pid)
