@@ -735,6 +735,10 @@ node::stage_reap() {
 # node::on_term: scancel / srun cancel / time limit. Stop the container gracefully (SIGTERM first,
 # so nsys writes its report), then let the EXIT path save everything.
 node::on_term() {
+  # Once: scancel, nsys and the nsight-slurm connector each forward a SIGTERM, a moment apart. Run
+  # again inside itself, the handler waited on the same processes again, and the task hung in
+  # that wait until Slurm's SIGKILL, staging nothing. Slurm's KillWait still bounds the stop.
+  trap '' TERM INT
   NODE_TERMINATED=1
   log::warn node "received a termination signal; stopping the workload gracefully"
   [[ ${SM_RUNTIME} == docker ]] && run::stop_container "$(run::container_name)"

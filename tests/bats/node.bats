@@ -366,3 +366,33 @@ EOF
   wait "${pid}" || rc=$?
   assert_equal "${rc}" 143
 }
+
+@test "SIGTERM three times while the workload takes a second to stop: one graceful stop, outputs staged, exit 143" {
+  # scancel, nsys and the nsight-slurm connector each forward a SIGTERM to a bare-metal task, a
+  # moment apart. The handler must not run again inside itself: nested, it waited on the same
+  # processes again and the task hung until Slurm's SIGKILL, staging nothing (2 in 12 e2e runs).
+  local out=${BATS_TEST_TMPDIR}/task.out pid i
+  SM_RUNTIME=none SM_FITNESS=off SM_HANG_TIMEOUT=0 "${REPO_ROOT}/bin/sm-node" --jobdir "${SM_JOBDIR}" -- \
+    sh -c 'trap "sleep 1; echo stopped; exit 143" TERM; echo started; while :; do sleep 0.1; done' >"${out}" 2>&1 &
+  pid=$!
+  for i in $(seq 200); do grep -qs '^started$' "${SM_JOBDIR}/node_0/node.log" && break; sleep 0.05; done
+  for i in 1 2 3; do
+    kill -TERM "${pid}"
+    # (the workload's own shell gets scancel's SIGTERM too)
+    pkill -TERM -f 'trap "sleep 1; echo stopped' 2>/dev/null || true
+    sleep 0.2
+  done
+  for i in $(seq 150); do kill -0 "${pid}" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "${pid}" 2>/dev/null; then
+    kill -KILL "${pid}"
+    cat "${out}" >&2
+    fail "sm-node still running 15 s after the SIGTERMs"
+  fi
+  run wait "${pid}"
+  assert_equal "${status}" 143
+  run grep -c 'received a termination signal' "${SM_JOBDIR}/node_0/node.log"
+  assert_output 1
+  assert_equal "$(status_field exit_code)" 143
+  run grep -c 'stage save-outputs: ok' "${SM_JOBDIR}/node_0/node.log"
+  assert_output 1
+}
