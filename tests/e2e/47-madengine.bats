@@ -15,8 +15,9 @@ setup_file() {
   # The torch image on node1 only: the other nodes get it from rank 0.
   e2e::torch_image_only_on node1
   e2e::toy_image_only_on node1
-  export E2E_CACHE=${BATS_FILE_TMPDIR}/image-cache
-  mkdir -p "${E2E_CACHE}"
+  # One cache with 48: the torch squashfs made here is reused there.
+  export E2E_CACHE
+  E2E_CACHE=$(e2e::torch_cache)
   export E2E_JOB_TIMEOUT=420
   # Anything written into the checkout after this is a node writing where it must not.
   touch "${BATS_FILE_TMPDIR}/checkout-mark"

@@ -114,6 +114,13 @@ e2e::torch_image_only_on() {
   echo "# torch image on ${node} in $((SECONDS - t0)) s" >&3
 }
 
+# e2e::torch_cache: the image cache that the torch-image pyxis tests share for this run of the
+# suite (47 and 48): the squashfs of the torch image is made once (about a minute) and reused warm.
+e2e::torch_cache() {
+  local dir=${BATS_RUN_TMPDIR}/torch-image-cache
+  mkdir -p "${dir}" && e2e::share_dir "${dir}" && printf '%s' "${dir}"
+}
+
 # e2e::image_id NODE [IMAGE]: the image ID on NODE's engine (empty if absent).
 e2e::image_id() {
   "${REPO_ROOT}/tests/cluster/exec" "$1" docker image inspect -f '{{.Id}}' "${2:-toy/model:local}" 2>/dev/null || true
