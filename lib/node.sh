@@ -10,6 +10,7 @@ declare -F timeline::event >/dev/null || source "$(dirname "${BASH_SOURCE[0]}")/
 
 declare -gA NODE_STAGE_SECONDS=() NODE_STAGE_STATUS=()
 NODE_STAGE_ORDER=()
+NODE_CURRENT_STAGE='' NODE_CURRENT_T0='' # the stage running now (a signal cuts it short: on_term)
 NODE_STAGES=(prepare fitness image barrier run save-outputs)
 NODE_REASON=
 NODE_EXIT=0
@@ -129,7 +130,9 @@ node::stage() {
   fi
   log::info "${name}" "stage ${name} (${how})"
   timeline::event stage_start stage="${name}"
+  NODE_CURRENT_STAGE=${name} NODE_CURRENT_T0=${t0}
   "node::stage_${name//-/_}" || rc=$?
+  NODE_CURRENT_STAGE=
   NODE_STAGE_SECONDS[${name}]=$(util::elapsed "${t0}")
   NODE_STAGE_ORDER+=("${name}")
   if ((rc == 0)); then
@@ -741,6 +744,7 @@ node::on_term() {
   trap '' TERM INT
   NODE_TERMINATED=1
   log::warn node "received a termination signal; stopping the workload gracefully"
+  local stage=${NODE_CURRENT_STAGE:-}
   [[ ${SM_RUNTIME} == docker ]] && run::stop_container "$(run::container_name)"
   # Bare metal: the workload is our child (under nsight-slurm only this task gets the signal).
   if [[ ${SM_RUNTIME} == none && -n ${RUN_DOCKER_PID} ]]; then kill -TERM "${RUN_DOCKER_PID}" 2>/dev/null || true; fi
@@ -750,6 +754,14 @@ node::on_term() {
   node::stop_join
   ((NODE_EXIT != 0)) || NODE_EXIT=143
   [[ -n ${NODE_REASON} ]] || NODE_REASON="terminated by a signal (scancel, time limit or a failed peer)"
+  # The stage the signal cut short is in status.json and on the timeline with the time it ran.
+  if [[ -n ${stage} ]]; then
+    NODE_CURRENT_STAGE=
+    NODE_STAGE_SECONDS[${stage}]=$(util::elapsed "${NODE_CURRENT_T0}")
+    NODE_STAGE_ORDER+=("${stage}")
+    NODE_STAGE_STATUS[${stage}]=failed
+    timeline::event stage_end stage="${stage}" status=terminated
+  fi
   exit "${NODE_EXIT}"
 }
 

@@ -155,6 +155,9 @@ profile::flush_nsight() {
   direct=$(profile::nsight_direct) rescued=$(profile::nsight_rescued)
   prestop=${SM_JOBDIR}/.profile-prestop.json
   profile::_worker_step_started || { log::info profile "flush: the worker step never started; no reports to wait for"; return 0; }
+  # On the timeline as a sub-step of rank 0's lane (the batch step runs on rank 0's node), for
+  # every rank's report: nsight_flush.
+  profile::job_event nsight_flush_start reason="${1:-teardown}"
   # The baseline for "did the stop make nsys write?": every report as it is right before the stop.
   # By identity, not by count: a requeued job rewrites its reports under the same names.
   before=$(profile::_count_new "$(profile::baseline_file)" "${direct}" "${rescued}")
@@ -184,14 +187,22 @@ profile::flush_nsight() {
     fi
   fi
   expect=$(profile::_expected_nsight_reports)
+  local settled=0
   if ((expect == 0)); then
     log::warn profile "flush: no rank started under the connector; no reports to wait for"
   elif PROFILE_STATE_FILE=${SM_JOBDIR}/${PROFILE_FLUSH_FILE} profile::wait_reports "${direct}" "${expect}" "$(profile::_settle_seconds)" "$(profile::_timeout_seconds)"; then
     log::info profile "flush: ${expect} report(s) settled in ${direct}"
+    settled=1
   else
     log::warn profile "flush: not every report settled (see above; the wait gives up at ${SM_FLUSH_TIMEOUT_SECONDS} s, or once nsys has finished and a report stayed empty); going on"
   fi
   profile::rescue_reports
+  profile::job_event nsight_flush_end settled="${settled}" expected="${expect}"
+}
+
+# profile::job_event NAME KEY=VALUE…: a batch-step event on rank 0's lane of the timeline.
+profile::job_event() {
+  SM_NODE_DIR=${SM_JOBDIR}/node_0 SM_RANK=0 timeline::event "$@"
 }
 
 # profile::nsight_coordinator_stop (post-cleanup hook): after every step has ended.

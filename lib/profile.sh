@@ -40,6 +40,10 @@ PROFILE_NODE_WAITED=0
 PROFILE_NSIGHT_CONFIGURED=0
 PROFILE_HEAD_IPV4=
 
+# The flush is on the timeline: a rank's own (profile::after_run) and the batch step's.
+# shellcheck source=lib/timeline.sh
+declare -F timeline::event >/dev/null || source "${BASH_SOURCE[0]%/*}/timeline.sh" || return 2
+
 for _profile_lib in profile-nsys profile-nsight; do
   # shellcheck source=/dev/null
   source "${BASH_SOURCE[0]%/*}/${_profile_lib}.sh" || return 2

@@ -395,4 +395,9 @@ EOF
   assert_equal "$(status_field exit_code)" 143
   run grep -c 'stage save-outputs: ok' "${SM_JOBDIR}/node_0/node.log"
   assert_output 1
+  # The stage the signal cut short is in status.json, failed, with the time it ran.
+  run "${SM_PYTHON}" -c 'import json,sys; d=json.load(open(sys.argv[1]))["stages"]; print(list(d), d["run"]["status"], d["run"]["seconds"] >= 0.5)' "${SM_JOBDIR}/node_0/status.json"
+  assert_output "['prepare', 'fitness', 'image', 'barrier', 'run', 'save-outputs'] failed True"
+  run grep -c ' stage_end .*stage=run .*status=terminated' "${SM_JOBDIR}/node_0/events.log"
+  assert_output 1
 }

@@ -101,6 +101,13 @@ PY
   assert_output "$(printf '%s\n' 'configure tool-path' 'configure tool-command' 'configure profiling-mode' \
     'configure tool-options' 'configure report-output' 'disable pyxis' 'coordinator start' 'configure' \
     'srun --nodes' 'stop --job' 'coordinator stop')"
+  # The batch step's flush (every rank's report) is on the timeline, on rank 0's lane.
+  run awk '$2 ~ /^nsight_flush_/ { print $2 }' "${JOB_DIR}/node_0/events.log"
+  assert_output "$(printf '%s\n' nsight_flush_start nsight_flush_end)"
+  run grep -c ' nsight_flush_end .*settled=1 expected=4$' "${JOB_DIR}/node_0/events.log"
+  assert_output 1
+  run e2e::json "${JOB_DIR}/timeline.json" '[s["step"] for n in d["nodes"] if n["rank"] == 0 for s in n["steps"]]'
+  assert_output --partial "'nsight_flush'"
   e2e::assert_dry_run_is_the_job 0 1
 }
 
@@ -172,4 +179,33 @@ PY
   run grep -e 'profile: flush: 4 report(s) settled' -e 'multi: + scancel --signal=TERM' -e 'coordinator stop --force' "${JOB_DIR}/batch.log"
   assert_line --index 0 --partial 'profile: flush: 4 report(s) settled'
   assert_line --partial 'coordinator stop --force'
+}
+
+@test "nsight-slurm scancelled as soon as every rank has a node.log (some still in prepare or fitness): every rank stages" {
+  # scancel, nsys and the connector each forward a SIGTERM to sm-node; a task that took them while
+  # in prepare or fitness hung in its handler until Slurm's SIGKILL (2 of 12 such cancels), with
+  # no status.json and no summary within the teardown.
+  local out deadline r
+  mkdir -p "${BATS_FILE_TMPDIR}/out"
+  cd "${BATS_FILE_TMPDIR}"
+  out=$(sbatch --parsable -N2 -w node1,node2 --ntasks-per-node=2 -o "${BATS_FILE_TMPDIR}/job-%j.out" \
+    "${REPO_ROOT}/sbatch/multi.sbatch" --out "${BATS_FILE_TMPDIR}/out" --runtime none --ntasks-per-node 2 \
+    --profile nsight-slurm --nsight-slurm-home "${NSIGHT_HOME}" --nsight-slurm-tool-path "${REPO_ROOT}/tests/fakes/nsys" \
+    --flush-settle-seconds 2 --flush-timeout-seconds 40 -- sh -c 'echo "rank ${RANK} training"; sleep 60')
+  JOB_ID=${out%%;*}
+  JOB_DIR=${BATS_FILE_TMPDIR}/out/job/${JOB_ID}
+  deadline=$((SECONDS + 90))
+  until [[ $(find "${JOB_DIR}" -name node.log 2>/dev/null | wc -l) == 4 ]]; do
+    ((SECONDS < deadline)) || { cat "${BATS_FILE_TMPDIR}/job-${JOB_ID}.out" >&2; scancel "${JOB_ID}"; false; }
+    sleep 0.05
+  done
+  scancel "${JOB_ID}"
+  e2e::wait_teardown "${JOB_ID}" "${JOB_DIR}" 60
+  grep -h 'stage_start' "${JOB_DIR}"/node_*/events.log 2>/dev/null | grep -o 'stage=[a-z-]*' | sort | uniq -c | sed 's/^/# /' >&3 || true
+  assert_file_exists "${JOB_DIR}/summary.json"
+  for r in 0 1 2 3; do
+    assert_equal "$(e2e::json "${JOB_DIR}/node_${r}/status.json" 'd["exit_code"]')" 143
+    run grep -c 'received a termination signal' "${JOB_DIR}/node_${r}/node.log"
+    assert_output 1
+  done
 }
