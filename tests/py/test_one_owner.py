@@ -1,0 +1,43 @@
+"""Facts that bash and Python both need, held equal: the stage order (lib/node.sh NODE_STAGES and
+results.jobdir.STAGE_ORDER) and the dry run's placeholders for what only the job knows
+(lib/job.sh job::dry_run_prepare and tests/e2e/dry_run_vs_job.py, which puts them back into the
+job's argv to compare it with the dry run)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+from slurm_multi.results.jobdir import STAGE_ORDER
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_stage_order_is_the_same_in_bash_and_python():
+    text = (REPO / "lib" / "node.sh").read_text()
+    (stages,) = re.findall(r"^NODE_STAGES=\(([^)]*)\)$", text, re.MULTILINE)
+    assert tuple(stages.split()) == STAGE_ORDER
+
+
+def _dry_run_vs_job():
+    spec = importlib.util.spec_from_file_location(
+        "dry_run_vs_job", REPO / "tests" / "e2e" / "dry_run_vs_job.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_dry_run_placeholders_are_the_ones_the_comparison_puts_back():
+    text = (REPO / "lib" / "job.sh").read_text()
+    body = text[text.index("job::dry_run_prepare() {") :]
+    body = body[: body.index("\n}\n")]
+    names = "MASTER_ADDR|SLURMD_NODENAME|SLURM_JOB_NODELIST|SLURM_STEP_ID"
+    shown = dict(re.findall(rf'\b({names})="([^"]*)"', body))
+    assert set(shown) == {"MASTER_ADDR", "SLURMD_NODENAME", "SLURM_JOB_NODELIST", "SLURM_STEP_ID"}
+    node = 3
+    words = ["MASTER_ADDR=node9", "SLURMD_NODENAME=node9", "SLURM_JOB_NODELIST=node[1-9]", "SLURM_STEP_ID=7"]
+    put_back = _dry_run_vs_job().placeholders(words, "4242", node)
+    names = [word.split("=", 1)[0] for word in words]
+    assert put_back == [f"{name}={shown[name]}".replace("${node}", str(node)) for name in names]
