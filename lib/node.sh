@@ -445,8 +445,8 @@ node::workers_hold() {
   [[ ${SM_RUNTIME} == docker ]] && ((workers > 0)) || return 1
   deadline=$((SECONDS + ${NODE_HOLDS_WAIT:-10}))
   while :; do
-    # The last line of a rank counts (a worker that reconnects says it again).
-    read -r said holding < <(awk -v want="${want}" '{ h[$1] = $2 } END { n = 0; m = 0; for (r in h) { n++; if (h[r] == want) m++ } print n, m }' "${file}" 2>/dev/null) || { said=0 holding=0; }
+    read -r said holding < <(node::holds_read "${file}" | awk -v want="${want}" '{ n++; if ($2 == want) m++ } END { print n + 0, m + 0 }') ||
+      { said=0 holding=0; }
     ((said < workers)) || break
     if ((SECONDS >= deadline)); then
       log::info image "$((workers - said)) worker(s) did not say within ${NODE_HOLDS_WAIT:-10} s which image they hold; moving the image"
@@ -457,6 +457,14 @@ node::workers_hold() {
   if ((holding == workers)); then return 0; fi
   log::info image "${holding} of ${workers} worker(s) already hold ${want:7:12}"
   return 1
+}
+
+# node::holds_read FILE: barrier.holds (rank 0's server appends `<rank> <held id|-> <cache:16 hex|->`
+# as each worker's image READY comes) as each worker last said it: one such line per rank, in no
+# order (a worker that reconnects says it again). Nothing when the file is not there yet.
+node::holds_read() {
+  [[ -f $1 ]] || return 0
+  awk '{ h[$1] = $2; c[$1] = ($3 == "" ? "-" : $3) } END { for (r in h) print r, h[r], c[r] }' "$1"
 }
 
 # node::workers_see_cache ID: when rank 0's cache tar holds ID, every worker that does not hold ID
@@ -472,12 +480,9 @@ node::workers_see_cache() {
   tar=${SM_IMAGE_CACHE}/$(image::cache_key "${SM_IMAGE}").tar
   cache::holds "${tar}" "${want}" || return 0
   [[ ${SM_IMAGE_TRANSPORT} != cache ]] || silent=0
-  local holds=${SM_SCRATCH}/barrier.holds
-  [[ -f ${holds} ]] || holds=/dev/null
-  unseen=$(awk -v want="${want}" -v seen="${want:7:16}" -v workers="${workers}" -v silent="${silent}" '
+  unseen=$(node::holds_read "${SM_SCRATCH}/barrier.holds" | awk -v want="${want}" -v seen="${want:7:16}" -v workers="${workers}" -v silent="${silent}" '
     { h[$1] = $2; c[$1] = $3 }
-    END { for (r = 1; r <= workers; r++) if (((r in h) || silent) && h[r] != want && c[r] != seen) printf "%s%s", (n++ ? " " : ""), r }' \
-    "${holds}")
+    END { for (r = 1; r <= workers; r++) if (((r in h) || silent) && h[r] != want && c[r] != seen) printf "%s%s", (n++ ? " " : ""), r }')
   [[ -n ${unseen} ]] || return 0
   local r hosts=() names='' list
   list=$(slurm::hostnames "${SLURM_JOB_NODELIST:-}") || list=

@@ -167,8 +167,7 @@ run::stop_hung_container() {
   esac
 }
 
-# run::end_watchers PID...: stop the watchdogs of a workload that ended on its own.
-# run::took_hang_verdict: once the workload has ended (bare metal, pyxis): when the hang watch
+# run::took_hang_verdict: once the workload has ended (docker, bare metal, pyxis): when the hang watch
 # stopped it, wait for the watch to finish that stop and take its reason into RUN_HUNG (0); else
 # end the watch (1).
 run::took_hang_verdict() {
@@ -181,6 +180,7 @@ run::took_hang_verdict() {
   return 1
 }
 
+# run::end_watchers PID...: stop the watchdogs of a workload that ended on its own.
 run::end_watchers() {
   local pid
   for pid in "$@"; do
@@ -239,15 +239,10 @@ run::docker() {
     RUN_EXIT=124
     return 0
   fi
-  if [[ -f ${SM_SCRATCH}/hung ]]; then
-    wait "${RUN_HANG_PID}" 2>/dev/null || true
-    run::end_watchers "${watchdog}"
-    RUN_HUNG=$(<"${SM_SCRATCH}/hung")
-    RUN_EXIT=${rc}
-    return 0
-  fi
-  run::end_watchers "${watchdog}" "${RUN_HANG_PID}"
+  run::end_watchers "${watchdog}"
   RUN_EXIT=${rc}
+  # Stopped by the hang watch: its reason is the verdict (the same helper as bare metal and pyxis).
+  run::took_hang_verdict && return 0
   if ((rc != 0)); then
     log::error run "container ${name} exited ${rc}"
     run::diagnose "${name}" "container exited ${rc}"

@@ -333,6 +333,13 @@ hold_lock() {
   assert_equal "$(cat "${BATS_TEST_TMPDIR}/control")" "RELEASE ${id}"
   assert_file_not_exists "${TAR}"
   assert_equal "$(count_calls 'node1 save')" 1
+  # A worker that reconnected said it again: its last line counts (it loaded the image meanwhile).
+  rm -f "${BATS_TEST_TMPDIR}/control"
+  printf '1 -\n1 %s\n' "${id}" >"${SM_SCRATCH}/barrier.holds"
+  run stage node1 0
+  assert_line "rc=0"
+  assert_output --partial "every worker already holds toy/model:local ${id:7:12}"
+  assert_equal "$(count_calls 'node1 save')" 1
 }
 
 @test "rank 0 sends the warm cache only when every worker sees its tar; a node-local cache is relayed, or refused when forced" {
