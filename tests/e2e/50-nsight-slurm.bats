@@ -135,16 +135,23 @@ PY
   assert_output "(True, True, '10.77.0.11')"
 }
 
-@test "nsight-slurm scancelled mid-run: the flush still gets every rank's report before the steps die" {
-  local out deadline state
+# submit_long_job: the 2x2 bare-metal job of nsight_job, training for a minute, submitted without
+# waiting; sets JOB_ID and JOB_DIR (the tests cancel it).
+submit_long_job() {
+  local out
   mkdir -p "${BATS_FILE_TMPDIR}/out"
-  cd "${BATS_FILE_TMPDIR}"
+  cd "${BATS_FILE_TMPDIR}" || return 1
   out=$(sbatch --parsable -N2 -w node1,node2 --ntasks-per-node=2 -o "${BATS_FILE_TMPDIR}/job-%j.out" \
     "${REPO_ROOT}/sbatch/multi.sbatch" --out "${BATS_FILE_TMPDIR}/out" --runtime none --ntasks-per-node 2 \
     --profile nsight-slurm --nsight-slurm-home "${NSIGHT_HOME}" --nsight-slurm-tool-path "${REPO_ROOT}/tests/fakes/nsys" \
-    --flush-settle-seconds 2 --flush-timeout-seconds 40 -- sh -c 'echo "rank ${RANK} training"; sleep 60')
+    --flush-settle-seconds 2 --flush-timeout-seconds 40 -- sh -c 'echo "rank ${RANK} training"; sleep 60') || return 1
   JOB_ID=${out%%;*}
   JOB_DIR=${BATS_FILE_TMPDIR}/out/job/${JOB_ID}
+}
+
+@test "nsight-slurm scancelled mid-run: the flush still gets every rank's report before the steps die" {
+  local deadline state
+  submit_long_job
   # Wait until all 4 ranks run under nsys (4 sessions registered, 4 streams open) and every rank's
   # sm-node is in its run stage (mid-run: a node.log alone can be a rank still in prepare, and a
   # cancel there is another test's case; CI saw it twice), then cancel.
@@ -185,15 +192,8 @@ PY
   # scancel, nsys and the connector each forward a SIGTERM to sm-node; a task that took them while
   # in prepare or fitness hung in its handler until Slurm's SIGKILL (2 of 12 such cancels), with
   # no status.json and no summary within the teardown.
-  local out deadline r
-  mkdir -p "${BATS_FILE_TMPDIR}/out"
-  cd "${BATS_FILE_TMPDIR}"
-  out=$(sbatch --parsable -N2 -w node1,node2 --ntasks-per-node=2 -o "${BATS_FILE_TMPDIR}/job-%j.out" \
-    "${REPO_ROOT}/sbatch/multi.sbatch" --out "${BATS_FILE_TMPDIR}/out" --runtime none --ntasks-per-node 2 \
-    --profile nsight-slurm --nsight-slurm-home "${NSIGHT_HOME}" --nsight-slurm-tool-path "${REPO_ROOT}/tests/fakes/nsys" \
-    --flush-settle-seconds 2 --flush-timeout-seconds 40 -- sh -c 'echo "rank ${RANK} training"; sleep 60')
-  JOB_ID=${out%%;*}
-  JOB_DIR=${BATS_FILE_TMPDIR}/out/job/${JOB_ID}
+  local deadline r
+  submit_long_job
   deadline=$((SECONDS + 90))
   until [[ $(find "${JOB_DIR}" -name node.log 2>/dev/null | wc -l) == 4 ]]; do
     ((SECONDS < deadline)) || { cat "${BATS_FILE_TMPDIR}/job-${JOB_ID}.out" >&2; scancel "${JOB_ID}"; false; }
