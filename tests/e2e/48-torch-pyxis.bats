@@ -109,7 +109,7 @@ nsight_pyxis_job() {
   local out deadline f r
   mkdir -p "${BATS_FILE_TMPDIR}/out"
   cd "${BATS_FILE_TMPDIR}"
-  E2E_JOB_SARGS=(-N2 -w node1,node2) E2E_JOB_ARGS=(--out "${BATS_FILE_TMPDIR}/out" "${NSIGHT_ARGS[@]}")
+  E2E_JOB_SARGS=(-N2 -w 'node1,node2') E2E_JOB_ARGS=(--out "${BATS_FILE_TMPDIR}/out" "${NSIGHT_ARGS[@]}")
   out=$(sbatch --parsable "${E2E_JOB_SARGS[@]}" -o "${BATS_FILE_TMPDIR}/job-%j.out" "${REPO_ROOT}/sbatch/multi.sbatch" \
     "${E2E_JOB_ARGS[@]}")
   JOB_ID=${out%%;*}

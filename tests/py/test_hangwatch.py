@@ -288,16 +288,19 @@ def test_a_waiter_never_holds(procs: list, tmp_path: Path) -> None:
     assert result == hangwatch.EXIT_HUNG and hang["role"] == "waiter" and "held_seconds" not in hang
 
 
-def test_a_waiter_speaks_when_a_cause_is_announced_not_at_its_own_timeout(procs: list, tmp_path: Path) -> None:
+def test_a_waiter_speaks_when_a_cause_is_announced_not_at_its_own_timeout(
+    procs: list, tmp_path: Path
+) -> None:
     """A rank waiting on a hung one speaks as soon as the cause's watch announces it (3 polls of
     quiet, at least 2 s), long before its own 60 s timeout, which a CPU blip of its runtime may
     have restarted: then the cause's hold finds it and it is listed as a waiter."""
     job = tmp_path / "job"
     job.mkdir()
-    writer = subprocess.Popen(
-        ["sh", "-c", f"sleep 0.5; printf '%s' '{{\"rank\": 1, \"node\": \"node2\", \"detected_epoch\": '$(date +%s)'}}' "
-         f">{job}/{hangwatch.CAUSE_FILE}"]
-    )  # fmt: skip
+    # Announced half a second after the watch started (as the cause's watch writes it: renamed in).
+    (tmp_path / "cause").write_text(
+        json.dumps({"rank": 1, "node": "node2", "detected_epoch": time.time() + 0.5})
+    )
+    writer = subprocess.Popen(["sh", "-c", f"sleep 0.5; mv {tmp_path}/cause {job}/{hangwatch.CAUSE_FILE}"])
     procs.append(writer)
     began = time.time()
     code, hang = watch_in_job(procs, job, 0, ["sh", "-c", "echo started; sleep 60"], 60.0, 3, 30.0)
@@ -316,7 +319,8 @@ def test_a_rank_that_moves_when_a_cause_is_announced_shows_it_at_once_and_keeps_
     the cause is known, so the cause's hold counts it as moving within a poll."""
     job = tmp_path / "job"
     (job / "node_2").mkdir(parents=True)
-    (job / hangwatch.CAUSE_FILE).write_text(json.dumps({"rank": 1, "node": "node2", "detected_epoch": time.time() + 1}))
+    announcement = {"rank": 1, "node": "node2", "detected_epoch": time.time() + 1}
+    (job / hangwatch.CAUSE_FILE).write_text(json.dumps(announcement))
     proc = start(procs, ["sh", "-c", "i=0; while [ $i -lt 30 ]; do echo $i; i=$((i+1)); sleep 0.1; done"],
                  job / "node_2" / "node.log")  # fmt: skip
     records = []
@@ -352,7 +356,7 @@ def test_an_announcement_before_this_watch_started_or_its_own_is_not_a_cause(tmp
 
 def test_a_requeued_attempt_takes_the_cause_file_with_it():
     text = (REPO / "lib" / "job.sh").read_text()
-    body = text[text.index("job::keep_attempt() {"):]
+    body = text[text.index("job::keep_attempt() {") :]
     assert hangwatch.CAUSE_FILE in body[: body.index("\n}\n")]
 
 
