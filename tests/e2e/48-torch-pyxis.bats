@@ -47,7 +47,7 @@ rank_pids() {
 }
 
 @test "pyxis, 3 nodes, DDP in the torch squashfs: one rank frozen (SIGSTOP) is hung, the cause; the others wait on it" {
-  local hang=10 grace=5 job dir deadline pids t0 took
+  local hang=8 grace=3 job dir deadline pids t0 took
   cd "${BATS_FILE_TMPDIR}"
   job=$(sbatch --parsable -N3 -o "${BATS_FILE_TMPDIR}/job-%j.out" "${REPO_ROOT}/sbatch/multi.sbatch" \
     --out "${BATS_FILE_TMPDIR}/out" --manifest "${TORCH_MANIFEST}" --runtime pyxis --image-cache "${E2E_CACHE}" \
@@ -55,8 +55,8 @@ rank_pids() {
   JOB_ID=${job}
   dir=${BATS_FILE_TMPDIR}/out/torchrun_ddp/${job}
   deadline=$((SECONDS + 180))
-  # Training is under way on every node (12 logged steps) before rank 1 is frozen.
-  until [[ $(cat "${dir}"/node_*/node.log 2>/dev/null | grep -c ' step ') -ge 12 ]]; do
+  # Training is under way on every node (6 logged steps) before rank 1 is frozen.
+  until [[ $(cat "${dir}"/node_*/node.log 2>/dev/null | grep -c ' step ') -ge 6 ]]; do
     ((SECONDS < deadline)) || { tail -n 40 "${BATS_FILE_TMPDIR}/job-${job}.out" >&2; scancel "${job}"; false; }
     sleep 0.5
   done
