@@ -71,8 +71,10 @@ rank_pids() {
   echo "# pyxis frozen DDP rank: job over ${took} s after SIGSTOP (hang timeout ${hang} s, peer grace ${grace} s)" >&3
   e2e::json "${dir}/summary.json" '"\n".join("# reason: " + r for r in d["reasons"])' >&3
   # Detection: hang + 1 s poll after the rank's last progress; the others' watches speak as soon as
-  # the cause is known (a poll), the cause's stop, the others' stop after the peer grace; teardown.
-  assert [ "${took}" -le $((hang + 2 * grace + 10)) ]
+  # the cause is known (a poll), the cause's stop, the others' stop after the peer grace; then the
+  # teardown, which for torch ranks under pyxis (torchrun's shutdown, the steps' end, enroot's
+  # unmount) measured 11-13 s in CI: 15 s (the toy image's pyxis test allows 10).
+  assert [ "${took}" -le $((hang + 2 * grace + 15)) ]
   run e2e::json "${dir}/summary.json" 'd["verdict"], d["reasons"][0]'
   assert_output --regexp "^\('FAILURE', 'hung: node2 \(rank 1\), no output and no CPU for [0-9]+ s since [0-9:]{8} \(stopped"
   assert_equal "$(e2e::json "${dir}/node_1/hang.json" 'd["role"], d["state"]')" "('cause', 'stopped')"
