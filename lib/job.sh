@@ -231,18 +231,34 @@ job::teardown() {
   job::all_staged || job::mark_lost
   teardown::post_cleanup
   # A node that failed the fitness check: quarantined for later jobs, and this job requeued without
-  # it (--on-bad-node requeue) once this attempt's evidence is judged and kept.
-  job::judge_fitness && job::on_bad_nodes
-  if settings::truthy "${SM_COLLECT}"; then
-    rc=0
-    # Collect reads job.json (written by the plan), never the manifest.
-    # No timeline.png here: matplotlib's import and the drawing would hold the allocation a second
-    # after the verdict is known; bin/sm-collect draws it on request.
-    local cargs=("${SM_JOBDIR}" --no-picture)
-    [[ -z ${SM_PERF_CSV:-} ]] || cargs+=(--perf-csv "${SM_PERF_CSV}")
-    util::fast_logged multi results.collect_main "${cargs[@]}" || rc=$?
-    log::info multi "verdict: $( ((rc == 0)) && echo SUCCESS || echo FAILURE) (${SM_JOBDIR}/summary.json)"
+  # it (--on-bad-node requeue) once this attempt's evidence is judged and kept. Collect judges the
+  # fitness reports as it judges the job (one helper, one judgement); without collect, the judge alone.
+  if ! settings::truthy "${SM_COLLECT}"; then
+    job::judge_fitness && job::on_bad_nodes
+    exit "${rc}"
   fi
+  rc=0
+  local bad held=0
+  bad=$(mktemp "${TMPDIR:-/tmp}/sm-bad-nodes.XXXXXX") || log::die multi "cannot create a temp file" 1
+  # Collect reads job.json (written by the plan), never the manifest.
+  # No timeline.png here: matplotlib's import and the drawing would hold the allocation a second
+  # after the verdict is known; bin/sm-collect draws it on request.
+  local cargs=("${SM_JOBDIR}" --no-picture --bad-nodes "${bad}")
+  if [[ -n ${SM_PERF_CSV:-} ]]; then
+    cargs+=(--perf-csv "${SM_PERF_CSV}")
+    # A job to be requeued appends its rows with the attempt that counts.
+    [[ ${SM_ON_BAD_NODE} != requeue ]] || { cargs+=(--no-perf-csv-on-bad-nodes); held=1; }
+  fi
+  util::fast_logged multi results.collect_main "${cargs[@]}" || rc=$?
+  if job::bad_nodes_from "${bad}"; then
+    job::on_bad_nodes
+    # Not requeued after all: this attempt is the job's, its rows go to the shared perf.csv.
+    if ((held)); then
+      util::fast_logged multi results.collect_main "${SM_JOBDIR}" --no-picture --perf-csv "${SM_PERF_CSV}" || rc=$?
+    fi
+  fi
+  rm -f "${bad}"
+  log::info multi "verdict: $( ((rc == 0)) && echo SUCCESS || echo FAILURE) (${SM_JOBDIR}/summary.json)"
   exit "${rc}"
 }
 
@@ -277,6 +293,7 @@ job::respect_quarantine() {
 
 # job::judge_fitness: the bad nodes of this attempt, from every node's fitness.json and status.json
 # (slurm_multi.fitness), into JOB_BAD_NODES (`<node>\t<reason>` each); false when there are none.
+# Only without collect: collect judges them itself (job::bad_nodes_from reads what it found).
 job::judge_fitness() {
   JOB_BAD_NODES=()
   [[ ${SM_FITNESS} != off ]] || return 1
@@ -285,18 +302,38 @@ job::judge_fitness() {
     log::warn multi "cannot judge the fitness reports: ${out#slurm-multi: }"
     return 1
   fi
-  [[ -n ${out} ]] || return 1
+  job::take_bad_nodes <<<"${out}"
+}
+
+# job::bad_nodes_from FILE: the bad nodes collect wrote (--bad-nodes), into JOB_BAD_NODES; false
+# when there are none. A collect that failed before writing FILE leaves the judge alone to find them.
+job::bad_nodes_from() {
+  JOB_BAD_NODES=()
+  if [[ ! -s $1 ]]; then
+    # Empty: collect found none. Missing is unreadable here only when collect itself failed.
+    [[ -e $1 ]] && return 1
+    job::judge_fitness
+    return
+  fi
+  job::take_bad_nodes <"$1"
+}
+
+# job::take_bad_nodes: `<rank>\t<node>\t<reason>` lines on stdin (the judge's, collect's) into
+# JOB_BAD_NODES, each said on the batch log; false when there are none.
+job::take_bad_nodes() {
   local rank node reason
+  JOB_BAD_NODES=()
   while IFS=$'\t' read -r rank node reason; do
     [[ -n ${node} ]] || continue
     JOB_BAD_NODES+=("${node}"$'\t'"${reason}")
     log::error multi "bad node ${node} (rank ${rank}): ${reason}"
-  done <<<"${out}"
+  done
   ((${#JOB_BAD_NODES[@]}))
 }
 
-# job::on_bad_nodes: quarantine them (--quarantine-hours) and, with --on-bad-node requeue, judge
-# this attempt (its own summary), keep its evidence and requeue the job without them.
+# job::on_bad_nodes: quarantine them (--quarantine-hours) and, with --on-bad-node requeue, keep this
+# attempt's evidence (collect has judged it into its own summary, unless collect is off) and requeue
+# the job without them.
 job::on_bad_nodes() {
   local entry nodes=()
   for entry in "${JOB_BAD_NODES[@]}"; do nodes+=("${entry%%$'\t'*}"); done
@@ -309,9 +346,6 @@ job::on_bad_nodes() {
     log::info multi "quarantined for ${SM_QUARANTINE_HOURS} h in ${SM_STATE_DIR}: ${nodes[*]} (bin/slurm-multi quarantine list)"
   fi
   [[ ${SM_ON_BAD_NODE} == requeue ]] || return 0
-  if settings::truthy "${SM_COLLECT}"; then
-    util::fast_logged multi results.collect_main "${SM_JOBDIR}" --no-picture || true
-  fi
   job::requeue_without fitness || log::error multi "the job is not requeued: it fails with this attempt's verdict"
 }
 

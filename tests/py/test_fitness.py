@@ -1025,6 +1025,64 @@ def test_judge_command_prints_bad_nodes_as_tab_separated_lines_or_json(tmp_path:
     assert (fine.returncode, fine.stdout) == (0, "")
 
 
+def _bad_node_job(root: Path) -> Path:
+    """A finished 2-node job whose rank 0 found its own GPU held: its fitness stage failed."""
+    reports = [view(0, 2, local="GPU 1 held by pid 4242 (2048 MiB) of another job"), view(1, 2)]
+    job = {"job_id": "77", "model": "m", "nnodes": 2, "nodes": ["node0", "node1"], "results_csv": "p.csv",
+           "settings": {"SM_FITNESS": "on"}}  # fmt: skip
+    root.mkdir()
+    (root / "job.json").write_text(json.dumps(job))
+    for rank, report in enumerate(reports):
+        node = root / f"node_{rank}"
+        node.mkdir()
+        (node / "fitness.json").write_text(json.dumps(report))
+        failed = rank == 0
+        stages = {"prepare": {"seconds": 0.2, "status": "ok"},
+                  "fitness": {"seconds": 0.1, "status": "failed" if failed else "ok"}}  # fmt: skip
+        status = {"rank": rank, "node": f"node{rank}", "exit_code": 1 if failed else 0,
+                  "status": "failed" if failed else "ok", "reason": "", "stages": stages}  # fmt: skip
+        (node / "status.json").write_text(json.dumps(status))
+        (node / "p.csv").write_text("model,performance,metric\nm,1.5,x\n")
+    return root
+
+
+def test_collect_writes_the_bad_nodes_the_judge_finds_and_holds_the_perf_csv_for_a_requeue(
+    tmp_path: Path,
+) -> None:
+    """The batch step judges the fitness reports once, in collect (--bad-nodes): the same lines as
+    `fitness judge`; a job to be requeued appends no rows (--no-perf-csv-on-bad-nodes)."""
+    jobdir = _bad_node_job(tmp_path / "job")
+    judged = cli(["judge", "--jobdir", str(jobdir), "--nodes", "node0 node1"])
+    assert judged.returncode == 0 and judged.stdout, judged.stderr
+    env = {"PYTHONPATH": str(REPO / "py"), "PATH": os.environ["PATH"]}
+    collect = [sys.executable, "-S", "-m", "slurm_multi.results.collect_main", str(jobdir), "--no-picture"]
+    shared = tmp_path / "perf.csv"
+    hold = ["--bad-nodes", str(tmp_path / "bad"), "--perf-csv", str(shared), "--no-perf-csv-on-bad-nodes"]
+    held = subprocess.run([*collect, *hold], capture_output=True, text=True, env=env)
+    assert held.returncode == 1, held.stderr
+    assert (
+        (tmp_path / "bad").read_text()
+        == judged.stdout
+        == "0\tnode0\tGPU 1 held by pid 4242 (2048 MiB) of another job\n"
+    )
+    assert not shared.exists() and "no rows appended" in held.stderr
+    # Not to be requeued (the flag not given): the rows go to the shared file as before.
+    kept = subprocess.run([*collect, "--bad-nodes", str(tmp_path / "bad"), "--perf-csv", str(shared)],
+                          capture_output=True, text=True, env=env)  # fmt: skip
+    assert kept.returncode == 1 and shared.exists(), kept.stderr
+    # A healthy job: the file is written, empty.
+    for rank in (0, 1):
+        (jobdir / f"node_{rank}" / "fitness.json").write_text(json.dumps(view(rank, 2)))
+        status = json.loads((jobdir / f"node_{rank}" / "status.json").read_text())
+        status.update(exit_code=0, status="ok", stages={"fitness": {"seconds": 0.1, "status": "ok"}})
+        (jobdir / f"node_{rank}" / "status.json").write_text(json.dumps(status))
+    fine = subprocess.run(
+        [*collect, "--bad-nodes", str(tmp_path / "bad")], capture_output=True, text=True, env=env
+    )
+    assert fine.returncode == 0, fine.stderr
+    assert (tmp_path / "bad").read_text() == ""
+
+
 def test_the_stage_imports_nothing_outside_the_stdlib_and_py() -> None:
     code = "import sys, slurm_multi.fitness; print(sorted(m for m in sys.modules if m.startswith('click')))"
     result = subprocess.run(

@@ -12,15 +12,16 @@ Under -S the site packages are not on the path, matplotlib neither: the batch st
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from slurm_multi import EXIT_FAILURE, EXIT_OK
 from slurm_multi import argv as options
 from slurm_multi.common import run_main, talk, usage_error
 from slurm_multi.results.collect import collect
 from slurm_multi.results.logscan import compile_patterns
-from slurm_multi.results.shared import AREA
+from slurm_multi.results.shared import AREA, write_atomic
 from slurm_multi.results.summary import MAX_TABLE_REASONS, summary_json_text, summary_table
 
 PARSER = options.Parser(
@@ -52,6 +53,13 @@ PARSER = options.Parser(
                        help="Draw timeline.png (matplotlib) [default: --picture]. The batch step passes "
                        "--no-picture: drawing costs a second of the job's time after the verdict; "
                        "bin/sm-collect JOBDIR draws it later."),
+        options.Option("--bad-nodes", metavar="FILE", convert=options.not_a_directory,
+                       help="Also write the fitness stage's bad nodes to FILE, one '<rank> TAB <node> TAB "
+                       "<reason>' line each (empty when there are none): the batch step quarantines and "
+                       "requeues from it, so the fitness reports are judged once, here."),
+        options.Option("--no-perf-csv-on-bad-nodes", options.FLAG, dest="hold_perf_csv",
+                       help="With --perf-csv: append nothing when there are bad nodes (the batch step "
+                       "requeues the job without them; the attempt that counts appends)."),
     ],
     min_words=1,
     max_words=1,
@@ -64,6 +72,15 @@ def talk_warnings(warnings: Sequence[str], limit: int = MAX_TABLE_REASONS) -> No
         talk(AREA, f"warning: {warning}")
     if len(warnings) > limit:
         talk(AREA, f"warning: +{len(warnings) - limit} more (see summary.json)")
+
+
+def write_bad_nodes(path: str, bad: Sequence[Mapping[str, Any]]) -> None:
+    """--bad-nodes: `<rank>\t<node>\t<reason>` lines (what `fitness judge` prints), atomically.
+    A reason is one line: a tab or a line break in it would split the batch step's read."""
+    lines = [
+        "\t".join(" ".join(str(b[key]).split()) for key in ("rank", "node", "reason")) + "\n" for b in bad
+    ]
+    write_atomic(Path(path), "".join(lines), "is its directory writable?", durable=False)
 
 
 def main(argv: Sequence[str]) -> int:
@@ -88,6 +105,8 @@ def _main(argv: Sequence[str]) -> int:
         given.perf_csv,
         given.as_json,
         given.picture,
+        given.bad_nodes,
+        given.hold_perf_csv,
     )
 
 
@@ -100,8 +119,11 @@ def run_collect(
     perf_csv: str | None,
     as_json: bool,
     picture: bool,
+    bad_nodes: str | None = None,
+    hold_perf_csv: bool = False,
 ) -> int:
-    """Collect JOBDIR: summary.json, perf.csv, the timeline, the table on stderr, --perf-csv; the exit."""
+    """Collect JOBDIR: summary.json, perf.csv, the timeline, the table on stderr, --perf-csv,
+    --bad-nodes; the exit."""
     if not jobdir.is_dir():
         raise usage_error(f"{AREA}: job directory {jobdir} does not exist; pass the directory the job wrote")
     if manifest is not None and not manifest.is_file():
@@ -112,13 +134,17 @@ def run_collect(
         check_target(perf_csv)
     patterns = compile_patterns(error_patterns, defaults=not no_default_patterns)
     summary = collect(jobdir, manifest, model, patterns, picture=picture)
+    if bad_nodes is not None:
+        write_bad_nodes(bad_nodes, summary.bad_nodes)
     talk_warnings(summary.warnings)
     if as_json:
         sys.stdout.write(summary_json_text(summary))
         sys.stdout.flush()
     for line in summary_table(summary, jobdir):
         print(line, file=sys.stderr, flush=True)
-    if perf_csv is not None:
+    if perf_csv is not None and hold_perf_csv and summary.bad_nodes:
+        talk(AREA, f"bad nodes: no rows appended to {perf_csv} (the job is to be requeued without them)")
+    elif perf_csv is not None:
         from slurm_multi.results.perfcsv import append_perf_csv
 
         done = append_perf_csv(perf_csv, summary.perf_header, summary.perf_rows)
