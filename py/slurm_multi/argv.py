@@ -35,11 +35,13 @@ class Option:
         required: bool = False,
         off: str = "",  # a SWITCH's negative name (--no-write)
         dest: str = "",
+        envvar: str = "",  # a VALUE's fallback when not given: this variable, when set and not empty
     ) -> None:
         self.name, self.kind, self.metavar, self.help = name, kind, metavar, help
         self.default = [] if kind == MULTIPLE else (False if kind == FLAG else default)
         self.convert, self.required, self.off = convert, required, off
         self.dest = dest or name.lstrip("-").replace("-", "_")
+        self.envvar = envvar
 
     def shown(self) -> str:
         if self.kind == SWITCH:
@@ -115,15 +117,16 @@ class Parser:
                 if not rest:
                     raise self.fail(f"Option '{name}' requires an argument ({option.metavar})")
                 value = rest.pop(0)
-            if option.convert is not None:
-                try:
-                    value = option.convert(value)
-                except ValueError as exc:
-                    raise self.fail(f"Invalid value for '{name}': {value!r} {exc}") from None
+            value = self._convert(option, f"'{name}'", value)
             if option.kind == MULTIPLE:
                 values[option.dest].append(value)
             else:
                 values[option.dest] = value
+        for option in self.options:  # as click: the variable only where the option is not given
+            if option.envvar and option.dest not in given and os.environ.get(option.envvar):
+                where = f"'{option.name}' (env var: '{option.envvar}')"
+                values[option.dest] = self._convert(option, where, os.environ[option.envvar])
+                given.add(option.dest)
         for option in self.options:
             if option.required and option.dest not in given:
                 raise self.fail(f"Missing option '{option.name}' ({option.metavar})")
@@ -133,6 +136,14 @@ class Parser:
             raise self.fail(f"Unexpected extra argument {' '.join(words[self.max_words :])!r}")
         return Given(values, words)
 
+    def _convert(self, option: Option, shown: str, value: str) -> Any:
+        if option.convert is None:
+            return value
+        try:
+            return option.convert(value)
+        except ValueError as exc:
+            raise self.fail(f"Invalid value for {shown}: {value!r} {exc}") from None
+
     def help_text(self) -> str:
         import textwrap
 
@@ -140,7 +151,7 @@ class Parser:
         lines = [f"Usage: {self.prog} [OPTIONS] {self.words}".rstrip(), ""]
         first, _, rest = self.doc.strip().partition("\n")
         lines += [textwrap.indent(first + "\n" + textwrap.dedent(rest), "  ").rstrip(), ""]
-        rows = [(o.shown(), o.help + ("  [required]" if o.required else "")) for o in self.options]
+        rows = [(o.shown(), o.help + _marks(o)) for o in self.options]
         rows.append(("-h, --help", "Show this message and exit."))
         left = min(30, max(len(shown) for shown, _ in rows))
         lines.append("Options:")
@@ -166,6 +177,57 @@ def whole_number(minimum: int) -> Callable[[str], int]:
         if number < minimum:
             raise ValueError(f"is less than {minimum}")
         return number
+
+    return convert
+
+
+def _marks(option: Option) -> str:
+    envvar = f"  [env var: {option.envvar}]" if option.envvar else ""
+    return envvar + ("  [required]" if option.required else "")
+
+
+def integer(text: str) -> int:
+    """click's int: any whole number (the command checks its own range)."""
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise ValueError("is not a whole number") from None
+
+
+def whole_number_in(minimum: int, maximum: int) -> Callable[[str], int]:
+    """click.IntRange(minimum, maximum)."""
+
+    def convert(text: str) -> int:
+        number = integer(text)
+        if not minimum <= number <= maximum:
+            raise ValueError(f"is not in the range {minimum}<=x<={maximum}")
+        return number
+
+    return convert
+
+
+def number_at_least(minimum: float) -> Callable[[str], float]:
+    """click.FloatRange(min=minimum): a finite number, at least `minimum`."""
+
+    def convert(text: str) -> float:
+        try:
+            number = float(text.strip())
+        except ValueError:
+            raise ValueError("is not a number") from None
+        if not number >= minimum or number == float("inf"):
+            raise ValueError(f"is not a finite number at least {minimum:g}")
+        return number
+
+    return convert
+
+
+def one_of(choices: Sequence[str]) -> Callable[[str], str]:
+    """click.Choice(choices)."""
+
+    def convert(text: str) -> str:
+        if text not in choices:
+            raise ValueError(f"is not one of {', '.join(repr(c) for c in choices)}")
+        return text
 
     return convert
 

@@ -26,7 +26,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import squatters
-from slurm_multi import auth, barrier, dockerapi, net, wire
+from slurm_multi import auth, barrier, barrier_cli, dockerapi, net, wire
 from slurm_multi.barrier import BarrierAborted, BarrierServer, format_ranks, join
 from slurm_multi.common import HelperError
 from slurm_multi.net import choose_bind_address, derive_ports
@@ -399,13 +399,13 @@ def test_local_port_range_is_read_not_assumed(tmp_path: Path) -> None:
 def test_port_command_prints_the_candidates_one_per_line() -> None:
     runner = CliRunner()
     env = {"MASTER_PORT": None, "SLURM_JOB_ID": None, "SM_BARRIER_PORT": None}
-    result = runner.invoke(barrier.cli, ["port", "--master-port", "29500", "--job-id", "4242"], env=env)
+    result = runner.invoke(barrier_cli.cli, ["port", "--master-port", "29500", "--job-id", "4242"], env=env)
     assert result.exit_code == 0, result.output
     expected = derive_ports(29500, 4242, net.read_local_port_range(), 4)
     assert result.output.split() == [str(p) for p in expected]
-    result = runner.invoke(barrier.cli, ["port", "--count", "2"], env={**env, "SM_BARRIER_PORT": "21000"})
+    result = runner.invoke(barrier_cli.cli, ["port", "--count", "2"], env={**env, "SM_BARRIER_PORT": "21000"})
     assert result.output.split() == ["21000", "21001"]
-    result = runner.invoke(barrier.cli, ["port"], env=env)
+    result = runner.invoke(barrier_cli.cli, ["port"], env=env)
     assert result.exit_code == 2
 
 
@@ -1163,7 +1163,7 @@ def test_release_cli_refuses_an_image_id_too_long_for_a_signed_line() -> None:
     image_id = "registry.example.com/" + "x" * 140  # 161 > 149, still a valid reference
     assert wire.IMAGE_ID_RE.fullmatch(image_id[:160])
     result = CliRunner().invoke(
-        barrier.cli,
+        barrier_cli.cli,
         ["release", "--image-id", image_id[:160], "--master-addr", LOOPBACK, "--port", str(free_ports(1)[0])],
         env={"SM_BARRIER_TOKEN": TOKEN},
     )
@@ -1395,7 +1395,7 @@ def test_release_and_abort_cli_answer_ok_and_report_a_missing_server() -> None:
 
 def test_the_token_has_no_command_line_option() -> None:
     for command in ("serve", "join", "release", "abort"):
-        help_text = CliRunner().invoke(barrier.cli, [command, "--help"]).output
+        help_text = CliRunner().invoke(barrier_cli.cli, [command, "--help"]).output
         assert "--token-env" in help_text and "--token " not in help_text
 
 

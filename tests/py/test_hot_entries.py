@@ -1,8 +1,10 @@
-"""The three helpers on every job's critical path start without click (`python -S -m …`), and their
+"""The helpers on every job's critical path start without click (`python -S -m …`), and their
 click commands are passthroughs to the same main: same input, same output.
 
 - `python -S -m slurm_multi.plan`                 = `slurm-multi job plan`        (batch step, before srun)
 - `python -S -m slurm_multi.node prepare`         = `slurm-multi node prepare`    (every task, first)
+- `python -S -m slurm_multi.barrier_main serve`   = `slurm-multi barrier serve`   (rank 0, beside prepare)
+- `python -S -m slurm_multi.barrier_main join`    = `slurm-multi barrier join`    (every worker, idem)
 - `python -S -m slurm_multi.results.collect_main` = `slurm-multi results collect` (batch step, at the end)
 """
 
@@ -33,6 +35,9 @@ STAMP = re.compile(r"^\S+Z \S+ r\S+ ", re.M)  # talk()'s `<UTC time> <host> r<ra
 PLAN = ("-S", "-m", "slurm_multi.plan")
 PREPARE = ("-S", "-m", "slurm_multi.node", "prepare")
 COLLECT = ("-S", "-m", "slurm_multi.results.collect_main")
+SERVE = ("-S", "-m", "slurm_multi.barrier_main", "serve")
+JOIN = ("-S", "-m", "slurm_multi.barrier_main", "join")
+PORT = ("-S", "-m", "slurm_multi.barrier_main", "port")
 CLICK_PLAN = ("-m", "slurm_multi", "job", "plan")
 CLICK_PREPARE = ("-m", "slurm_multi", "node", "prepare")
 CLICK_COLLECT = ("-m", "slurm_multi", "results", "collect")
@@ -115,7 +120,85 @@ def test_collect_imports_the_hang_watch_and_the_reports_only_for_such_a_job(tmp_
                           "matplotlib", "argparse", "secrets"}  # fmt: skip
 
 
-@pytest.mark.parametrize("entry", [PLAN, PREPARE, COLLECT])
+def test_the_barrier_serve_and_join_import_no_click(tmp_path: Path) -> None:
+    """Both run a real barrier on loopback: rank 0 released on its pipe, rank 1 gets GO."""
+    env = base_env(SM_BARRIER_TOKEN="t0k3n-for-the-test")
+    port = str(_free_port())
+    argv = ["--nnodes", "2", "--bind", "127.0.0.1", "--port", port, "--image-id", "sha256:" + "a" * 64]
+    serve = subprocess.Popen([sys.executable, "-X", "importtime", *SERVE, *argv, "--timeout", "20"],
+                             env=env, cwd=tmp_path, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    argv = ["--rank", "1", "--nnodes", "2", "--master-addr", "127.0.0.1", "--port", port]
+    join = run(
+        JOIN, [*argv, "--connect-timeout", "20", "--wait-timeout", "20"], env, tmp_path, importtime=True
+    )
+    _, served = serve.communicate(timeout=30)
+    assert (serve.returncode, join.returncode) == (0, 0), served + join.stderr
+    assert join.stdout == "sha256:" + "a" * 64 + "\n"
+    for stderr in (served, join.stderr):
+        modules = imported(stderr)
+        assert "slurm_multi.barrier" in modules
+        assert not [m for m in modules if m == "click" or m.startswith("click.")]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_barrier_options_take_their_environment_variables_as_click_did(tmp_path: Path) -> None:
+    """MASTER_PORT, SLURM_JOB_ID and SM_BARRIER_PORT fill the options not given; a given option wins;
+    a bad value in a variable is one line naming both."""
+    flags = run(PORT, ["--master-port", "29500", "--job-id", "4242"], base_env(), tmp_path)
+    from_env = run(PORT, [], base_env(MASTER_PORT="29500", SLURM_JOB_ID="4242"), tmp_path)
+    assert flags.returncode == from_env.returncode == 0, flags.stderr + from_env.stderr
+    assert flags.stdout == from_env.stdout and len(flags.stdout.split()) == 4
+    given = run(PORT, ["--override", "21000", "--count", "2"], base_env(SM_BARRIER_PORT="30000"), tmp_path)
+    assert given.stdout.split() == ["21000", "21001"]
+    bad = run(PORT, [], base_env(MASTER_PORT="29500", SLURM_JOB_ID="x"), tmp_path)
+    assert bad.returncode == EXIT_USAGE and bad.stdout == ""
+    assert bad.stderr.splitlines() == [
+        "slurm-multi: barrier port: Invalid value for '--job-id' (env var: 'SLURM_JOB_ID'): 'x' is not a "
+        "whole number; Usage: slurm-multi barrier port [OPTIONS] (--help lists the options)"
+    ]
+    nothing = run(PORT, [], base_env(), tmp_path)  # no derivation input at all: a usage error
+    assert nothing.returncode == EXIT_USAGE and len(nothing.stderr.splitlines()) == 1, nothing.stderr
+    env = base_env(MASTER_ADDR="127.0.0.1", MASTER_PORT="1", SM_BARRIER_TOKEN="t")
+    required = run(JOIN, ["--rank", "1", "--nnodes", "2", "--connect-timeout", "0"], env, tmp_path)
+    assert "Missing option" not in required.stderr  # --master-addr came from MASTER_ADDR
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--nnodes", "0"], "Invalid value for '--nnodes': '0' is less than 1"),
+        (["--nnodes", "2", "--count", "33"], "'--count': '33' is not in the range 1<=x<=32"),
+        (["--nnodes", "2", "--timeout", "-1"], "'--timeout': '-1' is not a finite number at least 0"),
+        (["--nnodes", "2", "--timeout", "nan"], "'--timeout': 'nan' is not a finite number at least 0"),
+        (["--nnodes", "2", "--port", "70000"], "'--port': '70000' is not in the range 1<=x<=65535"),
+        ([], "Missing option '--nnodes' (INTEGER)"),
+    ],
+)  # fmt: skip
+def test_barrier_serve_refuses_in_one_line_as_click_did(tmp_path: Path, argv: list[str], says: str) -> None:
+    done = run(SERVE, argv, base_env(SM_BARRIER_TOKEN="t"), tmp_path)
+    assert done.returncode == EXIT_USAGE, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("slurm-multi: barrier serve: ") and line.endswith(
+        f"{says}; Usage: slurm-multi barrier serve [OPTIONS] (--help lists the options)"
+    )
+
+
+def test_barrier_join_refuses_a_phase_it_does_not_know(tmp_path: Path) -> None:
+    done = run(
+        JOIN, ["--rank", "1", "--nnodes", "2", "--master-addr", "h", "--phase", "late"], base_env(), tmp_path
+    )
+    assert done.returncode == EXIT_USAGE
+    assert "Invalid value for '--phase': 'late' is not one of 'image', 'start', 'both'" in done.stderr
+
+
+@pytest.mark.parametrize("entry", [PLAN, PREPARE, COLLECT, SERVE, JOIN])
 def test_each_entry_prints_its_help_without_click(tmp_path: Path, entry: tuple[str, ...]) -> None:
     done = run(entry, ["--help"], base_env(), tmp_path, importtime=True)
     assert done.returncode == 0 and done.stdout.startswith("Usage: slurm-multi ")
