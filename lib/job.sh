@@ -271,21 +271,23 @@ job::attempt_note() {
 
 # job::respect_quarantine: the allocation holds a node of the shared quarantine (--state-dir): the
 # job requeues itself without it before anything runs, or, with no requeue left, fails naming it.
-# An unreadable quarantine is said and not used (the fitness check still runs on every node).
+# The plan read the quarantine (PLAN_QUARANTINED: `quarantine check`'s lines for JOB_NODES). An
+# unreadable quarantine is said and not used (the fitness check still runs on every node).
 job::respect_quarantine() {
   [[ -n ${SM_STATE_DIR:-} ]] || return 0
-  local out node reason job until bad=() why=()
-  if ! out=$(util::py -S -m slurm_multi.quarantine check --state-dir "${SM_STATE_DIR}" --nodes "${JOB_NODES[*]}" 2>&1); then
-    log::warn multi "the quarantine in ${SM_STATE_DIR} is not used: ${out#slurm-multi: }"
+  local entry node reason job until bad=() why=()
+  if [[ -n ${PLAN_QUARANTINE_ERROR:-} ]]; then
+    log::warn multi "the quarantine in ${SM_STATE_DIR} is not used: ${PLAN_QUARANTINE_ERROR}"
     return 0
   fi
-  [[ -n ${out} ]] || return 0
-  while IFS=$'\t' read -r node reason job until; do
+  for entry in ${PLAN_QUARANTINED[@]+"${PLAN_QUARANTINED[@]}"}; do
+    IFS=$'\t' read -r node reason job until <<<"${entry}"
     [[ -n ${node} ]] || continue
     bad+=("${node}")
     why+=("${node}"$'\t'"quarantined until ${until} by job ${job}: ${reason}")
     log::warn multi "node ${node} is quarantined until ${until} (job ${job}: ${reason})"
-  done <<<"${out}"
+  done
+  ((${#bad[@]})) || return 0
   JOB_BAD_NODES=("${why[@]}")
   job::requeue_without quarantine && return 0
   log::die multi "the allocation holds quarantined node(s) ${bad[*]}: submit with sbatch --exclude=$(IFS=,; echo "${bad[*]}"), or release them: bin/slurm-multi quarantine remove --state-dir ${SM_STATE_DIR} ${bad[*]}" 1

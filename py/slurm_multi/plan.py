@@ -257,6 +257,9 @@ def plan(
         shell.write_json(
             os.path.join(directory, "job.json"), job_document(ctx, env, job_id, nodes, nnodes, command)
         )
+    quarantined, quarantine_error = _quarantine(
+        resolved.values.get("SM_STATE_DIR", ""), node_list, batch_args, dry
+    )
     exports = {name: value for name, value in resolved.values.items() if value}
     exports.update(numbers)
     exports["SM_SETTINGS_RESOLVED"] = "1"
@@ -274,10 +277,30 @@ def plan(
             "JOB_MODEL_KEY": ctx.model_key,
             "JOB_IMAGE": ctx.get("SM_IMAGE"),
             "JOB_RESULTS_CSV": ctx.get("SM_RESULTS_CSV"),
+            "PLAN_QUARANTINE_ERROR": quarantine_error,
         },
-        arrays={"SM_CMD": command, "PLAN_SETTINGS_SHOWN": settings_shown(resolved, numbers)},
+        arrays={
+            "SM_CMD": command,
+            "PLAN_SETTINGS_SHOWN": settings_shown(resolved, numbers),
+            "PLAN_QUARANTINED": quarantined,
+        },
     )
     _emit(emit, text)
+
+
+def _quarantine(state_dir: str, node_list: str, batch_args: bool, dry: bool) -> tuple[list[str], str]:
+    """The allocation's nodes in the shared quarantine (`node TAB reason TAB job TAB until` each,
+    what `quarantine check` prints), read here rather than by one more helper before srun; or why
+    the quarantine cannot be read. Only for a job that runs (the batch step acts on it, job.sh)."""
+    if not (state_dir and node_list.split() and batch_args and not dry):
+        return [], ""
+    from slurm_multi import quarantine
+
+    try:
+        found = quarantine.in_allocation(state_dir, node_list.split())
+    except quarantine.QuarantineError as exc:
+        return [], str(exc)
+    return [f"{e.node}\t{e.reason}\t{e.job}\t{e.expires_iso}" for e in found], ""
 
 
 def _emit(path: str | None, text: str) -> None:

@@ -105,3 +105,46 @@ def test_errors_are_one_line_once_without_a_log_prefix(tmp_path):
     )
     code, _, err, _ = plan(tmp_path, ["--image", "x"])
     assert code == 2 and "not inside a Slurm job" in err
+
+
+def _quarantine_plan(tmp_path: Path, state: Path, *more: str) -> tuple[int, list[str], str]:
+    """The plan of a job on node1..node3 with --state-dir STATE: (exit, PLAN_QUARANTINED, the error)."""
+    emit = tmp_path / "plan.sh"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SM_", "SLURM_", "MAD_"))}
+    env.update(PYTHONPATH=str(ROOT / "py"), SLURM_JOB_ID="4711")
+    proc = subprocess.run(
+        [sys.executable, "-S", "-m", "slurm_multi.plan", "--batch-args", "--emit", str(emit), "--submit-dir",
+         str(tmp_path), "--nodes", "node1 node2 node3", "--", "--image", "x", "--state-dir", str(state),
+         "--out", str(tmp_path / "out"), *more],
+        env=env, capture_output=True, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    dump = subprocess.run(
+        ["bash", "-c", f'source {emit}; printf "%s\\n" "${{PLAN_QUARANTINED[@]}}"; '
+         'echo "E=$PLAN_QUARANTINE_ERROR"'],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    *lines, error = dump.stdout.splitlines()
+    return proc.returncode, [line for line in lines if line], error.removeprefix("E=")
+
+
+def test_the_plan_reads_the_quarantine_for_the_jobs_nodes_so_no_helper_starts_for_it(tmp_path):
+    """What `quarantine check` prints for the allocation, emitted for job::respect_quarantine; an
+    unreadable quarantine is its one line (the job says it and does not use the file)."""
+    state = tmp_path / "state"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "py")}
+    for node, reason in (("node2", "disk full"), ("node9", "not in this job")):
+        add = ["add", "--state-dir", str(state), "--job", "7", "--reason", reason, node]
+        subprocess.run([sys.executable, "-S", "-m", "slurm_multi.quarantine", *add], env=env, check=True)
+    checked = subprocess.run(
+        [sys.executable, "-S", "-m", "slurm_multi.quarantine", "check", "--state-dir", str(state),
+         "--nodes", "node1 node2 node3"], env=env, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    _, quarantined, error = _quarantine_plan(tmp_path, state)
+    assert quarantined == checked.stdout.splitlines() and error == ""
+    assert [line.split("\t")[:3] for line in quarantined] == [["node2", "disk full", "7"]]
+    _, none_in_a_dry_run, _ = _quarantine_plan(tmp_path, state, "--dry-run")
+    assert none_in_a_dry_run == []
+    (state / "quarantine.json").write_text("{not json")
+    _, quarantined, error = _quarantine_plan(tmp_path, state)
+    assert quarantined == [] and error.startswith("quarantine: ") and "quarantine.json" in error
