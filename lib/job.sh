@@ -397,7 +397,7 @@ job::keep_attempt() {
     log::warn multi "could not write ${dir}/requeue.json"
   # The profilers' outputs in the job dir go with the attempt too (a --profile-dir elsewhere keeps
   # every attempt's reports side by side: their names carry the attempt, lib/profile.sh).
-  for f in "${SM_JOBDIR}"/node_* "${SM_JOBDIR}"/{job.json,summary.json,perf.csv,timeline.json,timeline.txt,batch.log,profile-flush.json,profile,hang-cause.json,.pre-cleanup.done} \
+  for f in "${SM_JOBDIR}"/node_* "${SM_JOBDIR}"/{job.json,summary.json,perf.csv,timeline.json,timeline.txt,batch.log,batch,profile-flush.json,profile,hang-cause.json,.pre-cleanup.done} \
     "${SM_JOBDIR}"/{nsight-slurm-direct,nsight-slurm-reports,nsight-slurm-runtime,nsight-slurm.out,.nsight-slurm}; do
     [[ -e ${f} ]] && mv -f "${f}" "${dir}/"
   done

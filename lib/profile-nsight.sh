@@ -200,9 +200,11 @@ profile::flush_nsight() {
   profile::job_event nsight_flush_end settled="${settled}" expected="${expect}"
 }
 
-# profile::job_event NAME KEY=VALUE…: a batch-step event on rank 0's lane of the timeline.
+# profile::job_event NAME KEY=VALUE…: a batch-step event, in the batch step's own events file
+# (<jobdir>/batch/events.log: node_0/events.log is rank 0's task's alone); the timeline shows it on
+# rank 0's lane (results/timeline.py).
 profile::job_event() {
-  SM_NODE_DIR=${SM_JOBDIR}/node_0 SM_RANK=0 timeline::event "$@"
+  SM_NODE_DIR=${SM_JOBDIR}/batch SM_RANK=0 timeline::event "$@"
 }
 
 # profile::nsight_coordinator_stop (post-cleanup hook): after every step has ended.

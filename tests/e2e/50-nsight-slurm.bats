@@ -101,11 +101,14 @@ PY
   assert_output "$(printf '%s\n' 'configure tool-path' 'configure tool-command' 'configure profiling-mode' \
     'configure tool-options' 'configure report-output' 'disable pyxis' 'coordinator start' 'configure' \
     'srun --nodes' 'stop --job' 'coordinator stop')"
-  # The batch step's flush (every rank's report) is on the timeline, on rank 0's lane.
-  run awk '$2 ~ /^nsight_flush_/ { print $2 }' "${JOB_DIR}/node_0/events.log"
+  # The batch step's flush (every rank's report) is on the timeline, on rank 0's lane; its events
+  # are in the batch step's own file, none in rank 0's task's.
+  run awk '$2 ~ /^nsight_flush_/ { print $2 }' "${JOB_DIR}/batch/events.log"
   assert_output "$(printf '%s\n' nsight_flush_start nsight_flush_end)"
-  run grep -c ' nsight_flush_end .*settled=1 expected=4$' "${JOB_DIR}/node_0/events.log"
+  run grep -c ' nsight_flush_end .*settled=1 expected=4$' "${JOB_DIR}/batch/events.log"
   assert_output 1
+  run grep -c nsight_flush "${JOB_DIR}/node_0/events.log"
+  assert_output 0
   run e2e::json "${JOB_DIR}/timeline.json" '[s["step"] for n in d["nodes"] if n["rank"] == 0 for s in n["steps"]]'
   assert_output --partial "'nsight_flush'"
   e2e::assert_dry_run_is_the_job 0 1

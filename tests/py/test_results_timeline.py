@@ -541,3 +541,22 @@ def test_timeline_json_has_the_documented_keys(tmp_path: Path):
     assert list(path) == ["segments", "shares", "text"]
     assert list(path["segments"][0]) == ["rank", "node", "stage", "start", "end", "seconds"]
     assert list(path["shares"][0]) == ["stage", "seconds", "share", "dominant"]
+
+
+def test_the_batch_steps_own_events_are_on_rank_0s_lane_from_their_own_file(tmp_path: Path):
+    """<jobdir>/batch/events.log (the nsight-slurm flush, lib/profile-nsight.sh): node_0/events.log
+    stays rank 0's task's alone, and the timeline shows the batch step's events on rank 0's lane."""
+    jobdir = make_job(tmp_path / "57", {0: PLANS[0], 1: PLANS[1]},
+                      events={r: plan_events(r, PLANS[r]) for r in (0, 1)})  # fmt: skip
+    (jobdir / "batch").mkdir()
+    (jobdir / "batch" / "events.log").write_text(
+        event(96.6, "nsight_flush_start", reason="teardown") + "\n"
+        + event(98.1, "nsight_flush_end", settled=1, expected=2) + "\n" + "torn"
+    )  # fmt: skip
+    summary = collect(jobdir)
+    assert summary.verdict == "SUCCESS"
+    assert summary.warnings == ["batch/events.log: 1 line skipped (the last one torn (no line end))"]
+    lanes = read_timeline(jobdir)["nodes"]
+    assert [(s["step"], s["start"], s["end"]) for s in lanes[0]["steps"]] == [("nsight_flush", 96.6, 98.1)]
+    assert lanes[1]["steps"] == []
+    assert [s["stage"] for s in lanes[0]["stages"]] == [p[0] for p in PLANS[0]]

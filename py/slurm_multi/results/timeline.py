@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from slurm_multi.events import events_path, parse_events
+from slurm_multi.events import EVENTS_FILE, events_path, parse_events
 from slurm_multi.results.jobdir import NodeReport, stage_order
 from slurm_multi.results.shared import read_at_most, utc_iso
 from slurm_multi.results.stragglers import Straggler
@@ -298,6 +298,9 @@ def parse_started(value: Any) -> float | None:
         return None
 
 
+BATCH_DIR = "batch"  # <jobdir>/batch/events.log: the batch step's events (lib/profile-nsight.sh)
+
+
 def build_timeline(
     root: Path,
     nodes: Sequence[NodeReport],
@@ -315,6 +318,11 @@ def build_timeline(
         events = read_events(path, f"{node.dirname}/{os.path.basename(path)}", warnings)
         if events:
             raw[node.rank] = events
+    # The batch step's own events (the nsight-slurm flush), in a file of its own: on rank 0's lane,
+    # the batch step runs on rank 0's node.
+    batch = read_events(os.path.join(root, BATCH_DIR, EVENTS_FILE), f"{BATCH_DIR}/{EVENTS_FILE}", warnings)
+    if batch:
+        raw[0] = sorted([*raw.get(0, []), *batch], key=lambda e: e["t"])
     times = [e["t"] for events in raw.values() for e in events]
     origin = min(times) if times else parse_started(started)
     base = origin or 0.0
