@@ -454,13 +454,16 @@ def shares(path: Sequence[Segment], lanes: Sequence[Lane], wall: float) -> list[
     return found
 
 
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)  # json.dumps' own, reused
+
+
 def timeline_json_text(timeline: Timeline) -> str:
     """One node per line, keys in their documented order: readable, and C-speed json
     (summary.json's indenter is pure Python, and a 1,000-node timeline is 20,000 values)."""
     fields = []
     for key, value in timeline.to_dict().items():
         if key == "nodes" and value:
-            compact = [json.dumps(n, separators=(",", ":"), ensure_ascii=False) for n in value]
+            compact = [_COMPACT.encode(n) for n in value]  # one encoder, not one per node
             rows = ",\n".join("    " + line for line in compact)
             fields.append(f'  "nodes": [\n{rows}\n  ]')
         else:

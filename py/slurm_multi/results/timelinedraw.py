@@ -61,18 +61,20 @@ def _bar(lane: Lane, path: Sequence[Segment], wall: float, letters: dict[str, st
     critical path runs on this lane, `.` where the node does nothing."""
     cells = ["."] * CHART_WIDTH
     width = wall / CHART_WIDTH
-
-    def columns(start: float, end: float) -> range:  # those whose middle lies in [start, end)
-        first, stop = math.ceil(start / width - 0.5), math.ceil(end / width - 0.5)
-        return range(max(first, 0), min(stop, CHART_WIDTH))
+    ceil = math.ceil
 
     for stage in reversed(lane.stages):  # an overlap shows the earlier stage
-        for column in columns(stage.start, stage.end):
-            cells[column] = letters.get(stage.name, "#")
+        # The columns whose middle lies in [start, end), as one slice (1,000 lanes: no loop per column).
+        first = max(ceil(stage.start / width - 0.5), 0)
+        stop = min(ceil(stage.end / width - 0.5), CHART_WIDTH)
+        if stop > first:
+            cells[first:stop] = [letters.get(stage.name, "#")] * (stop - first)
     for segment in path:
         if segment.rank == lane.rank:
-            for column in columns(segment.start, segment.end):
-                cells[column] = cells[column].upper()
+            first = max(ceil(segment.start / width - 0.5), 0)
+            stop = min(ceil(segment.end / width - 0.5), CHART_WIDTH)
+            if stop > first:
+                cells[first:stop] = [cell.upper() for cell in cells[first:stop]]
     return "".join(cells)
 
 
