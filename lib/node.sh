@@ -132,19 +132,27 @@ node::stage() {
   timeline::event stage_start stage="${name}"
   NODE_CURRENT_STAGE=${name} NODE_CURRENT_T0=${t0}
   "node::stage_${name//-/_}" || rc=$?
-  NODE_CURRENT_STAGE=
-  NODE_STAGE_SECONDS[${name}]=$(util::elapsed "${t0}")
-  NODE_STAGE_ORDER+=("${name}")
   if ((rc == 0)); then
-    NODE_STAGE_STATUS[${name}]=ok
+    node::record_stage "${name}" ok
     log::info "${name}" "stage ${name}: ok (${NODE_STAGE_SECONDS[${name}]} s)"
   else
-    NODE_STAGE_STATUS[${name}]=failed
+    node::record_stage "${name}" failed
     [[ -n ${NODE_REASON} ]] || NODE_REASON="stage ${name} failed (exit ${rc})"
     log::error "${name}" "stage ${name}: failed (exit ${rc}): ${NODE_REASON}"
   fi
-  timeline::event stage_end stage="${name}" status="${NODE_STAGE_STATUS[${name}]}"
   return "${rc}"
+}
+
+# node::record_stage NAME ok|failed|terminated: the stage begun at NODE_CURRENT_T0 has ended: its
+# seconds, place and status for status.json (terminated: failed there, a signal cut it short) and
+# its end on the timeline. The one writer of a stage's outcome (node::stage, node::on_term).
+node::record_stage() {
+  local name=$1 status=$2
+  NODE_CURRENT_STAGE=
+  NODE_STAGE_SECONDS[${name}]=$(util::elapsed "${NODE_CURRENT_T0}")
+  NODE_STAGE_ORDER+=("${name}")
+  NODE_STAGE_STATUS[${name}]=${status/terminated/failed}
+  timeline::event stage_end stage="${name}" status="${status}"
 }
 
 node::fail() {
@@ -761,13 +769,7 @@ node::on_term() {
   ((NODE_EXIT != 0)) || NODE_EXIT=143
   [[ -n ${NODE_REASON} ]] || NODE_REASON="terminated by a signal (scancel, time limit or a failed peer)"
   # The stage the signal cut short is in status.json and on the timeline with the time it ran.
-  if [[ -n ${stage} ]]; then
-    NODE_CURRENT_STAGE=
-    NODE_STAGE_SECONDS[${stage}]=$(util::elapsed "${NODE_CURRENT_T0}")
-    NODE_STAGE_ORDER+=("${stage}")
-    NODE_STAGE_STATUS[${stage}]=failed
-    timeline::event stage_end stage="${stage}" status=terminated
-  fi
+  [[ -z ${stage} ]] || node::record_stage "${stage}" terminated
   exit "${NODE_EXIT}"
 }
 
