@@ -100,10 +100,9 @@ nsight_pyxis_job() {
   local extra=()
   while (($#)) && [[ $1 != -- ]]; do extra+=("$1"); shift; done
   shift
-  NSIGHT_ARGS=(--runtime pyxis --image sm/torchrun:local --image-cache "${E2E_CACHE}"
-    --profile nsight-slurm --nsight-slurm-home "${NSIGHT_HOME}" --nsys-host-path "${REPO_ROOT}/tests/fakes/nsys"
-    --nsight-slurm-tool-path /usr/local/bin/nsys --profile-start-iter 5 --profile-stop-iter 15
-    --flush-settle-seconds 2 "${extra[@]}" -- "$@")
+  e2e::nsight_args /usr/local/bin/nsys --nsys-host-path "${REPO_ROOT}/tests/fakes/nsys" \
+    --profile-start-iter 5 --profile-stop-iter 15 "${extra[@]}"
+  NSIGHT_ARGS=(--runtime pyxis --image sm/torchrun:local --image-cache "${E2E_CACHE}" "${E2E_NSIGHT_ARGS[@]}" -- "$@")
 }
 
 @test "nsight-slurm under pyxis, 2 nodes, scancelled mid-run: the connector runs in each rank's container, every rank's report arrives" {

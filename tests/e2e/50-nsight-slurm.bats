@@ -29,10 +29,9 @@ teardown_file() {
 
 # nsight_job: 2 nodes (node1 = the batch node, with the quirk) x 2 tasks, bare metal.
 nsight_job() {
-  e2e::run_job -N2 -w node1,node2 --ntasks-per-node=2 -- --runtime none --ntasks-per-node 2 \
-    --profile nsight-slurm --nsight-slurm-home "${NSIGHT_HOME}" \
-    --nsight-slurm-tool-path "${REPO_ROOT}/tests/fakes/nsys" --profile-start-iter 5 --profile-stop-iter 15 \
-    --flush-settle-seconds 2 --flush-timeout-seconds "${1:-60}" \
+  e2e::nsight_args "${REPO_ROOT}/tests/fakes/nsys" --profile-start-iter 5 --profile-stop-iter 15 \
+    --flush-timeout-seconds "${1:-60}"
+  e2e::run_job -N2 -w node1,node2 --ntasks-per-node=2 -- --runtime none --ntasks-per-node 2 "${E2E_NSIGHT_ARGS[@]}" \
     -- sh -c 'echo "rank ${RANK} of ${WORLD_SIZE} on $(hostname)"; echo "performance: 4${RANK}.5 samples_per_second"; sleep 2'
 }
 
@@ -144,10 +143,10 @@ submit_long_job() {
   local out
   mkdir -p "${BATS_FILE_TMPDIR}/out"
   cd "${BATS_FILE_TMPDIR}" || return 1
+  e2e::nsight_args "${REPO_ROOT}/tests/fakes/nsys" --flush-timeout-seconds 40
   out=$(sbatch --parsable -N2 -w node1,node2 --ntasks-per-node=2 -o "${BATS_FILE_TMPDIR}/job-%j.out" \
     "${REPO_ROOT}/sbatch/multi.sbatch" --out "${BATS_FILE_TMPDIR}/out" --runtime none --ntasks-per-node 2 \
-    --profile nsight-slurm --nsight-slurm-home "${NSIGHT_HOME}" --nsight-slurm-tool-path "${REPO_ROOT}/tests/fakes/nsys" \
-    --flush-settle-seconds 2 --flush-timeout-seconds 40 -- sh -c 'echo "rank ${RANK} training"; sleep 60') || return 1
+    "${E2E_NSIGHT_ARGS[@]}" -- sh -c 'echo "rank ${RANK} training"; sleep 60') || return 1
   JOB_ID=${out%%;*}
   JOB_DIR=${BATS_FILE_TMPDIR}/out/job/${JOB_ID}
 }

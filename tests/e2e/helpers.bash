@@ -162,6 +162,17 @@ e2e::wait_job() {
   return 1
 }
 
+# e2e::nsight_args TOOL_PATH [MORE_ARGS...]: --profile nsight-slurm with the fake tool's home
+# (tests/fakes/nsight-slurm-home), the tool path in the ranks' view and a 2 s flush settle, then
+# MORE_ARGS, into E2E_NSIGHT_ARGS: the one spelling of a profiled job for 48 and 50.
+e2e::nsight_args() {
+  local tool=$1
+  shift
+  # shellcheck disable=SC2034 # read by the test files
+  E2E_NSIGHT_ARGS=(--profile nsight-slurm --nsight-slurm-home "${REPO_ROOT}/tests/fakes/nsight-slurm-home"
+    --nsight-slurm-tool-path "${tool}" --flush-settle-seconds 2 "$@")
+}
+
 # e2e::run_job [SBATCH_ARGS...] -- [MULTI_ARGS...]: submit sbatch/multi.sbatch and wait.
 # Sets JOB_ID, JOB_RC, JOB_DIR (the job's output dir) and JOB_OUT (the batch output file).
 e2e::run_job() {
