@@ -32,7 +32,6 @@ Exit: 0 the workload ended (or never started), 3 hung, 2 bad arguments.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -679,32 +678,58 @@ def _write(directory: str, name: str, text: str) -> None:
         pass
 
 
+def _parser() -> Any:
+    from slurm_multi import argv as options
+
+    number = options.number_at_least(0)
+    return options.Parser(
+        "python -S -m slurm_multi.hangwatch",
+        "",
+        """Watch one rank's workload for a hang (no output and no CPU for --timeout seconds).
+
+    Give exactly one of --container, --pid, --step. The run stage starts it (lib/run.sh).
+
+    Example: python -S -m slurm_multi.hangwatch --container sm-57-r1 --timeout 900 \\
+               --output node.log --node-dir node_1""",
+        [
+            options.Option("--container", help="docker container name (the docker runtime)"),
+            options.Option("--pid", metavar="PID", convert=options.integer,
+                           help="the workload's process (bare metal)"),
+            options.Option("--step", metavar="JOB.STEP",
+                           help="the Slurm step whose tasks here are the workload (pyxis)"),
+            options.Option("--timeout", metavar="SECONDS", convert=number, required=True,
+                           help="seconds without output and CPU"),
+            options.Option("--output", metavar="FILE", required=True,
+                           help="the file the workload's output lands in"),
+            options.Option("--node-dir", metavar="DIR", required=True,
+                           help="where progress.json and hang.json go"),
+            options.Option("--diagnostics", metavar="DIR", default="",
+                           help="where the hang's diagnostics go"),
+            options.Option("--rank", metavar="N", convert=options.integer, default=0),
+            options.Option("--node", default=os.environ.get("SLURMD_NODENAME", "")),
+            options.Option("--poll", metavar="SECONDS", convert=number, default=1.0),
+            options.Option("--progress-every", metavar="SECONDS", convert=number, default=5.0),
+            options.Option("--docker", default="docker"),
+            options.Option("--job-dir", metavar="DIR", default="",
+                           help="the job dir holding every rank's node_<r>/"),
+            options.Option("--ranks", metavar="N", convert=options.integer, default=1,
+                           help="ranks in the job (node_0 … node_<n-1>)"),
+            options.Option("--hold", metavar="SECONDS", convert=number, default=0.0,
+                           help="a cause waits up to this long for the other ranks' watches"),
+        ],
+    )  # fmt: skip
+
+
 def main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -S -m slurm_multi.hangwatch", description=__doc__.splitlines()[0]
-    )
-    what = parser.add_mutually_exclusive_group(required=True)
-    what.add_argument("--container", help="docker container name (the docker runtime)")
-    what.add_argument("--pid", type=int, help="the workload's process (bare metal)")
-    what.add_argument("--step", help="JOB.STEP: the Slurm step whose tasks here are the workload (pyxis)")
-    parser.add_argument("--timeout", type=float, required=True, help="seconds without output and CPU")
-    parser.add_argument("--output", required=True, help="the file the workload's output lands in")
-    parser.add_argument("--node-dir", required=True, help="where progress.json and hang.json go")
-    parser.add_argument("--diagnostics", default="", help="where the hang's diagnostics go")
-    parser.add_argument("--rank", type=int, default=0)
-    parser.add_argument("--node", default=os.environ.get("SLURMD_NODENAME", ""))
-    parser.add_argument("--poll", type=float, default=1.0)
-    parser.add_argument("--progress-every", type=float, default=5.0)
-    parser.add_argument("--docker", default="docker")
-    parser.add_argument("--job-dir", default="", help="the job dir holding every rank's node_<r>/")
-    parser.add_argument("--ranks", type=int, default=1, help="ranks in the job (node_0 … node_<n-1>)")
-    parser.add_argument("--hold", type=float, default=0.0,
-                        help="a cause waits up to this long for the other ranks' watches")  # fmt: skip
-    args = parser.parse_args(argv)
-    if args.timeout <= 0 or args.poll <= 0 or args.hold < 0 or args.ranks < 1:
-        parser.error("--timeout and --poll must be positive, --hold not negative, --ranks at least 1")
-    if args.step is not None and not re.fullmatch(r"\d+\.\d+", args.step):
-        parser.error(f"--step {args.step!r}: expected JOB.STEP, e.g. 4242.3")
+    from slurm_multi.common import HelperError
+
+    try:
+        args = _arguments(argv)
+    except HelperError as exc:  # its one line; not run_main: Stopped must reach __main__ below
+        exc.show()
+        return exc.exit_code
+    if args is None:
+        return 0
     target = Target(container=args.container or "", pid=args.pid or 0, step=args.step or "",
                     docker=args.docker)  # fmt: skip
     try:
@@ -714,6 +739,23 @@ def main(argv: Sequence[str]) -> int:
                      args.poll, args.progress_every, args.diagnostics, peers=peers)  # fmt: skip
     except KeyboardInterrupt:
         return 0
+
+
+def _arguments(argv: Sequence[str]) -> Any:
+    """The parsed options (None: --help was printed); a usage error is a HelperError."""
+    from slurm_multi.common import usage_error
+
+    args = _parser().parse(argv)
+    if args is None:
+        return None
+    given = [name for name in ("container", "pid", "step") if getattr(args, name) is not None]
+    if len(given) != 1:
+        raise usage_error("hangwatch: give exactly one of --container, --pid, --step")
+    if args.timeout <= 0 or args.poll <= 0 or args.ranks < 1:
+        raise usage_error("hangwatch: --timeout and --poll must be positive, --ranks at least 1")
+    if args.step is not None and not re.fullmatch(r"\d+\.\d+", args.step):
+        raise usage_error(f"hangwatch: --step {args.step!r}: expected JOB.STEP, e.g. 4242.3")
+    return args
 
 
 def _stop(*_: Any) -> None:

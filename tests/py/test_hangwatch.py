@@ -476,3 +476,27 @@ def test_step_must_be_job_dot_step(tmp_path: Path) -> None:
         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO / "py")}, check=False,
     )  # fmt: skip
     assert proc.returncode == 2 and "--step 'sm-rank0': expected JOB.STEP" in proc.stderr
+
+
+def test_sigterm_from_the_run_stage_ends_the_watch_quietly_with_exit_0(tmp_path: Path) -> None:
+    """The run stage SIGTERMs the watch when the workload ends: exit 0 and not a word on stderr (a
+    traceback or an 'internal error' line there is an error pattern in the node log: a SUCCESS job
+    judged FAILURE)."""
+    workload = subprocess.Popen(["sleep", "60"])
+    try:
+        watch = subprocess.Popen(
+            [sys.executable, "-S", "-m", "slurm_multi.hangwatch", "--pid", str(workload.pid),
+             "--timeout", "60", "--output", str(tmp_path / "log"), "--node-dir", str(tmp_path),
+             "--poll", "0.1", "--progress-every", "0.1"],
+            env={**os.environ, "PYTHONPATH": str(REPO / "py")}, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 20
+        while not (tmp_path / "progress.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (tmp_path / "progress.json").exists(), "the watch never wrote its progress"
+        watch.send_signal(signal.SIGTERM)
+        _, err = watch.communicate(timeout=20)
+        assert (watch.returncode, err) == (0, "")
+    finally:
+        workload.kill()
+        workload.wait()
