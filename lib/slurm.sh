@@ -26,13 +26,24 @@ slurm::killwait() {
 }
 
 # slurm::hostnames [LIST]: the node list (default the job's) expanded, one host per line; the list
-# split at its commas when scontrol cannot expand it.
+# split at its commas when scontrol cannot expand it. The job's own list the batch step expanded
+# once (slurm::export_hostnames): no scontrol call on every node, three times, before prepare.
 slurm::hostnames() {
-  local list=${1-${SLURM_JOB_NODELIST:-${SLURM_NODELIST:-}}} out
+  local list=${1-${SLURM_JOB_NODELIST:-${SLURM_NODELIST:-}}} out host
   [[ -n ${list} ]] || return 0
+  if [[ -n ${SM_JOB_HOSTS:-} && ${list} == "${SM_JOB_HOSTS_OF:-}" ]]; then
+    for host in ${SM_JOB_HOSTS}; do printf '%s\n' "${host}"; done
+    return 0
+  fi
   if out=$(scontrol show hostnames "${list}" 2>/dev/null) && [[ -n ${out} ]]; then
     printf '%s\n' "${out}"
   else
     tr ',' '\n' <<<"${list}"
   fi
+}
+
+# slurm::export_hostnames HOST…: the expansion of SLURM_JOB_NODELIST, for every later
+# slurm::hostnames of this job (the tasks inherit it): SM_JOB_HOSTS, and the list it expands.
+slurm::export_hostnames() {
+  export SM_JOB_HOSTS="$*" SM_JOB_HOSTS_OF=${SLURM_JOB_NODELIST:-}
 }

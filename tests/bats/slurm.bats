@@ -65,3 +65,20 @@ printf "%s\n" "42.extern|extern|node[1-3]" "42.batch|batch|node1" "42.0|sm-node|
   run slurm::hostnames ''
   assert_output ""
 }
+
+@test "the job's own host list, expanded once by the batch step, needs no scontrol on the nodes" {
+  # A node's task inherits the batch step's expansion: scontrol is not asked again (it would fail).
+  shim scontrol 'echo called >>"${BATS_TEST_TMPDIR}/calls"; exit 1'
+  export SLURM_JOB_NODELIST='gpu[07-08]'
+  slurm::export_hostnames gpu07 gpu08
+  run bash -c "source '${REPO_ROOT}/lib/util.sh'; slurm::hostnames"
+  assert_success
+  assert_output $'gpu07\ngpu08'
+  run bash -c "source '${REPO_ROOT}/lib/util.sh'; slurm::hostnames 'gpu[07-08]'"
+  assert_output $'gpu07\ngpu08'
+  [[ ! -e ${BATS_TEST_TMPDIR}/calls ]]
+  # Another list (an exclude list, a requeue's nodes) is still expanded by scontrol.
+  run slurm::hostnames 'gpu[01-02]'
+  assert_output 'gpu[01-02]'
+  [[ $(wc -l <"${BATS_TEST_TMPDIR}/calls") == 1 ]]
+}
