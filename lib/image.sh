@@ -25,10 +25,13 @@ image::label() {
   docker image inspect -f "{{ index .Config.Labels \"${2}\" }}" "$1" 2>/dev/null | sed 's/^<no value>$//'
 }
 
+# image::cache_key REF: the cache entry's name for REF: REF with every byte outside [A-Za-z0-9._-]
+# made `_`, then the first 8 hex digits of REF's sha256. One process (sha256sum), not five: every
+# node asks for it before its prepare.
 image::cache_key() {
-  local ref=$1 sum
-  sum=$(printf '%s' "${ref}" | sha256sum | cut -c1-8)
-  printf '%s-%s' "$(printf '%s' "${ref}" | tr -c 'A-Za-z0-9._-' '_')" "${sum}"
+  local ref=$1 sum LC_ALL=C # byte by byte, as tr does: a multibyte character is several `_`
+  sum=$(printf '%s' "${ref}" | sha256sum)
+  printf '%s-%s' "${ref//[^A-Za-z0-9._-]/_}" "${sum:0:8}"
 }
 
 

@@ -99,6 +99,15 @@ hold_lock() {
 
 # ---- rank 0 obtains the image --------------------------------------------------------------------
 
+@test "a cache entry's name is the reference with every other byte made _, then 8 hex of its sha256 (existing caches keep their names)" {
+  local ref want
+  for ref in toy/model:local 'rocm/pytorch:rocm6.2_ubuntu22.04_py3.10' 'réf/ü:1' 'x*y[z] w' ''; do
+    want=$(printf '%s' "${ref}" | tr -c 'A-Za-z0-9._-' '_')-$(printf '%s' "${ref}" | sha256sum | cut -c1-8)
+    LANG=C.UTF-8 run on node1 image::cache_key "${ref}"
+    assert_output "${want}"
+  done
+}
+
 @test "rank 0 without the image and nothing to build it from pulls the manifest's registry_image, tagged as the image" {
   export SM_REGISTRY_IMAGE=registry.example/toy:1
   run --separate-stderr on node1 image::ensure_on_rank0
