@@ -39,8 +39,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from slurm_multi import shell
 from slurm_multi.events import write_event
@@ -74,13 +73,29 @@ def _read(path: str) -> str | None:
 # ---- processes -----------------------------------------------------------------------------------
 
 
-@dataclass
 class Thread:
-    pid: int
-    tid: int
-    state: str
-    comm: str
-    wchan: str = ""
+    """One thread of the workload as /proc shows it (plain classes here, not dataclasses: their
+    import is ~12 ms of every rank's run stage)."""
+
+    __slots__ = ("pid", "tid", "state", "comm", "wchan")
+
+    def __init__(self, pid: int, tid: int, state: str, comm: str, wchan: str = "") -> None:
+        self.pid, self.tid, self.state, self.comm, self.wchan = pid, tid, state, comm, wchan
+
+    def _key(self) -> tuple[int, int, str, str, str]:
+        return (self.pid, self.tid, self.state, self.comm, self.wchan)
+
+    def as_dict(self) -> dict[str, Any]:
+        """hang.json's `processes` entry: the fields in this order."""
+        return dict(zip(self.__slots__, self._key()))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Thread) and self._key() == other._key()
+
+    __hash__ = None  # type: ignore[assignment] # mutable (wchan is filled in later), as the dataclass was
+
+    def __repr__(self) -> str:
+        return "Thread(pid={!r}, tid={!r}, state={!r}, comm={!r}, wchan={!r})".format(*self._key())
 
 
 def _start_ticks(pid: int) -> str:
@@ -251,18 +266,15 @@ def step_daemon(step: str) -> int:
     return 0
 
 
-@dataclass
 class Target:
     """The workload: a docker container (by name), a process tree (by pid), or a Slurm step's tasks
     on this node (by JOB.STEP: the pyxis runtime)."""
 
-    container: str = ""
-    pid: int = 0
-    step: str = ""
-    docker: str = "docker"
-    init_pid: int = 0
-    cgroup: dict[str, str] = field(default_factory=dict)  # controller -> path of its cgroup dir
-    start_ticks: str = ""  # init_pid's start time (/proc stat field 22): a reused PID has another
+    def __init__(self, container: str = "", pid: int = 0, step: str = "", docker: str = "docker") -> None:
+        self.container, self.pid, self.step, self.docker = container, pid, step, docker
+        self.init_pid = 0
+        self.cgroup: dict[str, str] = {}  # controller -> path of its cgroup dir
+        self.start_ticks = ""  # init_pid's start time (/proc stat field 22): a reused PID has another
 
     def start(self, wait_seconds: float, parent: int = 0) -> bool:
         """Find the container's init process (it may not have started yet); False if it never ran
@@ -376,14 +388,16 @@ class Target:
 # ---- the watch -----------------------------------------------------------------------------------
 
 
-@dataclass
 class Progress:
-    started: float
-    last_output: float
-    last_cpu: float
-    output_size: int
-    cpu: float
-    printed: bool = False  # the workload's first output line is on the timeline
+    __slots__ = ("started", "last_output", "last_cpu", "output_size", "cpu", "printed")
+
+    def __init__(
+        self, started: float, last_output: float, last_cpu: float, output_size: int, cpu: float,
+        printed: bool = False,
+    ) -> None:  # fmt: skip
+        self.started, self.last_output, self.last_cpu = started, last_output, last_cpu
+        self.output_size, self.cpu = output_size, cpu
+        self.printed = printed  # the workload's first output line is on the timeline
 
     @property
     def last(self) -> float:
@@ -409,8 +423,7 @@ def write_json(path: str, document: dict[str, Any]) -> None:
 CAUSE_FILE = "hang-cause.json"  # in the job dir: a cause's watch says it was found (its hold)
 
 
-@dataclass(frozen=True)
-class Peers:
+class Peers(NamedTuple):
     """The other ranks of the job, as a cause's hold reads them (`<job_dir>/node_<r>/`), and the
     cause's word to them (`<job_dir>/hang-cause.json`): a waiter then speaks at once instead of at
     its own timeout, which a CPU blip of its runtime may have pushed past the hold."""
@@ -593,7 +606,7 @@ def hang_document(
         "quiet_seconds": round(now - state.last, 1), "last_output_epoch": round(state.last_output, 3),
         "last_cpu_epoch": round(state.last_cpu, 3), "last_progress_epoch": round(state.last, 3),
         "detected_epoch": round(now, 3), "hang_timeout": timeout,
-        "processes": [vars(thread) for thread in threads[:200]],
+        "processes": [thread.as_dict() for thread in threads[:200]],
     }  # fmt: skip
 
 

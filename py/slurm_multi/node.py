@@ -25,7 +25,6 @@ import os
 import socket
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from slurm_multi import argv as options
@@ -109,16 +108,16 @@ def env_arguments(ctx: RunContext, env_file: str | None, passed: Sequence[str] =
     return args
 
 
-@dataclass
 class ModelRun:
     """How this node runs the manifest's model, as madengine does (slurm_multi.madengine)."""
 
-    workdir: str = ""  # the workload's working directory (container path; bare metal: host path)
-    setup: list[str] = field(default_factory=list)  # words before the profiler and the command
-    docker_mounts: list[str] = field(default_factory=list)
-    pyxis_mounts: list[str] = field(default_factory=list)
-    vendor_options: list[str] = field(default_factory=list)
-    passed: list[str] = field(default_factory=list)  # env names the job's environment gives
+    def __init__(self) -> None:
+        self.workdir = ""  # the workload's working directory (container path; bare metal: host path)
+        self.setup: list[str] = []  # words before the profiler and the command
+        self.docker_mounts: list[str] = []
+        self.pyxis_mounts: list[str] = []
+        self.vendor_options: list[str] = []
+        self.passed: list[str] = []  # env names the job's environment gives
 
 
 def model_run(

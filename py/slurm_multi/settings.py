@@ -18,7 +18,7 @@ import re
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 # Exit status of a usage error (slurm_multi.EXIT_USAGE; not imported: this module starts with -S).
 EXIT_USAGE = 2
@@ -28,8 +28,9 @@ class SettingsError(Exception):
     """A value the user gave that cannot work: one line, exit 2."""
 
 
-@dataclass(frozen=True)
-class Setting:
+class Setting(NamedTuple):
+    """One setting (a NamedTuple, not a dataclass: dataclasses cost the plan ~12 ms of imports)."""
+
     name: str  # SM_*
     option: str | None  # --flag, or None for an environment-only knob
     metavar: str  # FILE, SECONDS, cache|relay|auto ...
@@ -180,17 +181,17 @@ BY_OPTION: dict[str, Setting] = {s.option: s for s in TABLE if s.option}
 # ---- parsing the batch step's argv ---------------------------------------------------------------
 
 
-@dataclass
 class Parsed:
     """What the user typed after the script."""
 
-    given: dict[str, str] = field(default_factory=dict)  # SM_* -> value, from options
-    typed: dict[str, str] = field(default_factory=dict)  # SM_* -> the flag as typed (for errors)
-    command: list[str] = field(default_factory=list)
-    help: bool = False
-    dry_run: bool = False
-    nodes: str = ""  # -N as given (the dry run's node count)
-    nodes_flag: str = "-N"  # as typed: -N or --nodes
+    def __init__(self, command: list[str] | None = None) -> None:
+        self.given: dict[str, str] = {}  # SM_* -> value, from options
+        self.typed: dict[str, str] = {}  # SM_* -> the flag as typed (for errors)
+        self.command: list[str] = command if command is not None else []
+        self.help = False
+        self.dry_run = False
+        self.nodes = ""  # -N as given (the dry run's node count)
+        self.nodes_flag = "-N"  # as typed: -N or --nodes
 
 
 def parse_argv(argv: Sequence[str]) -> Parsed:
@@ -262,10 +263,10 @@ def _distance(a: str, b: str) -> int:
 # ---- resolving -----------------------------------------------------------------------------------
 
 
-@dataclass
 class Resolved:
-    values: dict[str, str]  # every setting, "" where unset
-    source: dict[str, str]  # SM_* -> where its value came from ("--timeout", "SM_TIMEOUT", "default", ...)
+    def __init__(self, values: dict[str, str], source: dict[str, str]) -> None:
+        self.values = values  # every setting, "" where unset
+        self.source = source  # SM_* -> where its value came from ("--timeout", "SM_TIMEOUT", "default", ...)
 
     def label(self, name: str) -> str:
         return self.source.get(name, "")

@@ -163,7 +163,8 @@ def test_classify_tells_the_cause_from_the_waiters(
 
 def test_the_module_runs_without_click_and_refuses_bad_arguments(tmp_path: Path) -> None:
     env = {"PYTHONPATH": str(REPO / "py"), "PATH": os.environ["PATH"]}
-    code = "import sys; from slurm_multi import hangwatch; assert 'click' not in sys.modules"
+    code = "import sys; from slurm_multi import hangwatch; "
+    code += "assert not {'click', 'dataclasses', 'argparse'} & set(sys.modules), sys.modules.keys()"
     assert subprocess.run([sys.executable, "-S", "-c", code], env=env, check=False).returncode == 0
     proc = subprocess.run(
         [sys.executable, "-S", "-m", "slurm_multi.hangwatch", "--pid", "1", "--timeout", "0", "--output", "x",

@@ -800,7 +800,7 @@ def test_bad_command_lines_are_one_line_usage_errors(args, env, needle):
 
 def test_send_and_recv_on_this_hosts_routable_address_deliver_the_stream(tmp_path):
     """The production path end to end: three processes, derived ports, never loopback."""
-    from slurm_multi.barrier import choose_bind_address
+    from slurm_multi.net import choose_bind_address
 
     try:
         address = choose_bind_address(socket.gethostname()).address
