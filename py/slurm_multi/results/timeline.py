@@ -27,7 +27,6 @@ is skipped and counted in one warning per file. Cross-node times assume the node
 
 from __future__ import annotations
 
-import calendar
 import json
 import os
 import time
@@ -292,6 +291,8 @@ def parse_started(value: Any) -> float | None:
     """job.json's `started` (`2025-11-30T11:43:20Z`) as epoch seconds."""
     if not isinstance(value, str):
         return None
+    import calendar  # only for a job without events (strptime imports calendar, datetime, locale)
+
     try:
         return float(calendar.timegm(time.strptime(value.strip(), "%Y-%m-%dT%H:%M:%SZ")))
     except (ValueError, OverflowError):
