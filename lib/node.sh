@@ -171,15 +171,16 @@ node::stage_prepare() {
   export MASTER_PORT=${MASTER_PORT:-${SM_MASTER_PORT:-}}
   # (The helper also asks the node's docker engine for /_ping: a dead engine is its one-line reason.)
   local rc=0
-  # In a whole multi-node job the barrier starts now, beside prepare: rank 0 listens, a worker
-  # dials and waits for rank 0's image ID. Neither needs what prepare resolves.
+  # In a whole job the fitness check starts now, beside prepare, and first (the mesh waits for
+  # every node's: the later it starts, the longer every node waits); the fitness stage then takes
+  # its verdict.
+  if ((!NODE_FROM_JOB)) && [[ ${NODE_WHOLE_TASK:-0} == 1 ]]; then node::start_fitness; fi
+  # So does the barrier in a multi-node job: rank 0 listens, a worker dials and waits for rank 0's
+  # image ID. None of them needs what prepare resolves.
   if ((!NODE_FROM_JOB)) && node::multi && node::has_image && [[ ${NODE_WHOLE_TASK:-0} == 1 ]]; then
     node::barrier_args
     if node::is_rank0; then node::serve_barrier; else node::join_image_phase; fi
   fi
-  # So does the fitness check (the mesh waits for every node's: the later it starts, the longer
-  # every node waits); the fitness stage then takes its verdict.
-  if ((!NODE_FROM_JOB)) && [[ ${NODE_WHOLE_TASK:-0} == 1 ]]; then node::start_fitness; fi
   local argv=(node prepare --scratch "${SM_SCRATCH}")
   ((${#SM_CMD[@]})) && argv+=(-- "${SM_CMD[@]}")
   util::fast_logged prepare "${argv[@]}" || rc=$?
