@@ -250,14 +250,16 @@ job::teardown() {
     [[ ${SM_ON_BAD_NODE} != requeue ]] || { cargs+=(--no-perf-csv-on-bad-nodes); held=1; }
   fi
   util::fast_logged multi results.collect_main "${cargs[@]}" || rc=$?
-  if job::bad_nodes_from "${bad}"; then
+  local found=0
+  job::bad_nodes_from "${bad}" && found=1
+  rm -f "${bad}" # before a requeue, which ends the batch step
+  if ((found)); then
     job::on_bad_nodes
     # Not requeued after all: this attempt is the job's, its rows go to the shared perf.csv.
     if ((held)); then
       util::fast_logged multi results.collect_main "${SM_JOBDIR}" --no-picture --perf-csv "${SM_PERF_CSV}" || rc=$?
     fi
   fi
-  rm -f "${bad}"
   log::info multi "verdict: $( ((rc == 0)) && echo SUCCESS || echo FAILURE) (${SM_JOBDIR}/summary.json)"
   exit "${rc}"
 }
