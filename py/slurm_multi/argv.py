@@ -170,10 +170,7 @@ def whole_number(minimum: int) -> Callable[[str], int]:
     """click.IntRange(min=minimum): a whole number, at least `minimum`."""
 
     def convert(text: str) -> int:
-        try:
-            number = int(text.strip())
-        except ValueError:
-            raise ValueError("is not a whole number") from None
+        number = integer(text)
         if number < minimum:
             raise ValueError(f"is less than {minimum}")
         return number
