@@ -38,6 +38,7 @@ from typing import Any
 
 from slurm_multi import statusfile
 from slurm_multi.logline import short
+from slurm_multi.readfile import read_bytes
 
 EVENTS_FILE = "events.log"
 OLD_EVENTS_FILE = "events.jsonl"  # earlier versions: one JSON object per line (still read)
@@ -102,6 +103,16 @@ def events_path(node_dir: str) -> str:
     path = os.path.join(node_dir, EVENTS_FILE)
     old = os.path.join(node_dir, OLD_EVENTS_FILE)
     return old if not os.path.exists(path) and os.path.exists(old) else path
+
+
+def read_events_file(node_dir: str, limit: int) -> tuple[str, bytes]:
+    """(name, first `limit` bytes) of the node's events file, the one events_path names: events.log,
+    else an older job directory's events.jsonl. One open when events.log is there (no stat first);
+    FileNotFoundError when neither is."""
+    try:
+        return EVENTS_FILE, read_bytes(f"{node_dir}/{EVENTS_FILE}", limit)
+    except FileNotFoundError:
+        return OLD_EVENTS_FILE, read_bytes(f"{node_dir}/{OLD_EVENTS_FILE}", limit)
 
 
 def finite(value: Any) -> float | None:

@@ -22,11 +22,12 @@ readers also meet the other words older versions or other writers used (lost, ab
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Sequence
 from typing import Any
+
+from slurm_multi.readfile import read_json
 
 STATUS_FILE = "status.json"  # in the node dir, JOBDIR/node_<rank>/
 
@@ -112,21 +113,6 @@ def has_status(node_dir: str) -> bool:
     return os.path.exists(status_path(node_dir))
 
 
-def _load(path: str) -> Any:
-    """json.load of the file opened as UTF-8 text (what results.shared.read_json does: without the
-    text layer when the bytes decode cleanly, the same outcome either way)."""
-    with open(path, "rb") as handle:
-        data = handle.read()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:  # let the text layer raise (and word) it
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
-    if "\r" in text:  # what text mode (universal newlines) does to line ends
-        text = text.replace("\r\n", "\n").replace("\r", "\n")
-    return json.loads(text)
-
-
 def read_status(path: str) -> Status | None:
     """The status.json at `path`; None when there is none (the task never staged); never raises.
 
@@ -136,7 +122,7 @@ def read_status(path: str) -> Status | None:
     costs one open.
     """
     try:
-        document = _load(path)
+        document = read_json(path)
     except OSError as exc:
         error = exc.strerror or str(exc)
     except (ValueError, RecursionError) as exc:  # a NUL in the path is a ValueError too: no file

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slurm_multi.cli import group
-from slurm_multi.results import PERF_COLUMNS, collect, shared, summary
+from slurm_multi.results import PERF_COLUMNS, collect, shared
 
 DATA = Path(__file__).parent / "data" / "results"
 LOGS = DATA / "logs"
@@ -631,16 +631,37 @@ JSON_VALUES = st.recursive(
 
 @settings(max_examples=400, deadline=None)
 @given(JSON_VALUES)
-def test_the_summary_json_writer_writes_what_json_dumps_writes(value: Any):
-    assert summary.dumps_indent2(value) == json.dumps(value, indent=2, ensure_ascii=False)
+def test_the_reused_item_encoder_writes_what_json_dumps_writes(value: Any):
+    expected = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    assert shared.encode_item(value) == expected
 
 
-def test_the_summary_json_writer_leaves_odd_keys_and_objects_to_json():
-    assert summary.dumps_indent2({1: [2.5, {None: True}]}) == json.dumps(
-        {1: [2.5, {None: True}]}, indent=2, ensure_ascii=False
-    )
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.text(max_size=6), JSON_VALUES, min_size=1, max_size=6))
+def test_summary_json_and_timeline_json_are_laid_out_one_key_and_one_list_item_per_line(document):
+    text = shared.document_text(document)
+    assert json.loads(text) == json.loads(json.dumps(document))  # tuples read back as lists
+    lines = text.split("\n")[:-1]  # \n only: a string may hold U+0085 or U+2028 as they are
+    assert (lines[0], lines[-1], text[-1]) == ("{", "}", "\n")
+    at = 1
+    for key, value in document.items():
+        head = lines[at]
+        assert head.startswith("  " + json.dumps(key, ensure_ascii=False) + ": ")
+        if isinstance(value, (list, tuple)) and value:
+            assert head.endswith("[")
+            items = lines[at + 1 : at + 1 + len(value)]
+            read = [json.loads(line.strip().rstrip(",")) for line in items]
+            assert read == json.loads(json.dumps(list(value)))
+            assert lines[at + 1 + len(value)].startswith("  ]")
+            at += len(value) + 2
+        else:
+            at += 1
+    assert at == len(lines) - 1
+
+
+def test_the_item_encoder_refuses_what_json_refuses():
     with pytest.raises(TypeError):
-        summary.dumps_indent2({"a": object()})
+        shared.encode_item({"a": object()})
 
 
 @pytest.mark.parametrize(
@@ -674,3 +695,47 @@ def test_a_node_stopped_or_aborted_with_exit_code_0_is_still_a_failure(tmp_path:
     summary = collect(jobdir)
     assert summary.verdict == "FAILURE"
     assert len(summary.reasons) == 1 and summary.reasons[0].startswith("node1 (rank 0): ")
+
+
+# ----------------------------------------------------------------------------- reading what the nodes left
+
+
+def test_fifos_under_the_names_collect_reads_neither_hang_it_nor_stop_the_verdict(tmp_path: Path):
+    """collect opens each file without a stat first: a FIFO (no writer) must read as empty, not block."""
+    import os
+    import subprocess
+    import sys
+
+    jobdir = make_job(tmp_path / "job", 2, csvs={1: FULL_CSV})
+    for leaf in ("node.log", "events.log", "progress.json", "hang.json", "perf_toy.csv"):
+        target = jobdir / "node_0" / leaf
+        target.unlink(missing_ok=True)
+        os.mkfifo(target)
+    code = "import sys; from slurm_multi.results import collect; print(collect(sys.argv[1]).verdict)"
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(jobdir)], capture_output=True, text=True, timeout=30, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "SUCCESS"  # rank 0's files: empty, as a node that wrote nothing
+    summary = read_summary(jobdir)
+    assert summary["chosen_csv"] == "node_1/perf_toy.csv"
+    assert summary["candidates"][0] == {"path": "node_0/perf_toy.csv", "rows": 0, "non_empty": 0,
+                                        "error": "empty file"}  # fmt: skip
+
+
+def test_collect_pauses_the_cyclic_collector_and_gives_it_back_as_it_was(tmp_path: Path):
+    import gc
+
+    jobdir = make_job(tmp_path / "job", 2, csvs={1: FULL_CSV})
+    assert gc.isenabled()
+    collect(jobdir)
+    assert gc.isenabled()
+    with pytest.raises(Exception):
+        collect(tmp_path / "nowhere")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        collect(jobdir)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

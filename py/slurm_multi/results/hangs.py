@@ -15,7 +15,6 @@ field of the wrong type is a warning and counts as absent.
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -200,12 +199,11 @@ def read_hangs(root: Path, nodes: Sequence[NodeReport], warnings: list[str]) -> 
     progress.json's); returns the hang, or None when no rank has a usable hang.json."""
     entries = []
     for node in nodes:
-        if node.dirname is None:
+        if node.path is None:
             continue
-        node_dir = os.path.join(root, node.dirname)
         progress_name, hang_name = f"{node.dirname}/{PROGRESS_FILE}", f"{node.dirname}/{HANG_FILE}"
-        progress = read_progress(os.path.join(node_dir, PROGRESS_FILE), progress_name, warnings)
-        entry = read_hang_entry(os.path.join(node_dir, HANG_FILE), hang_name, node, warnings)
+        progress = read_progress(f"{node.path}/{PROGRESS_FILE}", progress_name, warnings)
+        entry = read_hang_entry(f"{node.path}/{HANG_FILE}", hang_name, node, warnings)
         node.last_progress = progress
         if entry is not None:
             entries.append(entry)

@@ -50,6 +50,7 @@ class NodeReport:
     reasons: list[str] = field(default_factory=list)
     log_errors: list[ErrorHit] = field(default_factory=list)
     dirname: str | None = None
+    path: str | None = None  # JOBDIR/<dirname>, joined once: every reader of the node's files uses it
     last_progress: float | None = None  # epoch seconds, from the hang watch (results.hangs)
 
     @property
@@ -244,8 +245,8 @@ def read_node(
     if dirname is None:
         report.reasons.append(f"{report.label}: no status.json (task never staged)")
         return report
-    node_dir = os.path.join(jobdir, dirname)
-    status = statusfile.read_status(statusfile.status_path(node_dir))  # never raises
+    node_dir = report.path = os.path.join(jobdir, dirname)
+    status = statusfile.read_status(f"{node_dir}/{statusfile.STATUS_FILE}")  # never raises
     if status is None:
         report.reasons.append(f"{report.label}: no status.json (task never staged)")
         if not is_path(node_dir, "dir"):
@@ -255,12 +256,14 @@ def read_node(
         report.reasons.append(f"{report.label}: status.json unreadable: {status.error}")
     else:
         _judge_status(status, report)
-    log = os.path.join(node_dir, "node.log")
-    if is_path(log, "file"):
-        try:
-            report.log_errors = _redacted(scan_log_file(log, patterns), known_secrets)
-        except OSError as exc:
-            report.reasons.append(f"{report.label}: node.log unreadable: {exc.strerror or exc}")
+    try:  # read, not stat'ed first: the read says whether it is there
+        hits = scan_log_file(f"{node_dir}/node.log", patterns)
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        pass  # no node.log: nothing to scan (the status says how the node ended)
+    except OSError as exc:
+        report.reasons.append(f"{report.label}: node.log unreadable: {exc.strerror or exc}")
+    else:
+        report.log_errors = _redacted(hits, known_secrets)
         if report.log_errors:
             first, count = report.log_errors[0], len(report.log_errors)
             more = f"; +{count - 1} more" if count > 1 else ""

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slurm_multi.common import usage_error
-from slurm_multi.results.shared import AREA, READ_BLOCK, PathLike, short
+from slurm_multi.results.shared import AREA, READ_BLOCK, PathLike, read_bytes, short
 
 MAX_TRACEBACK_LINES = 400  # a "Traceback" header with no exception line within this is not a traceback
 SCAN_CHUNK_CHARS = 1 << 20  # a log is read in pieces of about this many characters
@@ -302,8 +302,7 @@ def scan_log_file(path: PathLike, patterns: Sequence[ErrorPattern], limit: int =
     """scan_log_errors over a file's lines, read in chunks: only a chunk that may hold a hit (or
     continues a traceback) is judged line by line."""
     scanner = _LogScanner(_as_patterns(patterns), limit)
-    with open(path, "rb") as raw:
-        data = raw.read(READ_BLOCK)
+    data = read_bytes(path, READ_BLOCK)
     if len(data) < READ_BLOCK:  # the whole file (read(n) is short only at its end)
         text = data.decode("utf-8", "replace")  # what the text layer below decodes, in one go
         if not scanner.prefilter.may_hit(text):

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from slurm_multi.results.shared import PathLike, os_error, read_at_most
+from slurm_multi.results.shared import PathLike, os_error, read_bytes
 from slurm_multi.results.values import as_number, is_empty_marker
 
 MAX_CSV_BYTES = 64 * 1024 * 1024
@@ -30,6 +30,10 @@ UNDECODED = re.compile("[\udc80-\udcff]")  # bytes that were not UTF-8, as surro
 
 class CsvProblem(Exception):
     """A candidate CSV that cannot be used; the message says why, in a few words."""
+
+
+class CsvMissing(CsvProblem):
+    """The candidate CSV is not there (collect's per-node candidates: then it is none)."""
 
 
 @dataclass(frozen=True)
@@ -83,8 +87,9 @@ def column_index(header: Sequence[str], name: str) -> int | None:
 
 def _read_bytes(path: PathLike) -> bytes:
     try:
-        with open(path, "rb") as handle:
-            data = read_at_most(handle, MAX_CSV_BYTES + 1)
+        data = read_bytes(path, MAX_CSV_BYTES + 1)
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        raise CsvMissing(f"cannot read: {os_error(exc)}") from None
     except OSError as exc:
         raise CsvProblem(f"cannot read: {os_error(exc)}") from None
     except ValueError as exc:  # a NUL in the name
@@ -256,11 +261,27 @@ def score_csv(path: PathLike, label: str | None = None) -> Candidate:
 
 
 def score(path: PathLike, shown: str) -> Candidate:
-    """score_csv for a path that needs no Path() normalising (collect's own joins)."""
+    """score_csv for a path that needs no Path() normalising."""
     try:
         table = read_table(path, shown)
     except CsvProblem as exc:
         return Candidate(shown, error=str(exc))
+    return _scored(shown, table)
+
+
+def score_present(path: PathLike, shown: str) -> Candidate | None:
+    """score for a file that may not be there (collect's per-node CSVs): None when it is not, with
+    no stat first (the read says so)."""
+    try:
+        table = read_table(path, shown)
+    except CsvMissing:
+        return None
+    except CsvProblem as exc:
+        return Candidate(shown, error=str(exc))
+    return _scored(shown, table)
+
+
+def _scored(shown: str, table: Table) -> Candidate:
     return Candidate(
         shown, len(table.records), table.non_empty, None, table.header, table.records, table.warnings
     )

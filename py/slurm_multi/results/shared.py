@@ -8,10 +8,11 @@ import os
 import stat
 import time
 from pathlib import Path
-from typing import Any, BinaryIO, Union
+from typing import Any, BinaryIO, Callable, Union
 
 from slurm_multi.common import HelperError
 from slurm_multi.logline import short  # noqa: F401 (results import it from here)
+from slurm_multi.readfile import read_bytes, read_json  # noqa: F401 (results import them from here)
 
 AREA = "results"
 READ_BLOCK = 64 * 1024  # a read(n) allocates n bytes first: past ~128 KiB that is an mmap, ~15 us
@@ -47,18 +48,41 @@ def is_path(path: PathLike, kind: str) -> bool:
     return stat.S_ISDIR(mode) if kind == "dir" else stat.S_ISREG(mode) if kind == "file" else True
 
 
-def read_json(path: PathLike) -> Any:
-    """json.load of the file opened as UTF-8 text, without the text layer when it decodes cleanly."""
-    with open(path, "rb") as handle:
-        data = handle.read()
+def _item_encoder() -> Callable[[Any], str]:
+    """json.dumps(value, separators=(",", ":"), ensure_ascii=False) as one reusable C encoder:
+    json.dumps makes a new one per call (~5 us: a 1,000-node document is 1,000 calls)."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    fallback = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+    if make is None:  # an interpreter without the _json accelerator
+        return fallback
     try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:  # let the text layer raise (and word) it as it always did
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
-    if "\r" in text:  # what reading in text mode (universal newlines) does to line ends
-        text = text.replace("\r\n", "\n").replace("\r", "\n")
-    return json.loads(text)
+        # The arguments JSONEncoder.iterencode passes (3.8-3.13); no markers: our documents are trees.
+        chunks = make(None, fallback.__self__.default, json.encoder.encode_basestring, None,
+                      ":", ",", False, False, True)  # fmt: skip
+        if "".join(chunks({"a": [1.5, None]}, 0)) != '{"a":[1.5,null]}':
+            return fallback
+    except TypeError:  # another signature
+        return fallback
+    return lambda value: "".join(chunks(value, 0))
+
+
+encode_item = _item_encoder()
+
+
+def document_text(document: dict[str, Any]) -> str:
+    """How summary.json and timeline.json are laid out: one top-level key per line, and a list
+    (nodes, candidates, reasons, ...) one item per line, each item compact. Readable with `grep`
+    and a pager, and C-speed json throughout (an indented dump is pure Python before 3.14, ~10 ms
+    for a 1,000-node summary)."""
+    quote = json.encoder.encode_basestring
+    fields = []
+    for key, value in document.items():
+        if isinstance(value, (list, tuple)) and value:
+            rows = ",\n".join(["    " + encode_item(item) for item in value])
+            fields.append(f"  {quote(key)}: [\n{rows}\n  ]")
+        else:
+            fields.append(f"  {quote(key)}: {encode_item(value)}")
+    return "{\n" + ",\n".join(fields) + "\n}\n" if fields else "{}\n"
 
 
 def utc_iso(epoch: float | None) -> str | None:

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,12 +14,12 @@ from slurm_multi.results.hangs import Hang
 from slurm_multi.results.jobdir import NodeReport, stage_order
 from slurm_multi.results.pick import Candidate
 from slurm_multi.results.profile import ProfileCheck
-from slurm_multi.results.shared import AREA, write_atomic
+from slurm_multi.results.shared import AREA, document_text, write_atomic
 from slurm_multi.results.stragglers import Straggler
 from slurm_multi.results.values import format_number
 from slurm_multi.results.worldsize import WorldCheck
 
-if TYPE_CHECKING:  # timeline imports this module (dumps_indent2)
+if TYPE_CHECKING:
     from slurm_multi.results.timeline import Timeline
 
 MAX_TABLE_REASONS = 20  # reasons printed on stderr; summary.json keeps them all
@@ -85,87 +83,7 @@ def perf_csv_text(summary: Summary) -> str:
 
 
 def summary_json_text(summary: Summary) -> str:
-    return dumps_indent2(summary.to_dict()) + "\n"
-
-
-class _NotPlainJson(Exception):
-    """A value _dumps_indent2 leaves to json.dumps (a non-str key, an object json would reject)."""
-
-
-_encode_json_str = json.encoder.encode_basestring  # what json.dumps(ensure_ascii=False) quotes with
-
-
-def _json_float(value: float) -> str:
-    if value != value:
-        return "NaN"
-    if value == math.inf:
-        return "Infinity"
-    if value == -math.inf:
-        return "-Infinity"
-    return float.__repr__(value)
-
-
-def _emit_json(value: Any, out: list[str], newline: str) -> None:
-    """Append `value` as json.dumps(indent=2, ensure_ascii=False) writes it (same type tests, in the
-    same order); `newline` is the line break plus the indentation of the line the value starts on."""
-    if isinstance(value, str):
-        out.append(_encode_json_str(value))
-    elif value is None:
-        out.append("null")
-    elif value is True:
-        out.append("true")
-    elif value is False:
-        out.append("false")
-    elif isinstance(value, int):
-        out.append(int.__repr__(value))
-    elif isinstance(value, float):
-        out.append(_json_float(value))
-    elif isinstance(value, (list, tuple)):
-        if not value:
-            out.append("[]")
-            return
-        inner = newline + "  "
-        separator = "[" + inner
-        for item in value:
-            out.append(separator)
-            _emit_json(item, out, inner)
-            separator = "," + inner
-        out.append(newline + "]")
-    elif isinstance(value, dict):
-        if not value:
-            out.append("{}")
-            return
-        inner = newline + "  "
-        separator = "{" + inner
-        append = out.append
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise _NotPlainJson
-            kind = type(item)  # exact types: the common scalars without a recursive call
-            if kind is str:
-                append(f"{separator}{_encode_json_str(key)}: {_encode_json_str(item)}")
-            elif kind is float and item == item and item not in (math.inf, -math.inf):
-                append(f"{separator}{_encode_json_str(key)}: {float.__repr__(item)}")
-            elif kind is int:
-                append(f"{separator}{_encode_json_str(key)}: {int.__repr__(item)}")
-            else:
-                append(f"{separator}{_encode_json_str(key)}: ")
-                _emit_json(item, out, inner)
-            separator = "," + inner
-        append(newline + "}")
-    else:
-        raise _NotPlainJson
-
-
-def dumps_indent2(value: Any) -> str:
-    """json.dumps(value, indent=2, ensure_ascii=False), byte for byte, several times faster: before
-    Python 3.14 an indented dump runs json's pure-Python encoder, ~10 ms for a 1,000-node summary."""
-    out: list[str] = []
-    try:
-        _emit_json(value, out, "\n")
-    except (_NotPlainJson, RecursionError):  # json.dumps says what is wrong, or copes (int keys)
-        return json.dumps(value, indent=2, ensure_ascii=False)
-    return "".join(out)
+    return document_text(summary.to_dict())
 
 
 def write_outputs(root: Path, summary: Summary) -> None:

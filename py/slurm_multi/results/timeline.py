@@ -27,7 +27,6 @@ is skipped and counted in one warning per file. Cross-node times assume the node
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Sequence
@@ -35,9 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from slurm_multi.events import EVENTS_FILE, events_path, parse_events
+from slurm_multi.events import events_path, parse_events, read_events_file
 from slurm_multi.results.jobdir import NodeReport, stage_order
-from slurm_multi.results.shared import read_at_most, utc_iso
+from slurm_multi.results.shared import document_text, utc_iso
 from slurm_multi.results.stragglers import Straggler
 from slurm_multi.results.values import format_number
 
@@ -215,20 +214,22 @@ def _lane_dict(lane: Lane, flagged: set[tuple[str, int]]) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- reading
 
 
-def read_events(path: str, name: str, warnings: list[str]) -> list[dict[str, Any]] | None:
-    """A node's events in time order; None when it has no events file (no warning).
+def read_events(directory: str, label: str, warnings: list[str]) -> list[dict[str, Any]] | None:
+    """The events in `directory` (a node's, or the batch step's), in time order; None when it has
+    no events file (no warning).
 
     A line that is not an event (torn by a kill mid-write, garbage) is skipped; the skipped lines
-    of one file are one warning. `name` is how the warning names the file.
+    of one file are one warning. `label` is how the warning names the directory (`node_3`).
     """
     try:
-        with open(path, "rb") as handle:
-            data = read_at_most(handle, MAX_EVENTS_BYTES + 1)
+        file, data = read_events_file(directory, MAX_EVENTS_BYTES + 1)
     except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as exc:
+        name = f"{label}/{os.path.basename(events_path(directory))}"  # the file that failed
         warnings.append(f"{name}: unreadable ({exc.strerror or exc}); its lane comes from status.json")
         return None
+    name = f"{label}/{file}"
     if len(data) > MAX_EVENTS_BYTES:
         data = data[: data.rfind(b"\n", 0, MAX_EVENTS_BYTES) + 1]
         warnings.append(f"{name}: larger than {MAX_EVENTS_BYTES // 1024 // 1024} MiB; the rest is ignored")
@@ -313,15 +314,14 @@ def build_timeline(
     job start when no node has events (else the earliest event is)."""
     raw: dict[int, list[dict[str, Any]]] = {}
     for node in nodes:
-        if node.dirname is None:
+        if node.path is None or node.dirname is None:
             continue
-        path = events_path(os.path.join(root, node.dirname))
-        events = read_events(path, f"{node.dirname}/{os.path.basename(path)}", warnings)
+        events = read_events(node.path, node.dirname, warnings)
         if events:
             raw[node.rank] = events
     # The batch step's own events (the nsight-slurm flush), in a file of its own: on rank 0's lane,
     # the batch step runs on rank 0's node.
-    batch = read_events(os.path.join(root, BATCH_DIR, EVENTS_FILE), f"{BATCH_DIR}/{EVENTS_FILE}", warnings)
+    batch = read_events(os.path.join(root, BATCH_DIR), BATCH_DIR, warnings)
     if batch:
         raw[0] = sorted([*raw.get(0, []), *batch], key=lambda e: e["t"])
     times = [e["t"] for events in raw.values() for e in events]
@@ -455,18 +455,6 @@ def shares(path: Sequence[Segment], lanes: Sequence[Lane], wall: float) -> list[
     return found
 
 
-_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)  # json.dumps' own, reused
-
-
 def timeline_json_text(timeline: Timeline) -> str:
-    """One node per line, keys in their documented order: readable, and C-speed json
-    (summary.json's indenter is pure Python, and a 1,000-node timeline is 20,000 values)."""
-    fields = []
-    for key, value in timeline.to_dict().items():
-        if key == "nodes" and value:
-            compact = [_COMPACT.encode(n) for n in value]  # one encoder, not one per node
-            rows = ",\n".join("    " + line for line in compact)
-            fields.append(f'  "nodes": [\n{rows}\n  ]')
-        else:
-            fields.append(f"  {json.dumps(key)}: {json.dumps(value, ensure_ascii=False)}")
-    return "{\n" + ",\n".join(fields) + "\n}\n"
+    """timeline.json: laid out as summary.json is (one node per line, keys in their documented order)."""
+    return document_text(timeline.to_dict())
