@@ -13,7 +13,9 @@ CONTROL_CHARS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 def short(text: str, limit: int = 240) -> str:
     """A log excerpt safe for a terminal: control characters (ANSI colours too) shown as \\xNN."""
-    text = CONTROL_CHARS.sub(lambda m: f"\\x{ord(m.group()):02x}", text.strip())
+    text = text.strip()
+    if not text.isprintable():  # every character CONTROL_CHARS matches is one isprintable() refuses
+        text = CONTROL_CHARS.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

@@ -726,11 +726,13 @@ def test_fifos_under_the_names_collect_reads_neither_hang_it_nor_stop_the_verdic
 def test_collect_pauses_the_cyclic_collector_and_gives_it_back_as_it_was(tmp_path: Path):
     import gc
 
+    from slurm_multi.common import HelperError
+
     jobdir = make_job(tmp_path / "job", 2, csvs={1: FULL_CSV})
     assert gc.isenabled()
     collect(jobdir)
     assert gc.isenabled()
-    with pytest.raises(Exception):
+    with pytest.raises(HelperError):
         collect(tmp_path / "nowhere")
     assert gc.isenabled()
     gc.disable()

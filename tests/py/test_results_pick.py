@@ -331,3 +331,13 @@ def test_relative_change_is_a_percentage_with_two_decimals():
     assert relative_change("100", "100") == "0.00"
     assert relative_change("100", "0") == ""
     assert relative_change("error", "100") == relative_change("100", "inf") == ""
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list('ab1.,"\r\n \t')), max_size=40))
+def test_the_split_fast_path_reads_rows_as_the_csv_module_does(text: str):
+    try:
+        expected = [row for row in csv.reader(io.StringIO(text, newline=""), strict=True) if row]
+    except csv.Error:
+        expected = None
+    assert pick._split_rows(text) == expected

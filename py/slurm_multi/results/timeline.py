@@ -187,19 +187,20 @@ def _r(seconds: float) -> float:
 
 
 def _lane_dict(lane: Lane, flagged: set[tuple[str, int]]) -> dict[str, Any]:
+    rank = lane.rank
     return {
-        "rank": lane.rank,
+        "rank": rank,
         "node": lane.node,
         "source": lane.source,
         "approximate": lane.approximate,
-        "stages": [
+        "stages": [  # _r inlined: 1,000 lanes are 15,000 of these
             {
                 "stage": s.name,
-                "start": _r(s.start),
-                "end": _r(s.end),
-                "seconds": _r(s.seconds),
+                "start": round(s.start, 3) + 0.0,
+                "end": round(s.end, 3) + 0.0,
+                "seconds": round(s.end - s.start, 3) + 0.0,
                 "status": s.status,
-                "straggler": (s.name, lane.rank) in flagged,
+                "straggler": (s.name, rank) in flagged if flagged else False,
             }
             for s in lane.stages
         ],

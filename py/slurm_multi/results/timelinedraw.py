@@ -90,8 +90,11 @@ def timeline_text(timeline: Timeline, title: str) -> str:
     rows = [["rank", "node", "source", *names]]
     for lane in timeline.lanes:
         cells = []
+        firsts: dict[str, Any] = {}
+        for interval in lane.stages:
+            firsts.setdefault(interval.name, interval)  # = lane.first(name), one pass per lane
         for name in names:
-            stage = lane.first(name)
+            stage = firsts.get(name)
             if stage is None:
                 cells.append("-")
                 continue

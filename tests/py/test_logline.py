@@ -1,0 +1,25 @@
+"""logline.short: what every log excerpt and summary line goes through."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from slurm_multi.logline import CONTROL_CHARS, short
+
+
+def slow_short(text: str, limit: int) -> str:
+    """short as it reads in its docstring: every control character but the tab as \\xNN, then cut."""
+    text = CONTROL_CHARS.sub(lambda m: f"\\x{ord(m.group()):02x}", text.strip())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+@given(st.text(max_size=60), st.integers(min_value=4, max_value=80))
+def test_the_printable_fast_path_changes_nothing(text: str, limit: int):
+    assert short(text, limit) == slow_short(text, limit)
+
+
+def test_control_characters_and_ansi_colours_are_shown_not_sent():
+    assert short("\x1b[31mred\x1b[0m\tdone\x7f") == "\\x1b[31mred\\x1b[0m\tdone\\x7f"
+    assert short("  ok  ") == "ok"
+    assert short("x" * 300, 10) == "xxxxxxx..."
