@@ -330,9 +330,12 @@ def build_timeline(
     base = origin or 0.0
     lanes = []
     for node in nodes:
-        events = [dict(e, t=e["t"] - base) for e in raw.get(node.rank, [])]
-        last = max((e["t"] for e in events), default=0.0)
-        stages, steps, points = split_events(events, last)
+        found = raw.get(node.rank)
+        if found:
+            events = [dict(e, t=e["t"] - base) for e in found]
+            stages, steps, points = split_events(events, max(e["t"] for e in events))
+        else:
+            events, stages, steps, points = [], [], [], []
         if stages:
             stages = [
                 s if s.status is not None else Interval(s.name, s.start, s.end, node.stage_status.get(s.name))
