@@ -46,6 +46,8 @@ job::run() {
   exec > >(trap '' TERM INT HUP; util::redact | tee -a "${SM_BATCH_LOG}") 2>&1
   log::enable_debug
   log::info multi "job ${SLURM_JOB_ID}: ${SLURM_JOB_NUM_NODES} nodes (${SLURM_JOB_NODELIST}), outputs in ${SM_JOBDIR}$(job::attempt_note)"
+  [[ -z ${PLAN_EARLIER_RUN:-} ]] ||
+    log::info multi "an earlier run of the batch script in this allocation left its files in the job dir: moved to ${SM_JOBDIR}/${PLAN_EARLIER_RUN}/"
   # Before anything runs: a node that an earlier job found bad is not used (requeued without it).
   job::respect_quarantine
   job::traps

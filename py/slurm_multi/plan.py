@@ -46,6 +46,40 @@ def job_dir(out: str, submit_dir: str, model: str, job_id: str) -> str:
     return path
 
 
+EARLIER_RUN = "run_"  # <jobdir>/run_<k>/: an earlier run of the batch script in the same allocation
+KEPT_AT_TOP = ("attempt_", EARLIER_RUN)  # a requeue's attempts (job.sh) and the earlier runs stay
+
+
+def set_aside_earlier_run(directory: str) -> str:
+    """A job dir that holds a job.json already was left by an earlier run of the batch script in the
+    same allocation (`salloc`, then `bash sbatch/multi.sbatch` twice): its files move to
+    <jobdir>/run_<k>/ (k = 1, 2, ... in run order), so this run starts clean (events.log is appended
+    to; a second run's timeline would hold both) and nothing of the earlier one is lost. A requeued
+    attempt finds no job.json: the batch step moved it to attempt_<N>/ when it requeued. Returns
+    `run_<k>`, or "" when there was nothing to move."""
+    try:
+        entries = os.listdir(directory)
+    except FileNotFoundError:
+        return ""
+    if "job.json" not in entries:
+        return ""
+    suffixes = [e[len(EARLIER_RUN) :] for e in entries if e.startswith(EARLIER_RUN)]
+    taken = [int(s) for s in suffixes if s.isdigit()]
+    name = f"{EARLIER_RUN}{max(taken, default=0) + 1}"
+    target = os.path.join(directory, name)
+    try:
+        os.mkdir(target)
+        for entry in entries:
+            if not entry.startswith(KEPT_AT_TOP):
+                os.rename(os.path.join(directory, entry), os.path.join(target, entry))
+    except OSError as exc:
+        raise HelperError(
+            f"{AREA}: the job dir {directory} holds an earlier run's files and they cannot be moved "
+            f"to {name}/: {exc.strerror}"
+        ) from None
+    return name
+
+
 def job_document(
     ctx: RunContext,
     env: Mapping[str, str],
@@ -249,11 +283,13 @@ def plan(
     model = model_dir_name(ctx)
     directory = job_dir(ctx.get("SM_OUT"), submit_dir or os.getcwd(), model, job_id)
     nodes = node_list.split() or [f"node_{r}" for r in range(nnodes)]
+    earlier = ""
     if write if write is not None else (batch_args and not dry):
         try:
             os.makedirs(directory, exist_ok=True)
         except OSError as exc:
             raise HelperError(f"{AREA}: cannot create the job dir {directory}: {exc.strerror}") from None
+        earlier = set_aside_earlier_run(directory)
         shell.write_json(
             os.path.join(directory, "job.json"), job_document(ctx, env, job_id, nodes, nnodes, command)
         )
@@ -278,6 +314,7 @@ def plan(
             "JOB_IMAGE": ctx.get("SM_IMAGE"),
             "JOB_RESULTS_CSV": ctx.get("SM_RESULTS_CSV"),
             "PLAN_QUARANTINE_ERROR": quarantine_error,
+            "PLAN_EARLIER_RUN": earlier,
         },
         arrays={
             "SM_CMD": command,

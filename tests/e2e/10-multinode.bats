@@ -177,3 +177,30 @@ setup() {
   assert_equal "$(e2e::json "${JOB_DIR}/summary.json" 'len(d["nodes"]), d["verdict"]')" "(4, 'SUCCESS')"
   e2e::assert_dry_run_is_the_job 0 1
 }
+
+@test "the batch script run twice in one allocation: the second run starts clean, the first one's files are kept in run_1/" {
+  # salloc (or a batch script of one's own), then sbatch/multi.sbatch twice: one job id, one job dir.
+  # Before, the second run appended to every events.log: its timeline and `time:` held both runs.
+  local out=${BATS_FILE_TMPDIR}/out-twice script=${BATS_FILE_TMPDIR}/twice.sh
+  mkdir -p "${out}"
+  cat >"${script}" <<SCRIPT
+#!/bin/bash
+set -e
+for run in 1 2; do
+  bash "${REPO_ROOT}/sbatch/multi.sbatch" --out "${out}" --runtime none -- sh -c 'echo "performance: 1.5 samples_per_second"'
+done
+SCRIPT
+  cd "${BATS_FILE_TMPDIR}"
+  e2e::sbatch_wait -N2 -o "${BATS_FILE_TMPDIR}/twice-%j.out" "${script}"
+  assert_equal "${JOB_RC}" 0
+  local dir
+  dir=$(find "${out}" -mindepth 2 -maxdepth 2 -type d -name "${JOB_ID}")
+  local runs='[sum(1 for s in n["stages"] if s["stage"] == "run") for n in d["nodes"]]'
+  assert_equal "$(e2e::json "${dir}/timeline.json" "${runs}")" "[1, 1]"
+  assert_equal "$(e2e::json "${dir}/run_1/timeline.json" "${runs}")" "[1, 1]"
+  assert_equal "$(e2e::json "${dir}/run_1/summary.json" 'd["verdict"]')" SUCCESS
+  assert_equal "$(e2e::json "${dir}/summary.json" 'd["verdict"]')" SUCCESS
+  run grep -c "moved to ${dir}/run_1/" "${dir}/batch.log"
+  assert_output 1
+  refute [ -e "${dir}/run_2" ]
+}

@@ -148,3 +148,44 @@ def test_the_plan_reads_the_quarantine_for_the_jobs_nodes_so_no_helper_starts_fo
     (state / "quarantine.json").write_text("{not json")
     _, quarantined, error = _quarantine_plan(tmp_path, state)
     assert quarantined == [] and error.startswith("quarantine: ") and "quarantine.json" in error
+
+
+def test_a_second_run_in_one_allocation_moves_the_first_runs_files_to_run_1(tmp_path):
+    """`salloc`, then the batch script twice: one job id, one job dir. The second run starts clean
+    (events.log is appended to: without this its timeline held both runs) and loses nothing."""
+    env = {"SLURM_JOB_ID": "93", "SLURM_JOB_NUM_NODES": "2"}
+    code, _, err, v = plan(tmp_path, ["--runtime", "none", "--", "true"], env)
+    assert code == 0 and v["PLAN_EARLIER_RUN"] == "", err
+    jobdir = Path(v["SM_JOBDIR"])
+    (jobdir / "node_0").mkdir()
+    (jobdir / "node_0" / "events.log").write_text("first run\n")
+    (jobdir / "batch.log").write_text("first run\n")
+    (jobdir / "attempt_0").mkdir()  # a requeue's earlier attempt stays where collect reads it
+    code, _, err, v = plan(tmp_path, ["--runtime", "none", "--", "true"], env)
+    assert code == 0 and v["PLAN_EARLIER_RUN"] == "run_1", err
+    assert sorted(p.name for p in jobdir.iterdir()) == ["attempt_0", "job.json", "run_1"]
+    assert (jobdir / "run_1" / "node_0" / "events.log").read_text() == "first run\n"
+    assert sorted(p.name for p in (jobdir / "run_1").iterdir()) == ["batch.log", "job.json", "node_0"]
+    code, _, err, v = plan(tmp_path, ["--runtime", "none", "--", "true"], env)
+    assert code == 0 and v["PLAN_EARLIER_RUN"] == "run_2", err
+    assert sorted(p.name for p in jobdir.iterdir()) == ["attempt_0", "job.json", "run_1", "run_2"]
+
+
+def test_a_job_dir_whose_earlier_run_cannot_be_moved_is_a_one_line_error(tmp_path, monkeypatch):
+    from slurm_multi import plan as plan_module
+    from slurm_multi.common import HelperError
+
+    (tmp_path / "job.json").write_text("{}")
+    (tmp_path / "run_1").mkdir()
+
+    def refused(path, *args):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(plan_module.os, "mkdir", refused)
+    with pytest.raises(HelperError) as caught:
+        plan_module.set_aside_earlier_run(str(tmp_path))
+    assert str(caught.value) == (
+        f"job: the job dir {tmp_path} holds an earlier run's files and they cannot be moved to "
+        "run_2/: Permission denied"
+    )
+    assert (tmp_path / "job.json").exists()  # nothing moved, nothing lost
