@@ -45,26 +45,40 @@ def render(
     return "\n".join(lines) + "\n"
 
 
-def write_atomic(path: str, text: str, mode: int = 0o644) -> None:
+def write_atomic(
+    path: str | os.PathLike[str], text: str | bytes, mode: int | None = 0o644, durable: bool = False
+) -> None:
     """Write `text` to `path` atomically: a sibling temp file, then a rename. A reader sees the old
     file or the new one. The temp file is made as mkstemp makes one (O_CREAT|O_EXCL|O_NOFOLLOW, a
     random name, 0600 while written; without importing tempfile on the nodes' hot path): a name
-    another user planted, or a symlink, can never redirect the write."""
+    another user planted, or a symlink, can never redirect the write. The one atomic writer of the
+    project (results.shared.write_atomic words its errors for collect).
+
+    text: UTF-8 (surrogates written back as the bytes they stand for); bytes as they are.
+    mode: the new file's permission bits, whatever the umask; None: 0666 less the umask.
+    durable: fsync before the rename (a verdict must survive a crash; a derived file need not).
+    """
+    path = os.fspath(path)
     directory = os.path.dirname(path) or "."
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     for _ in range(100):
         tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.urandom(6).hex()}.tmp")
         try:
-            fd = os.open(tmp, flags, 0o600)
+            fd = os.open(tmp, flags, 0o600 if mode is not None else 0o666)
             break
         except FileExistsError:
             continue
     else:
         raise FileExistsError(f"no free temp name beside {path}")
+    data = text.encode("utf-8", "surrogateescape") if isinstance(text, str) else text
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as handle:
-            handle.write(text)
-        os.chmod(tmp, mode)  # whatever the umask
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            if mode is not None:
+                os.fchmod(handle.fileno(), mode)  # whatever the umask
+            if durable:
+                handle.flush()
+                os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
         try:

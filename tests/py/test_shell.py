@@ -44,3 +44,29 @@ def test_a_failed_write_leaves_the_old_file_and_no_temp_file(
     with pytest.raises(OSError):
         shell.write_atomic(str(target), "new\n")
     assert target.read_text() == "old\n" and sorted(os.listdir(tmp_path)) == ["summary.json"]
+
+
+def test_collect_writes_through_the_same_writer_with_its_own_wording(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """results.shared.write_atomic is this writer plus a one-line HelperError: one protocol."""
+    from slurm_multi.common import HelperError
+    from slurm_multi.results import shared
+
+    calls: list[tuple[object, ...]] = []
+    real = shell.write_atomic
+    monkeypatch.setattr(shell, "write_atomic", lambda *a: calls.append(a) or real(*a))
+    target = tmp_path / "perf.csv"
+    shared.write_atomic(target, "model,perf\nx,\udcff\n")  # an undecoded CSV byte, kept as a surrogate
+    assert calls == [(target, "model,perf\nx,\udcff\n", None, True)]
+    assert target.read_bytes() == b"model,perf\nx,\xff\n"  # written back as the byte it stands for
+    old = os.umask(0o027)
+    try:
+        shared.write_atomic(tmp_path / "summary.json", b"{}\n", durable=False)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "summary.json").stat().st_mode) == 0o640  # 0666 less the umask
+    with pytest.raises(HelperError) as caught:
+        shared.write_atomic(tmp_path / "missing" / "summary.json", "{}\n", "is the job directory writable?")
+    assert str(caught.value).startswith(f"results: cannot write {tmp_path}/missing/summary.json: ")
+    assert str(caught.value).endswith("; is the job directory writable?")

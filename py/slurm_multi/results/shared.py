@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Union
 
+from slurm_multi import shell
 from slurm_multi.common import HelperError
 from slurm_multi.logline import short  # noqa: F401 (results import it from here)
 from slurm_multi.readfile import read_bytes, read_json  # noqa: F401 (results import them from here)
@@ -108,28 +109,13 @@ def write_atomic(
     mode: int | None = None,
     durable: bool = True,
 ) -> None:
-    """Write via a sibling temp file + fsync + os.replace, so a reader never sees half a file.
-
-    text: written as UTF-8 (line ends as they are); bytes (a picture) as they are.
-    mode: the permission bits to give the new file (e.g. those of the file it replaces); default
-    0666 less the umask.
-    durable: fsync before the rename; False for derived files any collect re-makes (the timeline),
-    which still never appear half written.
-    """
-    temp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")  # = secrets.token_hex
-    data = text.encode("utf-8") if isinstance(text, str) else text
+    """slurm_multi.shell.write_atomic (the one atomic writer), its failure one HelperError naming the
+    file and `hint`. mode: default 0666 less the umask (a results file is the user's); durable:
+    False for derived files any collect re-makes (the timeline), which still never appear half
+    written."""
     try:
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        with os.fdopen(fd, "wb") as handle:
-            if mode is not None:
-                os.fchmod(handle.fileno(), mode)
-            handle.write(data)
-            handle.flush()
-            if durable:
-                os.fsync(handle.fileno())
-        os.replace(temp, path)
+        shell.write_atomic(path, text, mode, durable)
     except OSError as exc:
-        temp.unlink(missing_ok=True)
         raise HelperError(f"{AREA}: cannot write {path}: {os_error(exc)}; {hint}") from None
 
 
