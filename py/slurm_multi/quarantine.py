@@ -68,7 +68,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from slurm_multi import EXIT_FAILURE, EXIT_USAGE
+from slurm_multi import EXIT_FAILURE, EXIT_USAGE, shell
 
 AREA = "quarantine"
 FILE_NAME = "quarantine.json"
@@ -431,28 +431,14 @@ def _lock(state_dir: str, timeout: float) -> int:
 
 
 def _write(state_dir: str, current: Sequence[Entry]) -> None:
-    """quarantine.json replaced atomically: temp file in the same dir, fsync, rename, fsync dir."""
-    import tempfile  # not on the check's path
-
+    """quarantine.json replaced atomically (shell.write_atomic: temp file in the same dir, fsync,
+    rename), then the directory fsynced: the rename itself survives a crash."""
     path = file_path(state_dir)
     document = {"version": VERSION, "nodes": [entry.to_json() for entry in current]}
     text = json.dumps(document, indent=2, ensure_ascii=False) + "\n"
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{FILE_NAME}.", suffix=".tmp", dir=state_dir)
+        shell.write_atomic(path, text, FILE_MODE, durable=True)
     except OSError as exc:
-        raise QuarantineError(f"{AREA}: cannot write in {state_dir}: {exc.strerror or exc}") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fchmod(handle.fileno(), FILE_MODE)
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except OSError as exc:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
         raise QuarantineError(f"{AREA}: cannot write {path}: {exc.strerror or exc}") from None
     _fsync_dir(state_dir)
 
