@@ -794,7 +794,7 @@ node::on_exit() {
       sleep 0.2
       waited=$((waited + 1))
     done
-    pkill -TERM -P "${SM_BARRIER_PID}" 2>/dev/null || true
+    util::kill_children TERM "${SM_BARRIER_PID}"
     wait "${SM_BARRIER_PID}" 2>/dev/null || true
   fi
   # Outputs are saved on every exit path of a job's task (and of a re-run that ran the workload).

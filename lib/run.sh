@@ -185,7 +185,7 @@ run::end_watchers() {
   local pid
   for pid in "$@"; do
     [[ -n ${pid} ]] || continue
-    pkill -TERM -P "${pid}" 2>/dev/null || true
+    util::kill_children TERM "${pid}"
     kill -TERM "${pid}" 2>/dev/null || true
     wait "${pid}" 2>/dev/null || true
   done
