@@ -2267,59 +2267,57 @@ def _parse_disk(value: str) -> tuple[str, int]:
     return path, _parse_int("--disk", nbytes, 0)
 
 
-def _parser() -> Any:
-    import argparse
+def _run_options() -> list[Any]:
+    """`run`'s options, every value a string (parse_run checks each and words its own error)."""
+    from slurm_multi.argv import MULTIPLE, Option
 
-    class Parser(argparse.ArgumentParser):
-        def error(self, message: str) -> Any:  # one line, never the usage block
-            raise UsageError(message)
+    defaults = {
+        "--port": "", "--master-port": "", "--job-id": os.environ.get("SLURM_JOB_ID", ""),
+        "--token-env": DEFAULT_TOKEN_ENV, "--timeout": str(DEFAULT_TIMEOUT), "--runtime": "docker",
+        "--runtime-timeout": str(DEFAULT_RUNTIME_TIMEOUT), "--disk-reserve": str(DEFAULT_DISK_RESERVE),
+        "--min-inodes": str(DEFAULT_MIN_INODES), "--disk-timeout": str(DEFAULT_DISK_TIMEOUT),
+        "--gpus-needed": "0", "--gpu-mem-fraction": str(DEFAULT_GPU_MEM_FRACTION),
+        "--gpu-timeout": str(DEFAULT_GPU_TIMEOUT), "--probe-bytes": str(DEFAULT_PROBE_BYTES),
+        "--probe-seconds": str(DEFAULT_PROBE_SECONDS), "--slow-factor": str(DEFAULT_SLOW_FACTOR),
+        "--clock-bound": str(DEFAULT_CLOCK_BOUND), "--out": "", "--docker-image": "", "--image-bytes": "0",
+    }  # fmt: skip
+    required = [Option(name, required=True) for name in ("--rank", "--nnodes", "--hosts")]
+    return [*required, Option("--disk", MULTIPLE), *(Option(n, default=v) for n, v in defaults.items())]
 
-    raw = argparse.RawDescriptionHelpFormatter
-    doc = __doc__ or ""
-    parser = Parser(
-        prog="python -S -m slurm_multi.fitness", allow_abbrev=False, formatter_class=raw, description=doc
-    )
-    sub = parser.add_subparsers(dest="command", metavar="run|judge")
-    sub.required = True
-    # --help shows the docstring's option table: one owner for what each option does
-    table = doc[doc.find("`run` options") : doc.find("`judge` reads")].rstrip()
-    run = sub.add_parser(
-        "run", allow_abbrev=False, help="check this node and the mesh", formatter_class=raw, description=table
-    )
-    run.add_argument("--rank", required=True)
-    run.add_argument("--nnodes", required=True)
-    run.add_argument("--hosts", required=True)
-    run.add_argument("--port", default="")
-    run.add_argument("--master-port", default="")
-    run.add_argument("--job-id", default=os.environ.get("SLURM_JOB_ID", ""))
-    run.add_argument("--token-env", default=DEFAULT_TOKEN_ENV)
-    run.add_argument("--timeout", default=str(DEFAULT_TIMEOUT))
-    run.add_argument("--runtime", default="docker")
-    run.add_argument("--runtime-timeout", default=str(DEFAULT_RUNTIME_TIMEOUT))
-    run.add_argument("--disk", action="append", default=[])
-    run.add_argument("--disk-reserve", default=str(DEFAULT_DISK_RESERVE))
-    run.add_argument("--min-inodes", default=str(DEFAULT_MIN_INODES))
-    run.add_argument("--disk-timeout", default=str(DEFAULT_DISK_TIMEOUT))
-    run.add_argument("--gpus-needed", default="0")
-    run.add_argument("--gpu-mem-fraction", default=str(DEFAULT_GPU_MEM_FRACTION))
-    run.add_argument("--gpu-timeout", default=str(DEFAULT_GPU_TIMEOUT))
-    run.add_argument("--probe-bytes", default=str(DEFAULT_PROBE_BYTES))
-    run.add_argument("--probe-seconds", default=str(DEFAULT_PROBE_SECONDS))
-    run.add_argument("--slow-factor", default=str(DEFAULT_SLOW_FACTOR))
-    run.add_argument("--clock-bound", default=str(DEFAULT_CLOCK_BOUND))
-    run.add_argument("--out", default="")
-    run.add_argument("--docker-image", default="")
-    run.add_argument("--image-bytes", default="0")
-    judge_cmd = sub.add_parser(
-        "judge", allow_abbrev=False, help="the bad nodes over every node's fitness.json"
-    )
-    judge_cmd.add_argument("--jobdir", required=True)
-    judge_cmd.add_argument("--nnodes", default="")
-    judge_cmd.add_argument("--nodes", default="")
-    judge_cmd.add_argument("--json", action="store_true")
-    judge_cmd.add_argument("--slow-factor", default=str(DEFAULT_SLOW_FACTOR))
-    judge_cmd.add_argument("--clock-bound", default=str(DEFAULT_CLOCK_BOUND))
-    return parser
+
+def _judge_options() -> list[Any]:
+    from slurm_multi.argv import FLAG, Option
+
+    return [
+        Option("--jobdir", required=True), Option("--nnodes", default=""), Option("--nodes", default=""),
+        Option("--json", FLAG), Option("--slow-factor", default=str(DEFAULT_SLOW_FACTOR)),
+        Option("--clock-bound", default=str(DEFAULT_CLOCK_BOUND)),
+    ]  # fmt: skip
+
+
+def parse_command(argv: Sequence[str]) -> Any:
+    """`run ...` or `judge ...` with slurm_multi.argv (no argparse on a node's critical path: ~8 ms
+    of its fitness verdict). A Given with `command`; None after --help (printed on stdout: the
+    docstring, whose table is what each option does); UsageError for a bad command line."""
+    from slurm_multi.argv import HELP_NAMES, Parser
+    from slurm_multi.common import HelperError
+
+    command, rest = (argv[0], list(argv[1:])) if argv else ("", [])
+    if command in HELP_NAMES or (command in ("run", "judge") and any(w in HELP_NAMES for w in rest)):
+        sys.stdout.write(__doc__ or "")
+        return None
+    if command not in ("run", "judge"):
+        shown = f"{short(command, 40)!r} is not a command" if command else "no command given"
+        raise UsageError(f"{shown}; use run or judge (--help says what each does)")
+    prog = f"python -S -m slurm_multi.fitness {command}"
+    parser = Parser(prog, "", "", _run_options() if command == "run" else _judge_options(), max_words=0)
+    try:
+        given = parser.parse(rest)
+    except HelperError as exc:  # `<prog>: <what>; Usage: ...`: the stage words its own area
+        raise UsageError(str(exc).removeprefix(f"{parser.area}: ")) from None
+    assert given is not None  # --help was answered above
+    given.command = command
+    return given
 
 
 def parse_run(args: Any, env: Mapping[str, str]) -> Options:
@@ -2522,7 +2520,9 @@ def main(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int:
             return _fail(f"cannot write {argv[1]} ({describe(exc)})", EXIT_FAILURE)
         return EXIT_OK
     try:
-        args = _parser().parse_args(list(argv))
+        args = parse_command(argv)
+        if args is None:
+            return EXIT_OK
         if args.command == "judge":
             slow = _parse_float("--slow-factor", args.slow_factor, 0.0, 1.0, low_open=True)
             bound = _parse_float("--clock-bound", args.clock_bound, 0.0, low_open=True)

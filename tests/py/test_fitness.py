@@ -975,8 +975,10 @@ RUN = ["run", "--rank", "0", "--nnodes", "2", "--hosts", "a b", "--port", "23456
         ),
         ([*RUN, "--timeout", "0"], "--timeout '0' is not allowed; use a number more than 0"),
         ([*RUN, "--slow-factor", "nan"], "--slow-factor 'nan' is not allowed"),
-        ([*RUN, "--tmeout", "3"], "unrecognized arguments: --tmeout 3"),
-        (RUN[:5], "the following arguments are required: --hosts"),
+        ([*RUN, "--tmeout", "3"], "No such option '--tmeout'; Usage: python -S -m slurm_multi.fitness run"),
+        ([*RUN, "stray"], "Unexpected extra argument 'stray'"),
+        (["rn", *RUN[1:]], "'rn' is not a command; use run or judge"),
+        (RUN[:5], "Missing option '--hosts'"),
         ([*RUN, "--token-env", "NO_SUCH_TOKEN"], "--token-env NO_SUCH_TOKEN: $NO_SUCH_TOKEN is not set"),
         ([*RUN[:-2]], "--job-id '' is not allowed; give the job ID"),
         (["judge", "--jobdir", "/no/such/dir", "--nnodes", "2"], "--jobdir '/no/such/dir' is not allowed"),
@@ -984,7 +986,7 @@ RUN = ["run", "--rank", "0", "--nnodes", "2", "--hosts", "a b", "--port", "23456
             ["judge", "--jobdir", "/", "--nnodes", "0"],
             "--nnodes '0' is not allowed; use an integer 1 or more",
         ),
-        ([], "the following arguments are required: run|judge"),
+        ([], "no command given; use run or judge"),
     ],
 )
 def test_usage_errors_are_one_line_naming_the_flag_and_exit_2(argv: list[str], expected: str) -> None:
@@ -1096,26 +1098,30 @@ def test_the_stage_imports_nothing_outside_the_stdlib_and_py() -> None:
 
 
 def test_every_run_option_is_in_the_docstrings_table_with_its_default() -> None:
-    import argparse
     import re
 
-    parser = fitness._parser()
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    actions = {a.option_strings[0]: a for a in sub.choices["run"]._actions if a.option_strings[0] != "-h"}
+    options = {option.name: option for option in fitness._run_options()}
     doc = fitness.__doc__ or ""
     table = doc[doc.find("`run` options") : doc.find("`judge` reads")]
     documented = re.findall(r"^    (--[a-z-]+) ", table, re.M)
-    assert sorted(documented) == sorted(actions)
-    for flag, action in actions.items():
-        if isinstance(action.default, str) and action.default and flag not in ("--job-id", "--token-env"):
+    assert sorted(documented) == sorted(options)
+    for flag, option in options.items():
+        if isinstance(option.default, str) and option.default and flag not in ("--job-id", "--token-env"):
             entry = table[table.find(f"    {flag} ") :].split("\n    --")[0]
             try:
-                number = float(action.default)
+                number = float(option.default)
             except ValueError:
-                shown = action.default
+                shown = option.default
             else:
                 shown = f"{number:g}" if number != int(number) or number < 1e6 else str(int(number))
-            assert f"({shown}" in entry, (flag, action.default, entry)
+            assert f"({shown}" in entry, (flag, option.default, entry)
+
+
+def test_help_prints_the_docstring_on_stdout_and_exits_0() -> None:
+    for argv in (["--help"], ["run", "--help"], ["judge", "-h"]):
+        result = cli(argv)
+        assert (result.returncode, result.stderr) == (0, "")
+        assert result.stdout == fitness.__doc__
 
 
 def test_the_token_rule_is_the_barriers() -> None:

@@ -6,6 +6,7 @@ click commands are passthroughs to the same main: same input, same output.
 - `python -S -m slurm_multi.barrier_main serve`   = `slurm-multi barrier serve`   (rank 0, beside prepare)
 - `python -S -m slurm_multi.barrier_main join`    = `slurm-multi barrier join`    (every worker, idem)
 - `python -S -m slurm_multi.results.collect_main` = `slurm-multi results collect` (batch step, at the end)
+- `python -S -m slurm_multi.fitness run`          (every node, first: the fitness verdict waits on it)
 """
 
 from __future__ import annotations
@@ -146,6 +147,19 @@ def test_the_barrier_serve_and_join_import_no_click(tmp_path: Path) -> None:
         assert "slurm_multi.barrier" in modules
         assert not [m for m in modules if m == "click" or m.startswith("click.")]
         assert not set(modules) & SLOW_STDLIB
+
+
+def test_the_fitness_check_imports_no_click_and_no_slow_stdlib(tmp_path: Path) -> None:
+    out = tmp_path / "fitness.json"
+    argv = ["run", "--rank", "0", "--nnodes", "1", "--hosts", "node1", "--runtime", "none",
+            "--probe-bytes", "0", "--out", str(out), "--disk", f"{tmp_path}=0"]  # fmt: skip
+    done = run(("-S", "-m", "slurm_multi.fitness"), argv, base_env(), tmp_path, importtime=True)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(out.read_text())["ok"] is True
+    modules = imported(done.stderr)
+    assert "slurm_multi.auth" in modules  # (the entry itself runs as __main__)
+    assert not [m for m in modules if m == "click" or m.startswith("click.")]
+    assert not set(modules) & SLOW_STDLIB
 
 
 def _free_port() -> int:
