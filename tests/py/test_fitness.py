@@ -1139,7 +1139,7 @@ def test_the_token_rule_is_the_barriers() -> None:
 def test_the_job_port_is_the_same_on_every_node_and_none_of_the_barriers_or_relays() -> None:
     from slurm_multi import net
 
-    args = fitness._parser().parse_args(
+    args = fitness.parse_command(
         ["run", "--rank", "0", "--nnodes", "2", "--hosts", "a b", "--master-port", "29500", "--job-id", "77"]
     )
     port = fitness._job_port(args)
@@ -1148,11 +1148,11 @@ def test_the_job_port_is_the_same_on_every_node_and_none_of_the_barriers_or_rela
     barrier = net.derive_ports(29500, 77, window, 4)
     relay = net.derive_ports(29500, 77 + 64, window, 8)
     assert port not in barrier + relay + [29500]
-    other_job = fitness._parser().parse_args(
+    other_job = fitness.parse_command(
         ["run", "--rank", "0", "--nnodes", "2", "--hosts", "a b", "--master-port", "29500", "--job-id", "78"]
     )
     assert fitness._job_port(other_job) != port
-    explicit = fitness._parser().parse_args(
+    explicit = fitness.parse_command(
         ["run", "--rank", "0", "--nnodes", "1", "--hosts", "a", "--port", "12345", "--master-port", "29500"]
     )
     assert fitness._job_port(explicit) == 12345
