@@ -13,6 +13,12 @@ The job directory is generated once per invocation in a temporary directory:
   start-up included) is reported in the notes.
 - baseline: list JOBDIR and read every one of those files (open + read all bytes) in Python.
 
+A second row (no target) measures the same over node dirs as a job of today leaves them: each also
+holds events.log (the stage and point events every node writes) and progress.json (the hang
+watch's), which collect reads for the timeline and the hangs; its baseline reads those too. The
+first row's dirs lack both, so collect tries and fails to open them (and the old events.jsonl)
+on every node.
+
 Both run against a warm page cache (one uncounted run of each first), interleaved.
 """
 
@@ -77,9 +83,38 @@ def _csv(rank: int, last: bool) -> str:
     return CSV_HEADER + "\n".join(rows) + "\n"
 
 
-def make_jobdir(root: Path, nodes: int, log_lines: int = 30) -> Path:
-    """A finished job directory of `nodes` nodes that collect judges SUCCESS; returns its path."""
-    jobdir = root / "slurm-multi-90001"
+LEFT_FILES = ("events.log", "progress.json")  # what a node leaves besides (the second row)
+START = 1_796_000_000.0
+
+
+def _events(rank: int) -> str:
+    """The events.log a node writes: every stage's start and end, and the run's point events."""
+    host, t, lines = f"node{rank:04d}", START, []
+    for stage, seconds in (("prepare", 0.21), ("fitness", 0.1), ("image", 1.7 + rank % 7 / 10),
+                           ("barrier", 0.35), ("run", 612.4), ("save-outputs", 0.08)):  # fmt: skip
+        lines.append(f"{t:.6f} stage_start rank={rank} host={host} stage={stage}")
+        if stage == "image" and rank == 0:
+            lines.append(f"{t + 0.05:.6f} release rank={rank} host={host}")
+        if stage == "run":
+            lines += [f"{t + 0.01:.6f} container_start rank={rank} host={host}",
+                      f"{t + 1.2:.6f} first_output rank={rank} host={host}",
+                      f"{t + seconds - 0.01:.6f} exit rank={rank} host={host} code=0"]  # fmt: skip
+        t += seconds
+        lines.append(f"{t:.6f} stage_end rank={rank} host={host} stage={stage} status=ok")
+    return "\n".join(lines) + "\n"
+
+
+def _progress(rank: int) -> str:
+    last = START + 613.0
+    doc = {"rank": rank, "node": f"node{rank:04d}", "last_output_epoch": last, "last_cpu_epoch": last - 0.3,
+           "cpu_seconds": 4000.5, "updated_epoch": last}  # fmt: skip
+    return json.dumps(doc, indent=2) + "\n"
+
+
+def make_jobdir(root: Path, nodes: int, log_lines: int = 30, as_left: bool = False) -> Path:
+    """A finished job directory of `nodes` nodes that collect judges SUCCESS; returns its path.
+    as_left: each node dir also holds events.log and progress.json, as a job of today leaves them."""
+    jobdir = root / ("slurm-multi-90002" if as_left else "slurm-multi-90001")
     jobdir.mkdir(parents=True)
     job = {
         "job_id": "90001",
@@ -97,19 +132,26 @@ def make_jobdir(root: Path, nodes: int, log_lines: int = 30) -> Path:
         (node / "status.json").write_text(_status(rank))
         (node / "node.log").write_text(_node_log(rank, log_lines))
         (node / RESULTS_CSV).write_text(_csv(rank, rank == nodes - 1))
+        if as_left:
+            (node / "events.log").write_text(_events(rank))
+            (node / "progress.json").write_text(_progress(rank))
     return jobdir
 
 
 def read_all(jobdir: Path) -> int:
-    """The baseline: list the job dir, then open and read every file collect reads; returns bytes."""
+    """The baseline: list the job dir, then open and read every file collect reads; returns bytes.
+    Only the files there are (one stat of node_0 says which kind of dir it is, not one per node)."""
     total = 0
     names = sorted(os.listdir(jobdir))
+    leaves = ("status.json", "node.log", RESULTS_CSV)
+    if (jobdir / "node_0" / LEFT_FILES[0]).exists():
+        leaves += LEFT_FILES
     with open(jobdir / "job.json", "rb") as handle:
         total += len(handle.read())
     for name in names:
         if not name.startswith("node_"):
             continue
-        for leaf in ("status.json", "node.log", RESULTS_CSV):
+        for leaf in leaves:
             with open(jobdir / name / leaf, "rb") as handle:
                 total += len(handle.read())
     return total
@@ -133,23 +175,33 @@ def collect_cli(jobdir: Path) -> int:
     return done.returncode
 
 
+def _measure(jobdir: Path, repeats: int) -> tuple[list[float], list[float]]:
+    """collect() and the raw read, interleaved (which goes first alternates), after one of each."""
+    read_all(jobdir)
+    verdict = collect_in_process(jobdir)  # warm-up: page cache, imports, regex compilation
+    if verdict != "SUCCESS":
+        raise RuntimeError(f"collect judged the synthetic job {verdict}; the generator is out of date")
+    measured: list[float] = []
+    baseline: list[float] = []
+    for round_number in range(repeats):
+        pair = [(measured, lambda: collect_in_process(jobdir)), (baseline, lambda: read_all(jobdir))]
+        for samples, func in pair if round_number % 2 == 0 else reversed(pair):
+            samples.append(timed(func)[0])
+    return measured, baseline
+
+
 def run(nodes: int = NODES, repeats: int = 5, cli_repeats: int | None = None) -> list[dict[str, Any]]:
     cli_repeats = repeats if cli_repeats is None else cli_repeats
     with tempfile.TemporaryDirectory(prefix="sm-bench-collect-") as tmp:
         talk("collect", f"generating {nodes} node directories in {tmp}")
         jobdir = make_jobdir(Path(tmp), nodes)
-        size = read_all(jobdir)
-        verdict = collect_in_process(jobdir)  # warm-up: page cache, imports, regex compilation
-        if verdict != "SUCCESS":
-            raise RuntimeError(f"collect judged the synthetic job {verdict}; the generator is out of date")
+        left = make_jobdir(Path(tmp), nodes, as_left=True)
+        size, left_size = read_all(jobdir), read_all(left)
         talk("collect", f"{repeats} runs each of collect() and reading {size / 1e6:.1f} MB")
-        measured: list[float] = []
-        baseline: list[float] = []
-        for round_number in range(repeats):
-            pair = [(measured, lambda: collect_in_process(jobdir)), (baseline, lambda: read_all(jobdir))]
-            for samples, func in pair if round_number % 2 == 0 else reversed(pair):
-                samples.append(timed(func)[0])
+        measured, baseline = _measure(jobdir, repeats)
         cli = [timed(lambda: collect_cli(jobdir))[0] for _ in range(cli_repeats)] if cli_repeats else []
+        talk("collect", f"the same over node dirs as a job leaves them ({left_size / 1e6:.1f} MB)")
+        left_measured, left_baseline = _measure(left, repeats)
     files = 1 + 3 * nodes
     cli_note = f"; via the CLI (start-up included) median {format_seconds(median(cli))}" if cli else ""
     notes = (
@@ -171,12 +223,23 @@ def run(nodes: int = NODES, repeats: int = 5, cli_repeats: int | None = None) ->
             "cli_median_s": median(cli) if cli else None,
         },
     )
-    talk(
-        "collect",
-        f"collect {format_seconds(row['median_s'])}, read {format_seconds(row['baseline_median_s'])}, "
-        f"ratio {row['ratio']:.2f}x{cli_note}",
+    left_files = 1 + (3 + len(LEFT_FILES)) * nodes
+    left_row = make_row(
+        f"results collect, {nodes} node dirs as a job leaves them",
+        f"the row above over node dirs that also hold {' and '.join(LEFT_FILES)}, as every node writes them",
+        f"list the job dir and read the same {left_files} files",
+        left_measured,
+        left_baseline,
+        notes=f"{nodes} node dirs, {left_files} files, {left_size / 1e6:.1f} MB; lanes from the events",
+        extra={"nodes": nodes, "bytes": left_size},
     )
-    return [row]
+    for shown in (row, left_row):
+        talk(
+            "collect",
+            f"{shown['row']}: collect {format_seconds(shown['median_s'])}, read "
+            f"{format_seconds(shown['baseline_median_s'])}, ratio {shown['ratio']:.2f}x",
+        )
+    return [row, left_row]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

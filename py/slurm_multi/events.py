@@ -126,18 +126,33 @@ def finite(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
+_NUMBER_STARTS = tuple(bytes((c,)) for c in b"-0123456789")
+_DECODED: dict[bytes, str] = {}  # token -> text: a job's lines repeat a few dozen keys, names, hosts
+MAX_DECODED = 4096  # (bounded: a value unique to each line is decoded each time)
+
+
 def _decode(token: bytes) -> str:
-    if b"%" in token:
-        token = _ENCODED.sub(lambda m: bytes((int(m.group(1), 16),)), token)
-    return token.decode("utf-8", errors="replace")
+    text = _DECODED.get(token)
+    if text is None:
+        raw = token
+        if b"%" in token:
+            token = _ENCODED.sub(lambda m: bytes((int(m.group(1), 16),)), token)
+        text = token.decode("utf-8", errors="replace")
+        if len(_DECODED) < MAX_DECODED:
+            _DECODED[raw] = text
+    return text
 
 
 def _typed(token: bytes) -> Any:
     """A value token as the reader sees it: a plain JSON number is a number, else a string (also
     an integer too long for Python to read: over 4300 digits)."""
+    if token.isdigit() and (len(token) == 1 or token[0] != 0x30) and len(token) < 4300:
+        return int(token)  # the common case (a rank, an exit code), without the regex
+    if token[:1] not in _NUMBER_STARTS:  # a name or a word: no number starts so
+        return _decode(token)
     if _NUMBER.fullmatch(token):
         try:
-            return float(token) if any(c in token for c in b".eE") else int(token)
+            return float(token) if b"." in token or b"e" in token or b"E" in token else int(token)
         except ValueError:
             pass
     return _decode(token)
@@ -167,6 +182,18 @@ def parse_line(raw: bytes) -> dict[str, Any] | None:
     return fields
 
 
+_SHORTENED: dict[tuple[str, int], str] = {}  # (text, limit) -> short(text, limit); as _DECODED
+
+
+def _short(text: str, limit: int) -> str:
+    found = _SHORTENED.get((text, limit))
+    if found is None:
+        found = short(text, limit)
+        if len(_SHORTENED) < MAX_DECODED:
+            _SHORTENED[(text, limit)] = found
+    return found
+
+
 def parse_event(raw: bytes) -> dict[str, Any] | None:
     """One line as {"t", "event", extra keys...}; None when it is not an event.
 
@@ -181,12 +208,12 @@ def parse_event(raw: bytes) -> dict[str, Any] | None:
     name = data.get("event")
     if t is None or not 0 < t <= MAX_EPOCH or not isinstance(name, str) or not name.strip():
         return None
-    event: dict[str, Any] = {"t": t, "event": short(name, 80)}
+    event: dict[str, Any] = {"t": t, "event": _short(name, 80)}
     for key, value in data.items():
         if key in RESERVED_KEYS:
             continue
         if isinstance(value, str):
-            event[key] = short(value, MAX_VALUE_CHARS)
+            event[key] = _short(value, MAX_VALUE_CHARS)
         elif value is None or isinstance(value, bool) or finite(value) is not None:
             event[key] = value
     return event

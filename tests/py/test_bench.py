@@ -237,11 +237,24 @@ def test_collect_bench_job_dir_is_judged_success_from_the_last_rank(tmp_path: Pa
 
 
 def test_collect_bench_runs_in_process_and_through_the_cli() -> None:
-    (row,) = collect_bench.run(nodes=5, repeats=1, cli_repeats=1)
+    row, left = collect_bench.run(nodes=5, repeats=1, cli_repeats=1)
     assert row["row"] == "results collect, 5 node dirs"
     assert row["median_s"] > 0 and row["baseline_median_s"] > 0
     assert row["cli_median_s"] > 0 and "via the CLI" in row["notes"]
     assert row["target"] is None  # the target applies at 1,000 node dirs
+    assert left["row"] == "results collect, 5 node dirs as a job leaves them" and left["target"] is None
+    assert "26 files" in left["notes"]  # job.json + 5 per node
+
+
+def test_the_collect_bench_dirs_as_a_job_leaves_them_have_an_events_timeline(tmp_path: Path) -> None:
+    from slurm_multi.results import collect
+
+    jobdir = collect_bench.make_jobdir(tmp_path, 3, as_left=True)
+    summary = collect(jobdir, write=False)
+    assert summary.verdict == "SUCCESS" and summary.warnings == []
+    assert [lane.source for lane in summary.timeline.lanes] == ["events"] * 3
+    assert [n.last_progress for n in summary.nodes] == [collect_bench.START + 613.0] * 3
+    assert collect_bench.read_all(jobdir) > collect_bench.read_all(collect_bench.make_jobdir(tmp_path, 3))
 
 
 def test_the_loopback_chain_moves_the_bytes_through_every_hop() -> None:

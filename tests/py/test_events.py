@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from slurm_multi import events, hangwatch, watch
 
@@ -166,3 +168,39 @@ def test_no_module_but_events_names_an_events_file():
                 if text.rsplit("/", 1)[-1] in ("events.log", "events.jsonl") and " " not in text:
                     offenders.append(f"{path.name}:{node.lineno}: {text!r}")
     assert offenders == [], "read and write the events through slurm_multi.events"
+
+
+def _slow_typed(token: bytes):
+    """events._typed as its docstring says it, without the caches and fast paths."""
+    import re
+
+    if re.fullmatch(rb"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?", token):
+        try:
+            return float(token) if any(c in token for c in b".eE") else int(token)
+        except ValueError:
+            pass
+    if b"%" in token:
+        token = re.sub(rb"%([0-9A-Fa-f]{2})", lambda m: bytes((int(m.group(1), 16),)), token)
+    return token.decode("utf-8", errors="replace")
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.binary(max_size=12) | st.text(alphabet="-0123456789.eE+%aF", max_size=10).map(str.encode))
+@example(b"007")  # not a JSON number: the text "007"
+@example(b"0")
+@example(b"-0")
+@example(b"1" * 4300)  # past int()'s digit limit: the text
+@example(b"%41b")
+@example(b"")
+def test_the_value_fast_paths_and_caches_read_every_token_as_the_rule_does(token: bytes):
+    for _ in range(2):  # the second read comes from the cache
+        got, want = events._typed(token), _slow_typed(token)
+        assert (type(got), got) == (type(want), want) or (got != got and want != want)
+
+
+def test_the_caches_stay_bounded(monkeypatch):
+    monkeypatch.setattr(events, "MAX_DECODED", 3)
+    monkeypatch.setattr(events, "_DECODED", {})
+    for n in range(10):
+        assert events._typed(f"host{n}".encode()) == f"host{n}"
+    assert len(events._DECODED) == 3
