@@ -204,3 +204,19 @@ def test_the_caches_stay_bounded(monkeypatch):
     for n in range(10):
         assert events._typed(f"host{n}".encode()) == f"host{n}"
     assert len(events._DECODED) == 3
+
+
+TOKENS = st.sampled_from([
+    b"1796354204.32", b"0", b"-1", b"007", b"inf", b"1e999", b"stage_start", b"exit", b"%20x",
+    b"rank=1", b"host=node1", b"stage=run", b"status=ok", b"code=0", b"code=1e999", b"code=",
+    b"=x", b"t=5", b"event=x", b"note=a%25b", b"stage=image", b"x", b"\xff", b"",
+])  # fmt: skip
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(TOKENS, max_size=7))
+def test_a_plain_line_is_judged_in_one_pass_as_its_fields_are(words: list[bytes]):
+    raw = b" ".join(words)
+    if raw.strip().startswith(b"{"):
+        return
+    assert events.parse_event(raw) == events.event_of_fields(events.parse_line(raw))
