@@ -60,6 +60,9 @@ job::run() {
   log::cmd multi "${argv[@]}"
   "${argv[@]}" &
   JOB_SRUN_PID=$!
+  # Collect's interpreter and imports are paid while the workload runs, not after the last rank's
+  # exit (the watch wakes it once every rank runs, not while the nodes start).
+  ! settings::truthy "${SM_COLLECT}" || util::warm_start results.collect_main --wake-later
   job::watch
   local rc=0
   wait "${JOB_SRUN_PID}" 2>/dev/null || rc=$?
@@ -89,9 +92,11 @@ job::watch() {
   local rc=0 per_node
   per_node=$(launch::tasks_per_node)
   # The click-free entry of `slurm-multi job watch` (it starts beside every job's srun).
+  local wake=()
+  [[ -z ${UTIL_WARM_FD[results.collect_main]:-} ]] || wake=(--wake-fd "${UTIL_WARM_FD[results.collect_main]}")
   util::py -S -m slurm_multi.watch --jobdir "${SM_JOBDIR}" --nodes "${JOB_NODES[*]}" \
     --tasks-per-node "${per_node}" --srun-pid "${JOB_SRUN_PID}" --peer-grace "${SM_PEER_GRACE}" \
-    --progress-seconds "${SM_PROGRESS_SECONDS}" &
+    --progress-seconds "${SM_PROGRESS_SECONDS}" "${wake[@]+"${wake[@]}"}" &
   JOB_WATCH_PID=$!
   wait "${JOB_WATCH_PID}" || rc=$?
   JOB_WATCH_PID=

@@ -707,8 +707,9 @@ node::write_status() {
     [[ ${name} == run && -n ${RUN_EXIT} ]] && spec+=":${RUN_EXIT}"
     stages+=("${spec}")
   done
-  # The click-free entry of `slurm-multi node status` (this runs at the end of every task).
-  util::py -S -m slurm_multi.statusfile "${SM_NODE_DIR}/status.json" "${SM_RANK}" \
+  # The click-free entry of `slurm-multi node status` (this runs at the end of every task), started
+  # warm while the workload ran (run::workload_started), cold on a path that never got there.
+  util::warm_run statusfile "${SM_NODE_DIR}/status.json" "${SM_RANK}" \
     "$(hostname)" "${NODE_EXIT}" "${NODE_REASON}" "${SM_IMAGE_ID:-}" "${NODE_TERMINATED}" "${stages[@]+"${stages[@]}"}" ||
     log::error node "cannot write ${SM_NODE_DIR}/status.json (see the line above)"
 }

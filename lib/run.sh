@@ -36,6 +36,14 @@ run::docker_argv() {
     "${SM_PROFILE_PREFIX[@]+"${SM_PROFILE_PREFIX[@]}"}" "${RUN_WORKLOAD[@]+"${RUN_WORKLOAD[@]}"}")
 }
 
+# run::workload_started: the workload is on its way (every runtime says so here): on the timeline,
+# and the node's status writer starts warm now, its interpreter and imports paid while the workload
+# runs instead of after it (node::write_status), and not before the workload's own start.
+run::workload_started() {
+  timeline::event container_start
+  util::warm_start statusfile
+}
+
 # run::diagnose NAME REASON: a bounded, non-fatal snapshot next to the failure.
 run::diagnose() {
   local name=$1 reason=$2 dir=${SM_SCRATCH}/diagnostics
@@ -205,7 +213,7 @@ run::docker() {
   "${RUN_ARGV[@]}" </dev/null &
   pid=$!
   RUN_DOCKER_PID=${pid}
-  timeline::event container_start
+  run::workload_started
   if ((SM_TIMEOUT > 0)); then
     local task=${BASHPID}
     (
@@ -265,7 +273,7 @@ run::bare() {
   pid=$!
   RUN_DOCKER_PID=${pid}
   RUN_WORKLOAD_TICKS=$(run::start_ticks "${pid}" || true)
-  timeline::event container_start
+  run::workload_started
   rm -f "${SM_SCRATCH}/run-done"
   run::hang_watch --pid "${pid}"
   if ((SM_TIMEOUT > 0)); then
@@ -392,7 +400,7 @@ run::pyxis() {
   ) </dev/null &
   pid=$!
   RUN_DOCKER_PID=${pid}
-  timeline::event container_start
+  run::workload_started
   run::hang_watch --step-name "$(run::pyxis_step_name)"
   if ((SM_TIMEOUT > 0)); then
     deadline=$((SECONDS + SM_TIMEOUT))

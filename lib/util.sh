@@ -45,7 +45,8 @@ util::py_fast() {
 }
 
 # util::fast_logged AREA MODULE ARGS…: log it as the bin/slurm-multi command that does the same
-# (a click passthrough to the same main: it pastes back), then run the click-free entry.
+# (a click passthrough to the same main: it pastes back), then run the click-free entry (through
+# the helper util::warm_start started for it, if any).
 util::fast_logged() {
   local area=$1 module=$2 words=()
   shift 2
@@ -55,12 +56,16 @@ util::fast_logged() {
     *) words=("${module}") ;;
   esac
   log::cmd "${area}" "${SM_HOME}/bin/slurm-multi" "${words[@]}" "$@"
-  util::fast "${module}" "$@"
+  util::warm_run "${module}" "$@"
 }
 
-util::_helper() {
-  local run=$1 rc=0 errfile=${TMPDIR:-/tmp}/.sm-error.$$.${BASHPID}.${RANDOM}
-  shift
+util::_helper() { util::_helper_with "${TMPDIR:-/tmp}/.sm-error.$$.${BASHPID}.${RANDOM}" "$@"; }
+
+# util::_helper_with ERRFILE RUN ARGS…: util::_helper with the helper's error file named (a warm
+# helper was given its file when it started).
+util::_helper_with() {
+  local errfile=$1 run=$2 rc=0
+  shift 2
   UTIL_ERROR='' UTIL_ERROR_SHOWN=0
   SM_ERROR_FILE=${errfile} "${run}" "$@" || rc=$?
   if ((rc == 126 || rc == 127)) && [[ ! -s ${errfile} ]]; then
@@ -75,6 +80,46 @@ util::_helper() {
   fi
   rm -f "${errfile}"
   return "${rc}"
+}
+
+# util::warm_start MODULE [--wake-later]: start the click-free helper MODULE now, on a pipe, so that
+# its interpreter and imports are paid while the job runs (slurm_multi.warm: statusfile,
+# results.collect_main); util::warm_run gives it its arguments when its moment comes. It imports at
+# once, or with --wake-later when an empty line comes on its pipe (UTIL_WARM_FD[MODULE], which
+# children inherit: the batch step's watch writes it once every rank runs). Like the log filter it
+# ignores TERM and INT: a scancel must not take away a helper that the exit path needs. Unused, it
+# ends when this shell does (its pipe closes).
+declare -gA UTIL_WARM_FD=() UTIL_WARM_PID=() UTIL_WARM_ERR=()
+util::warm_start() {
+  local module=$1 fd errfile=${TMPDIR:-/tmp}/.sm-error.$$.${BASHPID}.${RANDOM}
+  [[ -z ${UTIL_WARM_PID[${module}]:-} ]] || return 0
+  exec {fd}> >(trap '' TERM INT; SM_ERROR_FILE=${errfile} PYTHONPATH="${SM_HOME}/py${PYTHONPATH:+:${PYTHONPATH}}" \
+    exec "${SM_PYTHON}" -S -m slurm_multi.warm "${module}")
+  UTIL_WARM_PID[${module}]=$! UTIL_WARM_FD[${module}]=${fd} UTIL_WARM_ERR[${module}]=${errfile}
+  [[ ${2:-} == --wake-later ]] || (printf '\n' 1>&"${fd}") 2>/dev/null || true
+}
+
+# util::warm_run MODULE ARGS…: util::fast MODULE ARGS… through the helper util::warm_start started
+# (the same main, the same exit status and one-line reason in UTIL_ERROR); cold, as util::fast,
+# when none was started or it is gone. Used once: a second call starts the helper cold.
+util::warm_run() {
+  local module=$1 pid=${UTIL_WARM_PID[${1}]:-}
+  [[ -n ${pid} ]] || { util::fast "$@"; return; }
+  util::_helper_with "${UTIL_WARM_ERR[${module}]}" util::_warm_feed "$@"
+}
+
+# util::_warm_feed MODULE ARGS…: the argv to the warm helper (a word count, then each word
+# NUL-terminated), then its exit status. A helper that cannot take it (it died: the write fails in
+# a subshell, never a SIGPIPE to this shell) is replaced by a cold start.
+util::_warm_feed() {
+  local module=$1 pid=${UTIL_WARM_PID[${1}]} fd=${UTIL_WARM_FD[${1}]} rc=0 fed=1
+  shift
+  unset "UTIL_WARM_PID[${module}]" "UTIL_WARM_FD[${module}]"
+  (printf '%d\n' "$#" && { (($# == 0)) || printf '%s\0' "$@"; }) 1>&"${fd}" 2>/dev/null || fed=0
+  exec {fd}>&-
+  wait "${pid}" || rc=$?
+  if ((fed)); then return "${rc}"; fi
+  util::py_fast "${module}" "$@"
 }
 
 # util::check_python: the helper interpreter runs and has click; else one line naming it and the fix.

@@ -41,6 +41,8 @@ from slurm_multi.logline import short
 from slurm_multi.readfile import read_bytes
 
 EVENTS_FILE = "events.log"
+# A node task's stages in the order it runs them (= lib/node.sh NODE_STAGES, a test holds them equal).
+STAGE_ORDER = ("prepare", "fitness", "image", "barrier", "run", "save-outputs")
 OLD_EVENTS_FILE = "events.jsonl"  # earlier versions: one JSON object per line (still read)
 MAX_EPOCH = 253_402_300_799.0  # 9999-12-31T23:59:59Z
 RESERVED_KEYS = ("t", "event", "rank", "host")
@@ -272,8 +274,8 @@ def parse_events(data: bytes) -> tuple[list[dict[str, Any]], int, bool]:
     return events, skipped, torn
 
 
-def current_stage(node_dir: str) -> str | None:
-    """The stage of the node's last `stage_start` event; None before its first (or unreadable)."""
+def _tail_events(node_dir: str) -> list[dict[str, Any]]:
+    """The events of the last TAIL_BYTES of the node's events file; none when it is unreadable."""
     try:
         with open(events_path(node_dir), "rb") as handle:
             handle.seek(0, os.SEEK_END)
@@ -281,14 +283,39 @@ def current_stage(node_dir: str) -> str | None:
             handle.seek(max(0, size - TAIL_BYTES))
             data = handle.read()
     except OSError:
-        return None
+        return []
     if size > TAIL_BYTES:
         data = data[data.find(b"\n") + 1 :]  # the first line of the tail may be cut
-    events, _, _ = parse_events(data)
-    for event in reversed(events):
+    return parse_events(data)[0]
+
+
+def _stage_of(events: list[dict[str, Any]]) -> tuple[str | None, int]:
+    """The stage of the last `stage_start` of `events`, and where it is (-1: none)."""
+    for index in range(len(events) - 1, -1, -1):
+        event = events[index]
         if event["event"] == "stage_start" and isinstance(event.get("stage"), str):
-            return event["stage"]
-    return None
+            return event["stage"], index
+    return None, -1
+
+
+def current_stage(node_dir: str) -> str | None:
+    """The stage of the node's last `stage_start` event; None before its first (or unreadable)."""
+    return _stage_of(_tail_events(node_dir))[0]
+
+
+def workload_started(jobdir: str, rank: int) -> bool:
+    """The rank's workload has printed its first line (the hang watch's `first_output` in its run
+    stage), or the rank is past its run stage: the node's busy start is over."""
+    node_dir = os.path.join(jobdir, f"node_{rank}")
+    if statusfile.has_status(node_dir):
+        return True
+    events = _tail_events(node_dir)
+    stage, at = _stage_of(events)
+    if stage is None or stage not in STAGE_ORDER:
+        return False
+    if STAGE_ORDER.index(stage) > STAGE_ORDER.index("run"):
+        return True
+    return stage == "run" and any(event["event"] == "first_output" for event in events[at + 1 :])
 
 
 def node_stage(jobdir: str, rank: int) -> str:

@@ -1,11 +1,15 @@
-"""The batch step's watch over its node tasks, without click (it runs beside every job:
-`python -S -m slurm_multi.watch …`, ~10 ms to start). `slurm-multi job watch` and `job mark-lost`
-are the same functions behind the CLI.
+"""The batch step's watch over its node tasks, without click or argparse (it starts beside every
+job's srun, while the nodes start: `python -S -m slurm_multi.watch …`). `slurm-multi job watch` is
+a passthrough to this `main` (one parser); `job mark-lost` is `mark_lost` behind click.
 
-It reads what the nodes write (status.json, the tail of node.log) and what Slurm says of the nodes
+It reads what the nodes write (status.json, their stage events) and what Slurm says of the nodes
 (`scontrol show node`): a rank whose status.json says it failed, or a node Slurm reports DOWN or
 failed, starts the peer grace at once; when it is over, exit 10 tells the batch step to stop the
 others. A node Slurm declared dead gets a "lost" status.json for each of its ranks.
+
+With --wake-fd, once every rank's workload has printed its first line (or the rank is past its run)
+it writes one empty line there and closes it: the batch step's warm collect (slurm_multi.warm) then
+pays for its imports while the workload runs, not while the nodes and their containers start.
 """
 
 from __future__ import annotations
@@ -16,12 +20,15 @@ import sys
 import time
 from collections.abc import Sequence
 
+from slurm_multi import argv as options
 from slurm_multi import statusfile
-from slurm_multi.events import node_stage
+from slurm_multi.common import run_main
+from slurm_multi.events import node_stage, workload_started
 from slurm_multi.logline import talk
 
 EXIT_STOP = 10  # `job watch`: a node failed and the peer grace is over: stop the step
 BAD_NODE_STATES = ("DOWN", "FAIL", "NODE_FAIL")
+WAKE_EVERY = 0.25  # how often the stages are read until every rank runs (one events file, mostly)
 
 
 def _alive(pid: int) -> bool:
@@ -105,6 +112,38 @@ def _exit_waiter(pid: int):  # noqa: ANN202 - a callable taking seconds
     return lambda seconds: select.select([fd], [], [], seconds)
 
 
+class Waker:
+    """Writes one empty line to `fd` (then closes it) once every rank's workload has started
+    (events.workload_started). Ranks are read in order from the first not yet started, so each look
+    reads one events file until that rank's workload runs, not every rank's."""
+
+    def __init__(self, fd: int | None, jobdir: str, ranks: int) -> None:
+        self.fd, self.jobdir, self.ranks, self.first, self.next_at = fd, jobdir, ranks, 0, 0.0
+
+    def look(self, now: float) -> None:
+        if self.fd is None or now < self.next_at:
+            return
+        self.next_at = now + WAKE_EVERY
+        while self.first < self.ranks and workload_started(self.jobdir, self.first):
+            self.first += 1
+        if self.first >= self.ranks:
+            self.close(b"\n")
+
+    def close(self, line: bytes = b"") -> None:
+        if self.fd is None:
+            return
+        try:
+            if line:
+                os.write(self.fd, line)
+        except OSError:  # the woken helper is gone: the batch step starts it cold
+            pass
+        try:
+            os.close(self.fd)
+        except OSError:
+            pass
+        self.fd = None
+
+
 def watch(
     jobdir: str,
     nodes: Sequence[str],
@@ -114,16 +153,39 @@ def watch(
     progress_every: float,
     check_every: float = 1.0,
     node_check_every: float = 2.0,
+    wake_fd: int | None = None,
 ) -> int:
     """Wait for the worker step; 0 when it ended, EXIT_STOP when a rank failed `peer_grace` ago."""
     ranks = len(nodes) * tasks_per_node
+    ended = _exit_waiter(srun_pid)
+    waker = Waker(wake_fd, jobdir, ranks)
+    try:
+        return _watch(jobdir, nodes, ranks, tasks_per_node, srun_pid, peer_grace, progress_every, check_every,
+                      node_check_every, ended, waker)  # fmt: skip
+    finally:
+        waker.close()
+
+
+def _watch(
+    jobdir: str,
+    nodes: Sequence[str],
+    ranks: int,
+    tasks_per_node: int,
+    srun_pid: int,
+    peer_grace: float,
+    progress_every: float,
+    check_every: float,
+    node_check_every: float,
+    ended: object,
+    waker: Waker,
+) -> int:
     stop_at: float | None = None
     now = time.monotonic()
     next_check, next_nodes, next_progress = now, now + node_check_every, now + progress_every
-    ended = _exit_waiter(srun_pid)
     while _alive(srun_pid):
-        ended(0.1)
+        ended(0.1)  # type: ignore[operator]
         now = time.monotonic()
+        waker.look(now)
         if stop_at is not None:
             if now >= stop_at:
                 return EXIT_STOP
@@ -161,23 +223,49 @@ def watch(
     return 0
 
 
+PARSER = options.Parser(
+    "slurm-multi job watch",
+    "",
+    """Watch the node tasks: progress, a rank's failure, a node Slurm declares DOWN or failed.
+
+    Exits 0 when the step ended, 10 when a rank failed (or its node died) PEER_GRACE seconds ago and
+    the batch step should stop the others.
+
+    Example: slurm-multi job watch --jobdir "$SM_JOBDIR" --nodes "node1 node2" --srun-pid "$pid"
+    """,
+    [
+        options.Option("--jobdir", metavar="DIRECTORY", required=True, convert=options.not_a_file),
+        options.Option("--nodes", required=True, help="The job's nodes, space-separated, in rank order."),
+        options.Option("--tasks-per-node", metavar="INTEGER RANGE", convert=options.whole_number(1),
+                       default=1, help="[default: 1; x>=1]"),
+        options.Option("--srun-pid", metavar="INTEGER", convert=options.integer, required=True,
+                       help="The worker step's srun: the watch ends with it."),
+        options.Option("--peer-grace", metavar="FLOAT RANGE", convert=options.number_at_least(0),
+                       default=30.0, help="[default: 30; x>=0]"),
+        options.Option("--progress-seconds", metavar="FLOAT RANGE", convert=options.number_at_least(1),
+                       default=15.0, help="[default: 15; x>=1]"),
+        options.Option("--wake-fd", metavar="FD", convert=options.whole_number(0),
+                       help="An open pipe: one empty line is written to it once every rank's workload "
+                       "has printed its first line (the batch step's warm collect)."),
+    ],
+    max_words=0,
+)  # fmt: skip
+
+
 def main(argv: Sequence[str]) -> int:
-    import argparse
+    """`python -S -m slurm_multi.watch OPTIONS` (= `slurm-multi job watch`)."""
+    return run_main(_main, argv)
+
+
+def _main(argv: Sequence[str]) -> int:
     import signal
 
-    parser = argparse.ArgumentParser(
-        prog="python -S -m slurm_multi.watch", description=__doc__.splitlines()[0]
-    )
-    parser.add_argument("--jobdir", required=True)
-    parser.add_argument("--nodes", required=True)
-    parser.add_argument("--tasks-per-node", type=int, default=1)
-    parser.add_argument("--srun-pid", type=int, required=True)
-    parser.add_argument("--peer-grace", type=float, default=30)
-    parser.add_argument("--progress-seconds", type=float, default=15)
-    args = parser.parse_args(argv)
+    given = PARSER.parse(argv)
+    if given is None:
+        return 0
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    return watch(args.jobdir, args.nodes.split(), max(1, args.tasks_per_node), args.srun_pid, args.peer_grace,
-                 max(1.0, args.progress_seconds))  # fmt: skip
+    return watch(given.jobdir, given.nodes.split(), given.tasks_per_node, given.srun_pid, given.peer_grace,
+                 given.progress_seconds, wake_fd=given.wake_fd)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -41,3 +41,64 @@ teardown() {
   assert_success
   assert_output ""
 }
+
+# status_args FILE: a status line's argv (a reason with spaces and an empty image ID included).
+status_args() { printf '%s\n' "$1" 0 node1 3 "stage run failed: exit 3" "" 0 "prepare:0.21:ok" "run:1.5:failed:3"; }
+
+@test "util::warm_run writes through the warm helper what util::fast writes cold" {
+  local args=()
+  mapfile -t args < <(status_args "${BATS_TEST_TMPDIR}/cold.json")
+  util::fast statusfile "${args[@]}"
+  util::warm_start statusfile
+  local pid=${UTIL_WARM_PID[statusfile]}
+  mapfile -t args < <(status_args "${BATS_TEST_TMPDIR}/warm.json")
+  util::warm_run statusfile "${args[@]}"
+  assert_equal "$("${SM_PYTHON}" -c 'import json,sys; print(json.load(open(sys.argv[1])) == json.load(open(sys.argv[2])))' \
+    "${BATS_TEST_TMPDIR}/cold.json" "${BATS_TEST_TMPDIR}/warm.json")" True
+  # It was that helper that wrote it, and it is gone: a second run would start cold.
+  run kill -0 "${pid}"
+  assert_failure
+  assert_equal "${UTIL_WARM_PID[statusfile]:-}" ""
+}
+
+@test "util::warm_run gives the warm helper's failure and its one-line reason, as util::fast does" {
+  util::warm_start results.collect_main
+  local rc=0
+  util::warm_run results.collect_main "${BATS_TEST_TMPDIR}/no-such-job" || rc=$?
+  assert_equal "${rc}" 2
+  assert_equal "${UTIL_ERROR}" "results: job directory ${BATS_TEST_TMPDIR}/no-such-job does not exist; pass the directory the job wrote"
+  rc=0
+  util::fast results.collect_main "${BATS_TEST_TMPDIR}/no-such-job" 2>/dev/null || rc=$?
+  assert_equal "${rc}" 2
+}
+
+@test "a warm helper that died is replaced by a cold start, and a scancel's SIGTERM does not kill it" {
+  util::warm_start statusfile
+  kill -TERM "${UTIL_WARM_PID[statusfile]}" # ignored: the exit path still needs it
+  sleep 0.2
+  run kill -0 "${UTIL_WARM_PID[statusfile]}"
+  assert_success
+  kill -KILL "${UTIL_WARM_PID[statusfile]}"
+  sleep 0.2
+  local args=()
+  mapfile -t args < <(status_args "${BATS_TEST_TMPDIR}/status.json")
+  util::warm_run statusfile "${args[@]}"
+  assert_file_exists "${BATS_TEST_TMPDIR}/status.json"
+}
+
+@test "util::warm_run without a warm helper is util::fast" {
+  local args=()
+  mapfile -t args < <(status_args "${BATS_TEST_TMPDIR}/status.json")
+  util::warm_run statusfile "${args[@]}"
+  assert_file_exists "${BATS_TEST_TMPDIR}/status.json"
+}
+
+@test "a warm helper never given its argv ends with the shell that started it, having done nothing" {
+  run bash -c 'source "${REPO_ROOT}/lib/log.sh"; source "${REPO_ROOT}/lib/util.sh"; util::warm_start statusfile; echo "${UTIL_WARM_PID[statusfile]}"'
+  assert_success
+  local pid=${output} tries=0
+  while kill -0 "${pid}" 2>/dev/null && ((tries++ < 100)); do sleep 0.05; done
+  run kill -0 "${pid}"
+  assert_failure
+  assert_equal "$(find "${BATS_TEST_TMPDIR}" -mindepth 1 | wc -l)" 0
+}

@@ -220,3 +220,34 @@ def test_a_plain_line_is_judged_in_one_pass_as_its_fields_are(words: list[bytes]
     if raw.strip().startswith(b"{"):
         return
     assert events.parse_event(raw) == events.event_of_fields(events.parse_line(raw))
+
+
+@pytest.mark.parametrize(
+    "lines, started",
+    [
+        ([], False),
+        ([("stage_start", {"stage": "barrier"})], False),
+        ([("stage_start", {"stage": "run"}), ("container_start", {})], False),
+        ([("stage_start", {"stage": "run"}), ("container_start", {}), ("first_output", {})], True),
+        # A first output of an earlier run stage (a re-run in the same dir) is not this one's.
+        ([("stage_start", {"stage": "run"}), ("first_output", {}), ("stage_start", {"stage": "run"})], False),
+        ([("stage_start", {"stage": "run"}), ("stage_start", {"stage": "save-outputs"})], True),
+        ([("stage_start", {"stage": "reap"})], False),
+    ],
+)
+def test_a_workload_has_started_once_it_printed_in_its_run_stage_or_is_past_it(
+    tmp_path: Path, lines: list, started: bool
+):
+    node = tmp_path / "node_0"
+    node.mkdir()
+    (node / "events.log").write_text("".join(event(name, **extra) for name, extra in lines))
+    assert events.workload_started(str(tmp_path), 0) is started
+
+
+def test_a_rank_that_staged_has_started_whatever_its_events_say(tmp_path: Path):
+    node = tmp_path / "node_0"
+    node.mkdir()
+    (node / "events.log").write_text(event("stage_start", stage="prepare"))
+    assert events.workload_started(str(tmp_path), 0) is False
+    (node / "status.json").write_text('{"rank": 0, "exit_code": 1}\n')
+    assert events.workload_started(str(tmp_path), 0) is True

@@ -7,6 +7,7 @@ click commands are passthroughs to the same main: same input, same output.
 - `python -S -m slurm_multi.barrier_main join`    = `slurm-multi barrier join`    (every worker, idem)
 - `python -S -m slurm_multi.results.collect_main` = `slurm-multi results collect` (batch step, at the end)
 - `python -S -m slurm_multi.fitness run`          (every node, first: the fitness verdict waits on it)
+- `python -S -m slurm_multi.watch`                 = `slurm-multi job watch`       (batch step, beside srun)
 """
 
 from __future__ import annotations
@@ -160,6 +161,35 @@ def test_the_fitness_check_imports_no_click_and_no_slow_stdlib(tmp_path: Path) -
     assert "slurm_multi.auth" in modules  # (the entry itself runs as __main__)
     assert not [m for m in modules if m == "click" or m.startswith("click.")]
     assert not set(modules) & SLOW_STDLIB
+
+
+def test_the_watch_imports_no_click_and_no_slow_stdlib(tmp_path: Path) -> None:
+    step = subprocess.Popen(["sleep", "0.2"])
+    argv = ["--jobdir", str(tmp_path), "--nodes", "", "--srun-pid", str(step.pid)]
+    done = run(("-S", "-m", "slurm_multi.watch"), argv, base_env(), tmp_path, importtime=True)
+    step.wait()
+    assert done.returncode == 0, done.stderr
+    modules = imported(done.stderr)
+    assert "slurm_multi.events" in modules
+    assert not [m for m in modules if m == "click" or m.startswith("click.")]
+    assert not set(modules) & SLOW_STDLIB
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--nodes", "n1"], "Missing option '--jobdir'"),
+        (["--jobdir", "/tmp", "--nodes", "n1", "--srun-pid", "x"], "Invalid value for '--srun-pid': 'x'"),
+        (["--jobdir", "/tmp", "--nodes", "n1", "--srun-pid", "1", "--peer-grace", "-1"], "'--peer-grace'"),
+    ],
+)
+def test_job_watch_errors_are_the_same_one_line_either_way(
+    tmp_path: Path, args: list[str], says: str
+) -> None:
+    entries = (("-S", "-m", "slurm_multi.watch"), ("-m", "slurm_multi", "job", "watch"))
+    fast, slow = (run(entry, args, base_env(), tmp_path) for entry in entries)
+    assert fast.returncode == slow.returncode == EXIT_USAGE
+    assert fast.stderr == slow.stderr and len(fast.stderr.splitlines()) == 1 and says in fast.stderr
 
 
 def _free_port() -> int:

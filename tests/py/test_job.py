@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slurm_multi import job, node, watch
+from slurm_multi import events, job, node, watch
 from slurm_multi.context import model_dir_name, resolve
 from slurm_multi.plan import job_dir
 
@@ -349,6 +349,63 @@ def fake_scontrol(tmp_path: Path, states: str, monkeypatch: pytest.MonkeyPatch) 
     script.write_text(f"#!/bin/sh\nprintf '%s\\n' {states}\n")
     script.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+
+
+def _run_stage(jobdir: Path, rank: int, first_output: bool) -> None:
+    node = jobdir / f"node_{rank}"
+    node.mkdir(exist_ok=True)
+    lines = [events.format_event("stage_start", 1_796_000_000.0, rank=rank, host="n", stage="run")]
+    if first_output:
+        lines.append(events.format_event("first_output", 1_796_000_001.0, rank=rank, host="n"))
+    (node / "events.log").write_text("\n".join(lines) + "\n")
+
+
+def test_the_watch_wakes_the_warm_collect_once_every_rank_printed(tmp_path: Path, monkeypatch) -> None:
+    fake_scontrol(tmp_path, "'NodeName=node1 State=ALLOCATED'", monkeypatch)
+    read, write = os.pipe()
+    os.set_blocking(read, False)
+    step = subprocess.Popen(["sleep", "60"])
+    result: list[int] = []
+    nodes = ["node1", "node2"]
+    thread = threading.Thread(target=lambda: result.append(
+        watch.watch(str(tmp_path), nodes, 1, step.pid, peer_grace=30, progress_every=60, wake_fd=write)
+    ))  # fmt: skip
+    try:
+        _run_stage(tmp_path, 0, first_output=True)
+        _run_stage(tmp_path, 1, first_output=False)
+        thread.start()
+        time.sleep(4 * watch.WAKE_EVERY)
+        with pytest.raises(BlockingIOError):  # rank 1 runs but printed nothing yet: no wake
+            os.read(read, 10)
+        _run_stage(tmp_path, 1, first_output=True)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                woke = os.read(read, 10)
+                break
+            except BlockingIOError:
+                time.sleep(0.05)
+        assert woke == b"\n"
+        assert os.read(read, 10) == b""  # written once, then closed: nothing else holds the pipe
+    finally:
+        step.kill()
+        step.wait()
+        thread.join(10)
+        os.close(read)
+    assert result == [0]
+
+
+def test_a_watch_that_ends_before_the_wake_closes_its_end_unwritten(tmp_path: Path, monkeypatch) -> None:
+    fake_scontrol(tmp_path, "'NodeName=node1 State=ALLOCATED'", monkeypatch)
+    read, write = os.pipe()
+    proc = subprocess.Popen(["sleep", "0.3"])
+    assert (
+        watch.watch(str(tmp_path), ["node1"], 1, proc.pid, peer_grace=30, progress_every=60, wake_fd=write)
+        == 0
+    )
+    proc.wait()
+    assert os.read(read, 10) == b""  # the warm helper reads an end of file: it ends, unused
+    os.close(read)
 
 
 def test_watch_ends_with_the_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

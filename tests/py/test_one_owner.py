@@ -1,5 +1,5 @@
 """Facts that bash and Python both need, held equal: the stage order (lib/node.sh NODE_STAGES and
-results.jobdir.STAGE_ORDER) and the dry run's placeholders for what only the job knows
+events.STAGE_ORDER) and the dry run's placeholders for what only the job knows
 (lib/job.sh job::dry_run_prepare and tests/e2e/dry_run_vs_job.py, which puts them back into the
 job's argv to compare it with the dry run)."""
 
@@ -9,7 +9,7 @@ import importlib.util
 import re
 from pathlib import Path
 
-from slurm_multi.results.jobdir import STAGE_ORDER
+from slurm_multi.events import STAGE_ORDER
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from slurm_multi import statusfile
 from slurm_multi.common import usage_error
+from slurm_multi.events import STAGE_ORDER
 from slurm_multi.results.logscan import ErrorHit, ErrorPattern, scan_log_file
 from slurm_multi.results.shared import (
     AREA,
@@ -35,7 +36,6 @@ JOB_JSON_KEYS = (
     "dockerfile", "base_docker", "n_gpus", "gpus_per_node", "launcher", "build_duration",
     "additional_docker_run_options", "tasks_per_node", "nproc_per_node", "world_size",
 )  # fmt: skip
-STAGE_ORDER = ("prepare", "fitness", "image", "barrier", "run", "save-outputs")  # = lib/node.sh NODE_STAGES
 MAX_ERRORS_KEPT = 20  # per node, in summary.json
 
 

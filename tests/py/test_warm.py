@@ -1,0 +1,161 @@
+"""slurm_multi.warm: a helper started before its moment runs the same main, with the same result, as
+its cold start; an unused one ends quietly; a torn argv is one line, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm_multi import warm
+
+REPO = Path(__file__).resolve().parents[2]
+PRIMUS_JOB = REPO / "tests" / "py" / "data" / "results" / "jobs" / "primus_2node"
+
+
+def env(**extra: str) -> dict[str, str]:
+    kept = {k: v for k, v in os.environ.items() if not k.startswith(("SM_", "SLURM_", "PYTHON"))}
+    return {**kept, "PYTHONPATH": str(REPO / "py"), **extra}
+
+
+def argv_bytes(words: list[str], wake: bool = True) -> bytes:
+    data = b"\n" if wake else b""
+    return data + f"{len(words)}\n".encode() + b"".join(os.fsencode(w) + b"\0" for w in words)
+
+
+def warm_run(module: str, stdin: bytes, cwd: Path, **extra: str) -> subprocess.CompletedProcess[bytes]:
+    argv = [sys.executable, "-S", "-m", "slurm_multi.warm", module]
+    return subprocess.run(argv, input=stdin, env=env(**extra), cwd=cwd, capture_output=True, check=False)
+
+
+def cold_run(module: str, words: list[str], cwd: Path, **extra: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([sys.executable, "-S", "-m", f"slurm_multi.{module}", *words], env=env(**extra),
+                          cwd=cwd, capture_output=True, check=False)  # fmt: skip
+
+
+STATUS = [
+    "0",
+    "node1",
+    "3",
+    "stage run failed: exit 3",
+    "sha256:abc",
+    "0",
+    "prepare:0.21:ok",
+    "run:1.5:failed:3",
+]
+
+
+def test_the_warm_status_writer_writes_what_the_cold_one_writes(tmp_path: Path) -> None:
+    cold, hot = tmp_path / "cold.json", tmp_path / "warm.json"
+    a = cold_run("statusfile", [str(cold), *STATUS], tmp_path)
+    b = warm_run("statusfile", argv_bytes([str(hot), *STATUS]), tmp_path)
+    assert a.returncode == b.returncode == 0, b.stderr
+    assert json.loads(hot.read_text()) == json.loads(cold.read_text())
+    assert json.loads(hot.read_text())["stages"]["run"] == {
+        "seconds": 1.5,
+        "status": "failed",
+        "exit_code": 3,
+    }
+
+
+def test_an_argv_without_a_wake_first_imports_then_runs(tmp_path: Path) -> None:
+    out = tmp_path / "status.json"
+    done = warm_run("statusfile", argv_bytes([str(out), *STATUS], wake=False), tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(out.read_text())["exit_code"] == 3
+
+
+def test_the_warm_collect_judges_and_exits_as_the_cold_one(tmp_path: Path) -> None:
+    results = []
+    for name, runner in (("cold", cold_run), ("warm", None)):
+        job = tmp_path / name
+        subprocess.run(["cp", "-r", str(PRIMUS_JOB), str(job)], check=True)
+        words = [str(job), "--no-picture"]
+        done = cold_run("results.collect_main", words, tmp_path) if runner else warm_run(
+            "results.collect_main", argv_bytes(words), tmp_path)  # fmt: skip
+        summary = json.loads((job / "summary.json").read_text())
+        results.append((done.returncode, summary["verdict"], (job / "perf.csv").read_text()))
+    assert results[0] == results[1]
+
+
+def test_a_usage_error_of_the_helper_is_its_own_one_line_and_code(tmp_path: Path) -> None:
+    errfile = tmp_path / "error"
+    words = [str(tmp_path / "nope")]
+    cold = cold_run("results.collect_main", words, tmp_path)
+    hot = warm_run("results.collect_main", argv_bytes(words), tmp_path, SM_ERROR_FILE=str(errfile))
+    assert hot.returncode == cold.returncode == 2
+    assert hot.stderr == cold.stderr and len(hot.stderr.splitlines()) == 1
+    assert errfile.read_bytes() == hot.stderr
+
+
+@pytest.mark.parametrize("stdin", [b"", b"\n"])
+def test_a_helper_nobody_needed_ends_quietly_having_written_nothing(tmp_path: Path, stdin: bytes) -> None:
+    done = warm_run("statusfile", stdin, tmp_path)
+    assert (done.returncode, done.stdout, done.stderr) == (0, b"", b"")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "stdin, says",
+    [
+        (b"\n3\nonly\0two\0", "the pipe closed before its whole argv came"),
+        (b"\nthree\na\0", "did not start with a word count"),
+        (b"\n1\na\0b\0", "2 words came, not 1"),
+        (b"\n2\na\0b", "the pipe closed before its whole argv came"),
+    ],
+)
+def test_a_torn_or_garbled_argv_is_one_line_and_exit_2(tmp_path: Path, stdin: bytes, says: str) -> None:
+    done = warm_run("statusfile", stdin, tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.decode().startswith("slurm-multi: warm statusfile: ") and says in done.stderr.decode()
+    assert len(done.stderr.splitlines()) == 1 and b"Traceback" not in done.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("argv", [[], ["os"], ["statusfile", "x"], ["plan"]])
+def test_only_the_helpers_meant_to_start_warm_can(tmp_path: Path, argv: list[str]) -> None:
+    done = subprocess.run([sys.executable, "-S", "-m", "slurm_multi.warm", *argv], input=b"", env=env(),
+                          cwd=tmp_path, capture_output=True, check=False)  # fmt: skip
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1 and b"usage" in done.stderr
+
+
+def test_words_keep_every_byte_a_bash_variable_can_hold() -> None:
+    read, write = os.pipe()
+    words = ["", "a b", "line\nbreak", "caf\u00e9", os.fsdecode(b"\xff\xfe raw"), "-" * 5000]
+    os.write(write, argv_bytes(words, wake=False))
+    os.close(write)
+    try:
+        assert warm.read_argv(read, b"") == words
+    finally:
+        os.close(read)
+
+
+def test_the_argv_is_read_without_waiting_for_the_pipe_to_close() -> None:
+    # A background process that inherited the pipe's write end holds it open: the count, not the end
+    # of file, says where the argv ends.
+    read, write = os.pipe()
+    os.write(write, argv_bytes(["a", "b"]))
+    try:
+        started = time.monotonic()
+        rest = warm.wait_for_wake(read)
+        assert rest is not None and warm.read_argv(read, rest) == ["a", "b"]
+        assert time.monotonic() - started < 5
+    finally:
+        os.close(read)
+        os.close(write)
+
+
+def test_a_warm_helper_imports_its_module_only_once_woken(tmp_path: Path) -> None:
+    def imports(stdin: bytes) -> bytes:
+        argv = [sys.executable, "-S", "-X", "importtime", "-m", "slurm_multi.warm", "statusfile"]
+        done = subprocess.run(argv, input=stdin, env=env(), cwd=tmp_path, capture_output=True, check=False)
+        assert done.returncode == 0
+        return done.stderr
+
+    assert b"slurm_multi.statusfile" not in imports(b"")  # never woken: ended without importing it
+    assert b"slurm_multi.statusfile" in imports(b"\n")  # woken, then unused
