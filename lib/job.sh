@@ -19,11 +19,17 @@ job::plan() {
     rm -f "${plan}"
     # The plan's own one line is already on stderr: said once, not twice.
     ((UTIL_ERROR_SHOWN)) && exit 2
+    # No line of its own: the interpreter itself may be what fails; its line says so.
+    util::check_python || exit 2
     log::die multi "${UTIL_ERROR}" 2
   fi
   # shellcheck source=/dev/null
   source "${plan}"
   rm -f "${plan}"
+  # The plan found click in its own process; where it did not, the interpreter is asked (the exact
+  # check, one more start). Every node's task trusts this (same path, shared storage).
+  [[ ${PLAN_HAS_CLICK:-0} == 1 ]] || util::check_python || exit 2
+  export SM_PYTHON_CHECKED=1
 }
 
 # job::srun_argv: how the batch step starts the worker step, into JOB_SRUN_ARGV (lib/launch.sh

@@ -122,13 +122,20 @@ util::_warm_feed() {
   util::py_fast "${module}" "$@"
 }
 
-# util::check_python: the helper interpreter runs and has click; else one line naming it and the fix.
-util::check_python() {
-  local out rc=0
+# util::python_executable: SM_PYTHON can be executed (asked of the file system, no process); else one
+# line naming it and the fix.
+util::python_executable() {
   if [[ ! -x ${SM_PYTHON} ]] && ! command -v "${SM_PYTHON}" >/dev/null 2>&1; then
     log::error python "helper interpreter ${SM_PYTHON} cannot be executed by $(id -un) on $(hostname); set SM_PYTHON to a usable Python 3.9+ with click (e.g. a venv on shared storage: python3 -m venv \$SM_HOME/.venv && \$SM_HOME/.venv/bin/pip install -e \$SM_HOME)"
     return 2
   fi
+}
+
+# util::check_python: the helper interpreter runs and has click; else one line naming it and the fix.
+# (The batch step asks the plan first, which answers from its own process: lib/job.sh job::plan.)
+util::check_python() {
+  local out rc=0
+  util::python_executable || return 2
   # Found, not imported (~20 ms, not the ~50 ms of importing click).
   out=$(util::py -c 'import importlib.util, sys; sys.exit(0 if importlib.util.find_spec("click") else "no click")' 2>&1) || rc=$?
   if ((rc != 0)); then

@@ -315,6 +315,7 @@ def plan(
             "JOB_RESULTS_CSV": ctx.get("SM_RESULTS_CSV"),
             "PLAN_QUARANTINE_ERROR": quarantine_error,
             "PLAN_EARLIER_RUN": earlier,
+            "PLAN_HAS_CLICK": "1" if click_findable() else "0",
         },
         arrays={
             "SM_CMD": command,
@@ -323,6 +324,50 @@ def plan(
         },
     )
     _emit(emit, text)
+
+
+def click_findable() -> bool:
+    """Whether this interpreter would find click with its site directories on (the nodes' non-hot
+    helpers run `python -m slurm_multi`), asked in this process: sys.path, then the directories
+    `site` would add, which -S leaves out (site_directories). No .pth file is read, so False only
+    means "not found this way": the batch step then asks the interpreter itself
+    (util::check_python, one more start, which this answer saves every job whose interpreter is
+    fine)."""
+    import importlib.machinery
+
+    paths = list(sys.path) + (site_directories() if sys.flags.no_site else [])
+    try:
+        return importlib.machinery.PathFinder.find_spec("click", paths) is not None
+    except (ImportError, ValueError, OSError):
+        return False
+
+
+def site_directories() -> list[str]:
+    """The site-packages directories `site` puts on sys.path for this interpreter, as site.venv()
+    and site.main() choose them: a venv's own (and the base's only with
+    include-system-site-packages), else the installation's and the user's."""
+    import site
+
+    version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    exe_dir = os.path.dirname(os.path.abspath(sys.executable))
+    for prefix in (os.path.dirname(exe_dir), exe_dir):
+        try:
+            with open(os.path.join(prefix, "pyvenv.cfg"), encoding="utf-8") as handle:
+                config = handle.read()
+        except OSError:
+            continue
+        own = [os.path.join(prefix, "lib", version, "site-packages")]
+        system = any(
+            key.strip().lower() == "include-system-site-packages" and value.strip().lower() == "true"
+            for key, _, value in (line.partition("=") for line in config.splitlines())
+        )
+        return own + (_base_site_directories(site) if system else [])
+    return _base_site_directories(site)
+
+
+def _base_site_directories(site: Any) -> list[str]:
+    user = [] if os.environ.get("PYTHONNOUSERSITE") else [site.getusersitepackages()]
+    return [*site.getsitepackages(), *user]
 
 
 def _quarantine(state_dir: str, node_list: str, batch_args: bool, dry: bool) -> tuple[list[str], str]:

@@ -189,3 +189,59 @@ def test_a_job_dir_whose_earlier_run_cannot_be_moved_is_a_one_line_error(tmp_pat
         "run_2/: Permission denied"
     )
     assert (tmp_path / "job.json").exists()  # nothing moved, nothing lost
+
+
+# ---- the interpreter check, answered by the plan --------------------------------------------------
+
+
+def _findable(python: str, extra_env: dict[str, str] | None = None) -> tuple[bool, list[str]]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    env.update(PYTHONPATH=str(ROOT / "py"), **(extra_env or {}))
+    code = "from slurm_multi.plan import click_findable as f, site_directories as d; print(f(), d())"
+    out = subprocess.run(
+        [python, "-S", "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout
+    found, _, dirs = out.partition(" ")
+    return found == "True", eval(dirs)  # noqa: S307 - our own repr of a list of str
+
+
+def _has_click(python: str) -> bool:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    return (
+        subprocess.run([python, "-c", "import click"], env=env, capture_output=True, check=False).returncode
+        == 0
+    )
+
+
+def test_the_plan_finds_click_where_the_interpreter_with_site_finds_it(tmp_path):
+    # This venv has click; a bare venv has not (whatever the base Python has); one with the system's
+    # site-packages sees what the base sees.
+    bare, shared = tmp_path / "bare", tmp_path / "shared"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(shared)], check=True
+    )
+    for python in (sys.executable, str(bare / "bin" / "python"), str(shared / "bin" / "python")):
+        found, dirs = _findable(python)
+        assert found is _has_click(python), (python, dirs)
+    assert _findable(str(bare / "bin" / "python")) == (
+        False,
+        [str(bare / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages")],
+    )
+
+
+def test_the_user_site_counts_unless_python_is_told_to_skip_it(tmp_path):
+    bare = tmp_path / "bare"
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(bare)], check=True
+    )
+    python = str(bare / "bin" / "python")
+    _, dirs = _findable(python)
+    _, without = _findable(python, {"PYTHONNOUSERSITE": "1"})
+    assert len(dirs) == len(without) + 1 and set(without) < set(dirs)
+
+
+def test_the_plan_says_whether_click_is_there(tmp_path):
+    code, _, err, values = plan(tmp_path, ["--dry-run", "-N", "2", "--image", "x"])
+    assert code == 0, err
+    assert values["PLAN_HAS_CLICK"] == "1"  # this interpreter has it: the batch step starts no check
