@@ -36,18 +36,15 @@ image::cache_key() {
 
 
 # image::fingerprint: what the image would be built from (dockerfile, context files, build args).
-# A local image whose label differs was built from something else under a reused tag.
+# A local image whose label differs was built from something else under a reused tag. The rule is
+# slurm_multi.fingerprint's; rank 0's prepare computed it already (IMAGE_FINGERPRINT).
 image::fingerprint() {
   [[ -n ${SM_DOCKERFILE:-} && -f ${SM_DOCKERFILE} ]] || return 0
-  local ctx=${SM_DOCKER_CONTEXT:-$(dirname "${SM_DOCKERFILE}")}
-  # Small files by content; big ones (model blobs, padding) by size and mtime, so a warm run does
-  # not hash gigabytes on every start. Any change to either still changes the fingerprint.
-  {
-    sha256sum <"${SM_DOCKERFILE}"
-    (cd "${ctx}" && find . -type f ! -name '.*' -size -1048576c -print0 | LC_ALL=C sort -z | xargs -0 -r sha256sum)
-    (cd "${ctx}" && find . -type f ! -name '.*' -size +1048575c -printf '%p %s %T@\n' | LC_ALL=C sort)
-    printf '%s\n' "${SM_BUILD_ARGS[@]+"${SM_BUILD_ARGS[@]}"}" | LC_ALL=C sort
-  } | sha256sum | cut -c1-32
+  if [[ -n ${IMAGE_FINGERPRINT:-} ]]; then
+    printf '%s' "${IMAGE_FINGERPRINT}"
+    return 0
+  fi
+  util::py -S -m slurm_multi.fingerprint "${SM_DOCKERFILE}" "${SM_DOCKER_CONTEXT:-}" "${SM_BUILD_ARGS[@]+"${SM_BUILD_ARGS[@]}"}"
 }
 
 # image::build FINGERPRINT: docker build from the manifest. A build arg under a secret name is passed
@@ -149,11 +146,17 @@ image::ensure_on_rank0() {
   local fp id label key cache=${SM_IMAGE_CACHE:-}
   fp=$(image::fingerprint)
   key=$(image::cache_key "${SM_IMAGE}")
-  # One inspect for both the ID and the fingerprint label (a warm start pays for nothing else).
-  local both
-  both=$(docker image inspect -f "{{.Id}} {{with .Config.Labels}}{{index . \"${FINGERPRINT_LABEL}\"}}{{end}}" "${SM_IMAGE}" 2>/dev/null || true)
-  id=${both%% *} label=${both#* }
-  [[ ${label} == "<no value>" || ${label} == "${both}" ]] && label=""
+  # The ID and the fingerprint label: asked by prepare on the engine's socket (IMAGE_LOCAL_*), else
+  # one inspect for both (a warm start pays for nothing else).
+  if [[ ${IMAGE_LOCAL_ASKED:-0} == 1 ]]; then
+    id=${IMAGE_LOCAL_ID:-} label=${IMAGE_LOCAL_LABEL:-}
+    IMAGE_LOCAL_ASKED=0 # what the engine held then: a second call asks again
+  else
+    local both
+    both=$(docker image inspect -f "{{.Id}} {{with .Config.Labels}}{{index . \"${FINGERPRINT_LABEL}\"}}{{end}}" "${SM_IMAGE}" 2>/dev/null || true)
+    id=${both%% *} label=${both#* }
+    [[ ${label} == "<no value>" || ${label} == "${both}" ]] && label=""
+  fi
   if [[ -n ${id} ]]; then
     if [[ -n ${fp} && -n ${label} && ${label} != "${fp}" ]]; then
       log::info image "${SM_IMAGE} is present but was built from another dockerfile/context (tag reused); rebuilding"

@@ -71,3 +71,26 @@ def image_id(env: Mapping[str, str], ref: str, timeout: float = 5.0) -> str:
         return ""
     value = found.get("Id") if isinstance(found, dict) else None
     return value if isinstance(value, str) and value.startswith("sha256:") else ""
+
+
+def image_facts(env: Mapping[str, str], ref: str, label: str, timeout: float = 5.0) -> tuple[str, str] | None:
+    """(ID, the value of `label`, "" if unset) of image `ref` on this node's engine: what `docker
+    image inspect -f '{{.Id}} {{index .Config.Labels LABEL}}'` says. ("", "") when the engine has no
+    such image; None when it cannot be asked this way (a tcp:// DOCKER_HOST, no answer): the caller
+    then asks the docker CLI."""
+    path = socket_path(env)
+    if path is None or not ref:
+        return None
+    try:
+        reply = get(path, f"/images/{quote(ref, safe='/:@')}/json", timeout)
+        if reply.status == 404:
+            return "", ""
+        found = json.loads(reply.body) if reply.status == 200 else None
+    except (EngineError, ValueError, RecursionError):
+        return None
+    if not isinstance(found, dict) or not isinstance(found.get("Id"), str):
+        return None
+    config = found.get("Config")
+    labels = config.get("Labels") if isinstance(config, dict) else None
+    value = labels.get(label) if isinstance(labels, dict) else None
+    return found["Id"], value if isinstance(value, str) else ""

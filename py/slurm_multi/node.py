@@ -274,6 +274,36 @@ def check_docker_engine(env: Mapping[str, str], node: str, timeout: float | None
         raise HelperError(f"{AREA}: docker engine not reachable on {node}: {path} answered {reply.line!r}")
 
 
+FINGERPRINT_LABEL = "org.slurm-multi.fingerprint"  # = lib/image.sh FINGERPRINT_LABEL
+
+
+def rank0_image_facts(ctx: RunContext, env: Mapping[str, str], runtime: str) -> dict[str, str]:
+    """What rank 0's image stage asks first, answered here, where the interpreter and the engine's
+    socket are already at hand (lib/image.sh image::ensure_on_rank0): the image's build fingerprint
+    (IMAGE_FINGERPRINT, when it has a dockerfile) and the engine's ID and fingerprint label of it
+    (IMAGE_LOCAL_ID, IMAGE_LOCAL_LABEL; IMAGE_LOCAL_ASKED=1 when the engine answered, "" ID: absent).
+    Nothing when the runtime has no docker image; the image stage asks itself what is missing."""
+    from slurm_multi import dockerapi
+    from slurm_multi.fingerprint import fingerprint
+
+    if runtime not in ("docker", "pyxis"):
+        return {}
+    facts: dict[str, str] = {}
+    dockerfile = ctx.get("SM_DOCKERFILE")
+    if dockerfile:
+        built_from = fingerprint(
+            dockerfile, ctx.get("SM_DOCKER_CONTEXT"), [f"{n}={v}" for n, v in ctx.build_args]
+        )
+        if built_from:
+            facts["IMAGE_FINGERPRINT"] = built_from
+    local = (
+        dockerapi.image_facts(env, ctx.get("SM_IMAGE"), FINGERPRINT_LABEL) if runtime == "docker" else None
+    )
+    if local is not None:
+        facts.update(IMAGE_LOCAL_ASKED="1", IMAGE_LOCAL_ID=local[0], IMAGE_LOCAL_LABEL=local[1])
+    return facts
+
+
 def prepare(
     env: Mapping[str, str],
     scratch: str,
@@ -336,6 +366,8 @@ def prepare(
         "RUN_WORKLOAD": ctx.workload,
     }
     scalars = {"SM_GPU_DETECTED": f"{detected['vendor']} x{detected['count']}", "RUN_WORKDIR": run.workdir}
+    if detect and shown_scratch is None and env.get("SM_RANK", "0") == "0":
+        scalars.update(rank0_image_facts(ctx, env, runtime))
     shell.write_private(
         os.path.join(scratch, "context.sh"),
         shell.render("slurm-multi node prepare", scalars=scalars, arrays=arrays, exports=exports),
