@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 
+from fake_engine import engine
 from slurm_multi import dockerapi
 from slurm_multi.fingerprint import BIG, fingerprint
 
@@ -118,28 +117,6 @@ def test_the_command_prints_it_for_bash(tmp_path: Path):
 
 
 # ---- the engine's ID and label of an image, asked on its socket -----------------------------------
-
-
-def engine(tmp_path: Path, answers: dict[str, tuple[bytes, bytes]]) -> tuple[str, socket.socket]:
-    """A docker engine on a unix socket: GET <url> answers (status line, body) from `answers`."""
-    path = str(tmp_path / "engine.sock")
-    server = socket.socket(socket.AF_UNIX)
-    server.bind(path)
-    server.listen(8)
-
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-            with conn:
-                url = conn.recv(4096).split(b" ")[1].decode()
-                head, body = answers.get(url, (b"HTTP/1.1 404 Not Found", b'{"message":"No such image"}'))
-                conn.sendall(head + b"\r\n\r\n" + body)
-
-    threading.Thread(target=serve, daemon=True).start()
-    return path, server
 
 
 LABEL = "org.slurm-multi.fingerprint"

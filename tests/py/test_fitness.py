@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from fake_engine import engine
 from slurm_multi import auth, fitness
 from slurm_multi.fitness import judge, judge_reports
 
@@ -1156,29 +1157,6 @@ def test_the_job_port_is_the_same_on_every_node_and_none_of_the_barriers_or_rela
         ["run", "--rank", "0", "--nnodes", "1", "--hosts", "a", "--port", "12345", "--master-port", "29500"]
     )
     assert fitness._job_port(explicit) == 12345
-
-
-def engine(tmp_path: Path, answers: dict[str, bytes]) -> tuple[str, socket.socket]:
-    """A docker engine on a unix socket that answers GET <path> from `answers` (404 otherwise)."""
-    path = str(tmp_path / "engine.sock")
-    server = socket.socket(socket.AF_UNIX)
-    server.bind(path)
-    server.listen(8)
-
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-            with conn:
-                url = conn.recv(4096).split(b" ")[1].decode()
-                body = answers.get(url)
-                head = b"HTTP/1.1 200 OK" if body is not None else b"HTTP/1.1 404 Not Found"
-                conn.sendall(head + b"\r\n\r\n" + (body or b"{}"))
-
-    threading.Thread(target=serve, daemon=True).start()
-    return path, server
 
 
 def test_docker_data_root_needs_nothing_for_a_held_image_and_the_tar_size_otherwise(tmp_path: Path) -> None:
