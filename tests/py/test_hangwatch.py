@@ -26,17 +26,19 @@ REPO = Path(__file__).resolve().parents[2]
 def procs() -> Iterator[list[subprocess.Popen]]:
     started: list[subprocess.Popen] = []
     yield started
+    # Each started in a session of its own: the whole tree goes (a stand-in slurmstepd's task outlived
+    # its parent's kill, a loop left running after the suite).
     for proc in started:
-        try:
-            os.kill(proc.pid, signal.SIGCONT)
-        except OSError:
-            pass
-        proc.kill()
+        for sig in (signal.SIGCONT, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+            except OSError:
+                pass
         proc.wait()
 
 
 def start(procs: list[subprocess.Popen], argv: list[str], out: Path) -> subprocess.Popen:
-    proc = subprocess.Popen(argv, stdout=out.open("ab"), stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(argv, stdout=out.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
     procs.append(proc)
     return proc
 
