@@ -94,3 +94,26 @@ def image_facts(env: Mapping[str, str], ref: str, label: str, timeout: float = 5
     labels = config.get("Labels") if isinstance(config, dict) else None
     value = labels.get(label) if isinstance(labels, dict) else None
     return found["Id"], value if isinstance(value, str) else ""
+
+
+def container_state(env: Mapping[str, str], name: str, timeout: float = 5.0) -> tuple[int, bool] | None:
+    """(the PID of its first process, whether it runs) of container `name`: what `docker inspect -f
+    '{{.State.Pid}} {{.State.Running}}'` says; (0, False) when the engine has no such container (yet);
+    None when it cannot be asked this way (the caller asks the docker CLI)."""
+    path = socket_path(env)
+    if path is None or not name:
+        return None
+    try:
+        reply = get(path, f"/containers/{quote(name, safe='')}/json", timeout)
+        if reply.status == 404:
+            return 0, False
+        found = json.loads(reply.body) if reply.status == 200 else None
+    except (EngineError, ValueError, RecursionError):
+        return None
+    state = found.get("State") if isinstance(found, dict) else None
+    if not isinstance(state, dict):
+        return None
+    pid, running = state.get("Pid"), state.get("Running")
+    if not isinstance(pid, int) or isinstance(pid, bool) or not isinstance(running, bool):
+        return None
+    return pid, running

@@ -293,15 +293,29 @@ class Target:
             self.start_ticks = _start_ticks(self.pid)
             return self.alive()
         while time.monotonic() < deadline and (not parent or os.getppid() == parent):
-            out = self._docker("inspect", "-f", "{{.State.Pid}} {{.State.Running}}", self.container)
-            fields = out.split()
-            if len(fields) == 2 and fields[1] == "true" and fields[0].isdigit() and fields[0] != "0":
-                self.init_pid = int(fields[0])
+            pid, running = self._state()
+            if running and pid > 0:
+                self.init_pid = pid
                 self.start_ticks = _start_ticks(self.init_pid)
                 self._find_cgroups()
                 return True
             time.sleep(0.2)
         return False
+
+    def _state(self) -> tuple[int, bool]:
+        """The container's first PID and whether it runs: asked on the engine's socket (the docker
+        CLI's start costs the node more CPU than the answer, just as the workload starts), else of
+        the docker CLI (a tcp:// DOCKER_HOST, or another docker command given)."""
+        if self.docker == "docker":
+            from slurm_multi import dockerapi
+
+            state = dockerapi.container_state(os.environ, self.container)
+            if state is not None:
+                return state
+        fields = self._docker("inspect", "-f", "{{.State.Pid}} {{.State.Running}}", self.container).split()
+        if len(fields) == 2 and fields[0].isdigit():
+            return int(fields[0]), fields[1] == "true"
+        return 0, False
 
     def _docker(self, *args: str, timeout: float = 10) -> str:
         try:

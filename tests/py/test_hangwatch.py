@@ -9,12 +9,14 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from fake_engine import engine
 from slurm_multi import hangwatch
 from slurm_multi.events import parse_line
 from slurm_multi.hangwatch import Target, Thread, classify, hang_line
@@ -224,6 +226,35 @@ def test_diagnostics_never_run_the_containers_binaries_with_privilege(tmp_path: 
     assert lines and not [line for line in lines if "--privileged" in line]
     assert "exec sm-1-r0 /usr/bin/py-spy dump --pid" in "\n".join(lines)
     assert (tmp_path / "diagnostics" / "kernel-stacks.txt").read_text().startswith(f"== pid {me}")
+
+
+def test_the_container_s_first_process_is_asked_of_the_engine_s_socket_not_the_docker_cli(
+    procs: list, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    workload = start(procs, ["sleep", "60"], tmp_path / "out")
+    created = json.dumps({"State": {"Pid": 0, "Running": False}}).encode()
+    running = json.dumps({"State": {"Pid": workload.pid, "Running": True}}).encode()
+    answers: dict = {"/containers/sm-1-r0/json": created}
+    path, server = engine(tmp_path, answers)
+    shim = tmp_path / "docker-cli-was-run"
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{path}")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "docker").write_text(f"#!/bin/sh\ntouch {shim}\n")
+    (tmp_path / "bin" / "docker").chmod(0o755)
+    try:
+        target = Target(container="sm-1-r0")
+        threading.Timer(0.3, lambda: answers.update({"/containers/sm-1-r0/json": running})).start()
+        assert target.start(5)  # created, not yet running: it waits for it
+        assert target.init_pid == workload.pid and target.alive()
+        assert not Target(container="sm-9-r9").start(0.5)  # no such container (404): never ran
+    finally:
+        server.close()
+    assert not shim.exists()
+    # A tcp:// engine is the docker CLI's to ask.
+    monkeypatch.setenv("DOCKER_HOST", "tcp://127.0.0.1:1")
+    assert not Target(container="sm-1-r0").start(0.3)
+    assert shim.exists()
 
 
 def _peer(job: Path, rank: int, name: str, document: dict) -> None:
