@@ -86,14 +86,14 @@ util::_helper_with() {
 # its interpreter and imports are paid while the job runs (slurm_multi.warm: statusfile,
 # results.collect_main); util::warm_run gives it its arguments when its moment comes. It imports at
 # once, or with --wake-later when an empty line comes on its pipe (UTIL_WARM_FD[MODULE], which
-# children inherit: the batch step's watch writes it once every rank runs). Like the log filter it
-# ignores TERM and INT: a scancel must not take away a helper that the exit path needs. Unused, it
-# ends when this shell does (its pipe closes).
+# children inherit: the batch step's watch writes it once every rank's workload has printed). Like
+# the log filter it ignores TERM, INT and HUP: a scancel must not take away a helper that the exit
+# path needs. Unused, it ends when this shell does (its pipe closes).
 declare -gA UTIL_WARM_FD=() UTIL_WARM_PID=() UTIL_WARM_ERR=()
 util::warm_start() {
   local module=$1 fd errfile=${TMPDIR:-/tmp}/.sm-error.$$.${BASHPID}.${RANDOM}
   [[ -z ${UTIL_WARM_PID[${module}]:-} ]] || return 0
-  exec {fd}> >(trap '' TERM INT; SM_ERROR_FILE=${errfile} PYTHONPATH="${SM_HOME}/py${PYTHONPATH:+:${PYTHONPATH}}" \
+  exec {fd}> >(trap '' TERM INT HUP; SM_ERROR_FILE=${errfile} PYTHONPATH="${SM_HOME}/py${PYTHONPATH:+:${PYTHONPATH}}" \
     exec "${SM_PYTHON}" -S -m slurm_multi.warm "${module}")
   UTIL_WARM_PID[${module}]=$! UTIL_WARM_FD[${module}]=${fd} UTIL_WARM_ERR[${module}]=${errfile}
   [[ ${2:-} == --wake-later ]] || (printf '\n' 1>&"${fd}") 2>/dev/null || true
