@@ -8,12 +8,12 @@ the helpers do, with is_secret_name below.
 
 from __future__ import annotations
 
-import fnmatch
+import io
 import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TextIO
 
+# Shell-style patterns of `*` and literal text only (glob_match's rule: no `?`, no `[...]`).
 SECRET_NAME_PATTERNS = ("*TOKEN*", "*SECRET*", "*PASSWORD*", "*PASSWD*", "MAD_SECRETS*", "*API_KEY*")
 MASK = "***"
 MIN_SECRET_LEN = 4  # shorter values would redact ordinary words
@@ -21,7 +21,26 @@ MIN_SECRET_LEN = 4  # shorter values would redact ordinary words
 
 def is_secret_name(name: str) -> bool:
     upper = name.upper()
-    return any(fnmatch.fnmatchcase(upper, pattern) for pattern in SECRET_NAME_PATTERNS)
+    return any(glob_match(upper, pattern) for pattern in SECRET_NAME_PATTERNS)
+
+
+def glob_match(text: str, pattern: str) -> bool:
+    """fnmatch.fnmatchcase(text, pattern) for a pattern of `*` and literal text, without fnmatch and
+    the regular expressions it compiles (every log filter of a job imports this module as it starts,
+    on cores the node's start shares): the literal parts in order, the first at the start, the last
+    at the end."""
+    if "*" not in pattern:
+        return text == pattern
+    first, *middle, last = pattern.split("*")
+    if len(text) < len(first) + len(last) or not text.startswith(first) or not text.endswith(last):
+        return False
+    at, end = len(first), len(text) - len(last)
+    for part in middle:
+        found = text.find(part, at, end)
+        if found < 0:
+            return False
+        at = found + len(part)
+    return True
 
 
 def secret_values(env: Mapping[str, str]) -> list[str]:
@@ -73,7 +92,9 @@ class Redactor:
         return redact(text, self._secrets)
 
 
-def filter_stream(source: TextIO, sink: TextIO, env: Mapping[str, str], secrets_file: str | None) -> None:
+def filter_stream(
+    source: io.TextIOBase, sink: io.TextIOBase, env: Mapping[str, str], secrets_file: str | None
+) -> None:
     """Copy source to sink line by line, secrets masked, flushing each line (it is a live log)."""
     redactor = Redactor(env, secrets_file)
     for line in source:

@@ -67,3 +67,36 @@ def test_the_log_filter_starts_without_click_and_masks_file_and_env_secrets(tmp_
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == b"a *** b *** c \xff\n"
+
+
+def test_the_secret_rule_s_glob_is_fnmatch_for_its_patterns_and_any_of_stars_and_text() -> None:
+    import fnmatch
+    import random
+
+    from slurm_multi.secret_rule import SECRET_NAME_PATTERNS, glob_match
+
+    # glob_match knows `*` and literal text only: the table must not grow a `?` or a `[...]`.
+    assert not [p for p in SECRET_NAME_PATTERNS if "?" in p or "[" in p]
+    rng = random.Random(7)
+    for _ in range(20000):
+        text = "".join(rng.choice("ABTOKENSCRPWDI_MAY") for _ in range(rng.randint(0, 14)))
+        pattern = "".join(rng.choice("ABKTOENSCRPWDI_*M") for _ in range(rng.randint(0, 8)))
+        for each in (pattern, *SECRET_NAME_PATTERNS):
+            assert glob_match(text, each) == fnmatch.fnmatchcase(text, each), (text, each)
+    assert glob_match("MY_API_KEY", "*API_KEY*") and glob_match("MAD_SECRETS_HF", "MAD_SECRETS*")
+    assert not glob_match("XMAD_SECRETS", "MAD_SECRETS*") and not glob_match("AB", "A*B*B")
+
+
+def test_the_log_filter_starts_without_regular_expressions_or_typing(tmp_path) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {"PYTHONPATH": str(Path(__file__).resolve().parents[2] / "py"), "PATH": "/usr/bin:/bin"}
+    argv = [sys.executable, "-S", "-X", "importtime", "-m", "slurm_multi.secret_rule"]
+    done = subprocess.run(argv, input="hi\n", env=env, capture_output=True, text=True, check=True)
+    modules = {
+        line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")
+    }
+    assert done.stdout == "hi\n"
+    assert not modules & {"re", "fnmatch", "typing"}, modules & {"re", "fnmatch", "typing"}
