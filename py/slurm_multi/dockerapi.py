@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import socket
 from collections.abc import Mapping
-from typing import NamedTuple
+from typing import Any, NamedTuple
 from urllib.parse import quote
 
 DEFAULT_HOST = "unix:///var/run/docker.sock"
@@ -58,17 +58,28 @@ def get(path: str, url: str, timeout: float, limit: int = MAX_REPLY) -> Reply:
     return Reply(int(fields[1]), status_line.decode("ascii", "replace"), body)
 
 
+def _inspect(env: Mapping[str, str], url: str, timeout: float) -> tuple[int, Any] | None:
+    """(status, the JSON the engine answers on its socket for `GET url`, None unless 200); None when
+    it cannot be asked this way (a tcp:// DOCKER_HOST, no answer, a 200 that is not JSON)."""
+    path = socket_path(env)
+    if path is None:
+        return None
+    try:
+        reply = get(path, url, timeout)
+        return reply.status, (json.loads(reply.body) if reply.status == 200 else None)
+    except (EngineError, ValueError, RecursionError):
+        return None
+
+
+def _image_url(ref: str) -> str:
+    return f"/images/{quote(ref, safe='/:@')}/json"
+
+
 def image_id(env: Mapping[str, str], ref: str, timeout: float = 5.0) -> str:
     """The ID (`sha256:...`) of image `ref` on this node's engine; "" when it has no such image or
     cannot say (a worker that cannot tell what it holds is one that holds nothing)."""
-    path = socket_path(env)
-    if path is None or not ref:
-        return ""
-    try:
-        reply = get(path, f"/images/{quote(ref, safe='/:@')}/json", timeout)
-        found = json.loads(reply.body) if reply.status == 200 else {}
-    except (EngineError, ValueError, RecursionError):
-        return ""
+    asked = _inspect(env, _image_url(ref), timeout) if ref else None
+    found = asked[1] if asked else None
     value = found.get("Id") if isinstance(found, dict) else None
     return value if isinstance(value, str) and value.startswith("sha256:") else ""
 
@@ -78,16 +89,12 @@ def image_facts(env: Mapping[str, str], ref: str, label: str, timeout: float = 5
     image inspect -f '{{.Id}} {{index .Config.Labels LABEL}}'` says. ("", "") when the engine has no
     such image; None when it cannot be asked this way (a tcp:// DOCKER_HOST, no answer): the caller
     then asks the docker CLI."""
-    path = socket_path(env)
-    if path is None or not ref:
+    asked = _inspect(env, _image_url(ref), timeout) if ref else None
+    if asked is None:
         return None
-    try:
-        reply = get(path, f"/images/{quote(ref, safe='/:@')}/json", timeout)
-        if reply.status == 404:
-            return "", ""
-        found = json.loads(reply.body) if reply.status == 200 else None
-    except (EngineError, ValueError, RecursionError):
-        return None
+    status, found = asked
+    if status == 404:
+        return "", ""
     if not isinstance(found, dict) or not isinstance(found.get("Id"), str):
         return None
     config = found.get("Config")
@@ -100,16 +107,12 @@ def container_state(env: Mapping[str, str], name: str, timeout: float = 5.0) -> 
     """(the PID of its first process, whether it runs) of container `name`: what `docker inspect -f
     '{{.State.Pid}} {{.State.Running}}'` says; (0, False) when the engine has no such container (yet);
     None when it cannot be asked this way (the caller asks the docker CLI)."""
-    path = socket_path(env)
-    if path is None or not name:
+    asked = _inspect(env, f"/containers/{quote(name, safe='')}/json", timeout) if name else None
+    if asked is None:
         return None
-    try:
-        reply = get(path, f"/containers/{quote(name, safe='')}/json", timeout)
-        if reply.status == 404:
-            return 0, False
-        found = json.loads(reply.body) if reply.status == 200 else None
-    except (EngineError, ValueError, RecursionError):
-        return None
+    status, found = asked
+    if status == 404:
+        return 0, False
     state = found.get("State") if isinstance(found, dict) else None
     if not isinstance(state, dict):
         return None

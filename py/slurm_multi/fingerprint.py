@@ -97,9 +97,10 @@ def fingerprint(dockerfile: str, context: str, build_args: Sequence[str]) -> str
 
 
 def main(argv: Sequence[str]) -> int:
-    if len(argv) < 2 or argv[0] in ("-h", "--help"):
-        print(f"usage: {USAGE}", file=sys.stdout if argv[:1] in (["-h"], ["--help"]) else sys.stderr)
-        return 0 if argv[:1] in (["-h"], ["--help"]) else 2
+    asked = argv[:1] in (["-h"], ["--help"])
+    if asked or len(argv) < 2:
+        print(f"usage: {USAGE}", file=sys.stdout if asked else sys.stderr)
+        return 0 if asked else 2
     sys.stdout.write(fingerprint(argv[0], argv[1], argv[2:]))
     return 0
 

@@ -25,10 +25,11 @@ from __future__ import annotations
 import os
 import sys
 
+from slurm_multi import EXIT_USAGE
+
 # Which helpers may be started warm: their `main(argv)` is the click-free entry bash runs cold.
 WARM_MODULES = ("statusfile", "results.collect_main")
 EXIT_NOT_GIVEN = 0  # the pipe closed empty: nothing asked of us
-EXIT_USAGE = 2
 MAX_ARGV_BYTES = 1 << 20  # a status line or a collect command line; never more
 
 
