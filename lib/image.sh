@@ -21,6 +21,23 @@ FINGERPRINT_LABEL=org.slurm-multi.fingerprint
 
 image::local_id() { docker image inspect -f '{{.Id}}' "$1" 2>/dev/null; }
 
+# image::held: the engine's ID and fingerprint label of SM_IMAGE on this node, in IMAGE_HELD_ID and
+# IMAGE_HELD_LABEL ("" when absent). Prepare asked the engine's socket already (IMAGE_LOCAL_*): an
+# image it found serves the first call (a warm start pays for no docker CLI); a later call, or one
+# after prepare found none (another job may have loaded it since), asks the engine, one inspect
+# for both.
+image::held() {
+  if [[ ${IMAGE_LOCAL_ASKED:-0} == 1 && -n ${IMAGE_LOCAL_ID:-} ]]; then
+    IMAGE_HELD_ID=${IMAGE_LOCAL_ID} IMAGE_HELD_LABEL=${IMAGE_LOCAL_LABEL:-}
+    IMAGE_LOCAL_ASKED=0 # what the engine held then: a second call asks again
+    return 0
+  fi
+  local both
+  both=$(docker image inspect -f "{{.Id}} {{with .Config.Labels}}{{index . \"${FINGERPRINT_LABEL}\"}}{{end}}" "${SM_IMAGE}" 2>/dev/null || true)
+  IMAGE_HELD_ID=${both%% *} IMAGE_HELD_LABEL=${both#* }
+  [[ ${IMAGE_HELD_LABEL} != "<no value>" && ${IMAGE_HELD_LABEL} != "${both}" ]] || IMAGE_HELD_LABEL=""
+}
+
 image::label() {
   docker image inspect -f "{{ index .Config.Labels \"${2}\" }}" "$1" 2>/dev/null | sed 's/^<no value>$//'
 }
@@ -37,7 +54,8 @@ image::cache_key() {
 
 # image::fingerprint: what the image would be built from (dockerfile, context files, build args).
 # A local image whose label differs was built from something else under a reused tag. The rule is
-# slurm_multi.fingerprint's; rank 0's prepare computed it already (IMAGE_FINGERPRINT).
+# slurm_multi.fingerprint's; rank 0's prepare computed it already (IMAGE_FINGERPRINT), a worker
+# that rebuilds asks the module.
 image::fingerprint() {
   [[ -n ${SM_DOCKERFILE:-} && -f ${SM_DOCKERFILE} ]] || return 0
   if [[ -n ${IMAGE_FINGERPRINT:-} ]]; then
@@ -146,17 +164,8 @@ image::ensure_on_rank0() {
   local fp id label key cache=${SM_IMAGE_CACHE:-}
   fp=$(image::fingerprint)
   key=$(image::cache_key "${SM_IMAGE}")
-  # The ID and the fingerprint label: asked by prepare on the engine's socket (IMAGE_LOCAL_*), else
-  # one inspect for both (a warm start pays for nothing else).
-  if [[ ${IMAGE_LOCAL_ASKED:-0} == 1 ]]; then
-    id=${IMAGE_LOCAL_ID:-} label=${IMAGE_LOCAL_LABEL:-}
-    IMAGE_LOCAL_ASKED=0 # what the engine held then: a second call asks again
-  else
-    local both
-    both=$(docker image inspect -f "{{.Id}} {{with .Config.Labels}}{{index . \"${FINGERPRINT_LABEL}\"}}{{end}}" "${SM_IMAGE}" 2>/dev/null || true)
-    id=${both%% *} label=${both#* }
-    [[ ${label} == "<no value>" || ${label} == "${both}" ]] && label=""
-  fi
+  image::held
+  id=${IMAGE_HELD_ID} label=${IMAGE_HELD_LABEL}
   if [[ -n ${id} ]]; then
     if [[ -n ${fp} && -n ${label} && ${label} != "${fp}" ]]; then
       log::info image "${SM_IMAGE} is present but was built from another dockerfile/context (tag reused); rebuilding"
@@ -353,7 +362,8 @@ image::ensure_on_worker() {
   local want=$1 id key cache=${SM_IMAGE_CACHE:-}
   IMAGE_WORKER_ID=${want}
   key=$(image::cache_key "${SM_IMAGE}")
-  id=$(image::local_id "${SM_IMAGE}" || true)
+  image::held
+  id=${IMAGE_HELD_ID}
   if [[ ${id} == "${want}" ]]; then
     log::info image "${SM_IMAGE} already present with rank 0's ID ${want:7:12}; no load"
     return 0

@@ -15,6 +15,7 @@ NODE_STAGES=(prepare fitness image barrier run save-outputs)
 NODE_REASON=
 NODE_EXIT=0
 NODE_TERMINATED=0
+NODE_HOST= # this machine's name (node::init)
 NODE_FROM_JOB=0
 NODE_SCRATCH_FOREIGN=0
 RUN_EXIT=
@@ -35,7 +36,10 @@ node::init() {
   export SM_RANK=${SM_RANK:-${SLURM_NODEID:-0}}
   export NNODES=${NNODES:-${SLURM_NNODES:-${SLURM_JOB_NUM_NODES:-1}}}
   export NODE_RANK=${SM_NODE_RANK:-${SM_RANK}} RANK=${RANK:-${SM_RANK}} WORLD_SIZE=${WORLD_SIZE:-${NNODES}} LOCAL_RANK=${LOCAL_RANK:-0}
-  export SLURMD_NODENAME=${SLURMD_NODENAME:-$(hostname)}
+  # This machine's name as `hostname` says it (the kernel's UTS name), read without a process: the
+  # status line and the hang watch name it. (Not HOSTNAME: srun passes on the batch host's.)
+  read -r NODE_HOST </proc/sys/kernel/hostname 2>/dev/null || NODE_HOST=$(hostname)
+  export SLURMD_NODENAME=${SLURMD_NODENAME:-${NODE_HOST}}
   export SM_OUTPUT_DIR=/sm-out
   if ((NODE_FROM_JOB)); then
     # A re-run by hand: the job's own outputs stay as they were; this run's go beside them.
@@ -710,7 +714,7 @@ node::write_status() {
   # The click-free entry of `slurm-multi node status` (this runs at the end of every task), started
   # warm while the workload ran (run::workload_started), cold on a path that never got there.
   util::warm_run statusfile "${SM_NODE_DIR}/status.json" "${SM_RANK}" \
-    "$(hostname)" "${NODE_EXIT}" "${NODE_REASON}" "${SM_IMAGE_ID:-}" "${NODE_TERMINATED}" "${stages[@]+"${stages[@]}"}" ||
+    "${NODE_HOST:-$(hostname)}" "${NODE_EXIT}" "${NODE_REASON}" "${SM_IMAGE_ID:-}" "${NODE_TERMINATED}" "${stages[@]+"${stages[@]}"}" ||
     log::error node "cannot write ${SM_NODE_DIR}/status.json (see the line above)"
 }
 

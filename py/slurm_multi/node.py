@@ -277,20 +277,22 @@ def check_docker_engine(env: Mapping[str, str], node: str, timeout: float | None
 FINGERPRINT_LABEL = "org.slurm-multi.fingerprint"  # = lib/image.sh FINGERPRINT_LABEL
 
 
-def rank0_image_facts(ctx: RunContext, env: Mapping[str, str], runtime: str) -> dict[str, str]:
-    """What rank 0's image stage asks first, answered here, where the interpreter and the engine's
-    socket are already at hand (lib/image.sh image::ensure_on_rank0): the image's build fingerprint
-    (IMAGE_FINGERPRINT, when it has a dockerfile) and the engine's ID and fingerprint label of it
-    (IMAGE_LOCAL_ID, IMAGE_LOCAL_LABEL; IMAGE_LOCAL_ASKED=1 when the engine answered, "" ID: absent).
+def image_facts(ctx: RunContext, env: Mapping[str, str], runtime: str, rank0: bool) -> dict[str, str]:
+    """What the image stage asks first, answered here, where the interpreter and the engine's socket
+    are already at hand (lib/image.sh image::ensure_on_rank0, image::ensure_on_worker): the engine's
+    ID and fingerprint label of the image (IMAGE_LOCAL_ID, IMAGE_LOCAL_LABEL; IMAGE_LOCAL_ASKED=1
+    when the engine answered, "" ID: absent), and on rank 0 the image's build fingerprint
+    (IMAGE_FINGERPRINT, when it has a dockerfile; a worker needs it only to rebuild, then asks).
     Nothing when the runtime has no docker image; the image stage asks itself what is missing."""
     from slurm_multi import dockerapi
-    from slurm_multi.fingerprint import fingerprint
 
     if runtime not in ("docker", "pyxis"):
         return {}
     facts: dict[str, str] = {}
     dockerfile = ctx.get("SM_DOCKERFILE")
-    if dockerfile:
+    if dockerfile and rank0:
+        from slurm_multi.fingerprint import fingerprint
+
         built_from = fingerprint(
             dockerfile, ctx.get("SM_DOCKER_CONTEXT"), [f"{n}={v}" for n, v in ctx.build_args]
         )
@@ -366,8 +368,8 @@ def prepare(
         "RUN_WORKLOAD": ctx.workload,
     }
     scalars = {"SM_GPU_DETECTED": f"{detected['vendor']} x{detected['count']}", "RUN_WORKDIR": run.workdir}
-    if detect and shown_scratch is None and env.get("SM_RANK", "0") == "0":
-        scalars.update(rank0_image_facts(ctx, env, runtime))
+    if detect and shown_scratch is None:
+        scalars.update(image_facts(ctx, env, runtime, rank0=env.get("SM_RANK", "0") == "0"))
     shell.write_private(
         os.path.join(scratch, "context.sh"),
         shell.render("slurm-multi node prepare", scalars=scalars, arrays=arrays, exports=exports),

@@ -441,6 +441,28 @@ hold_lock() {
   assert_equal "$(count_calls 'node2 load')" 1
 }
 
+@test "a worker takes the image its prepare found on the engine (IMAGE_LOCAL_*) once; none found, or a second look, asks the engine" {
+  local id
+  id=$(build node2)
+  # Prepare's answer names rank 0's ID: no docker CLI at all in the image stage.
+  RELEASED=${id} run stage node2 1 "IMAGE_LOCAL_ASKED=1 IMAGE_LOCAL_ID=${id} IMAGE_LOCAL_LABEL=fp"
+  assert_line "rc=0"
+  assert_line "image_id=${id}"
+  assert_output --partial "already present with rank 0's ID ${id:7:12}; no load"
+  assert_equal "$(count_calls 'node2 image inspect')" 0
+  # Prepare found none: the engine is asked again (another job may have loaded it since).
+  RELEASED=${id} run stage node2 1 "IMAGE_LOCAL_ASKED=1 IMAGE_LOCAL_ID= IMAGE_LOCAL_LABEL="
+  assert_line "rc=0"
+  assert_output --partial "already present with rank 0's ID ${id:7:12}; no load"
+  assert_equal "$(count_calls 'node2 image inspect')" 1
+  # Used once: the next look is the engine's (it says what is there now).
+  run on node2 'IMAGE_LOCAL_ASKED=1 IMAGE_LOCAL_ID=sha256:old IMAGE_LOCAL_LABEL=old
+    image::held; echo "${IMAGE_HELD_ID} ${IMAGE_HELD_LABEL}"; image::held; echo "${IMAGE_HELD_ID} ${IMAGE_HELD_LABEL}"'
+  assert_line --index 0 "sha256:old old"
+  assert_line --index 1 "${id} fp"
+  assert_equal "$(count_calls 'node2 image inspect')" 2
+}
+
 @test "a worker whose relay fails falls back to the shared tar" {
   export SM_IMAGE_CACHE=${CACHE}
   local id

@@ -146,7 +146,7 @@ def test_the_engine_says_an_image_s_id_and_label_without_the_docker_cli(tmp_path
     assert dockerapi.image_facts({"DOCKER_HOST": "tcp://127.0.0.1:2375"}, "x:1", LABEL) is None
 
 
-def test_rank_0_s_prepare_answers_what_its_image_stage_asks_first(tmp_path: Path):
+def test_prepare_answers_what_its_image_stage_asks_first(tmp_path: Path):
     from slurm_multi import node
 
     ctx = tree(tmp_path)
@@ -182,4 +182,5 @@ def test_rank_0_s_prepare_answers_what_its_image_stage_asks_first(tmp_path: Path
     assert rank0 == {"IMAGE_FINGERPRINT": want, "IMAGE_LOCAL_ASKED": "1", "IMAGE_LOCAL_ID": image["Id"],
                      "IMAGE_LOCAL_LABEL": "0" * 32}  # fmt: skip
     assert want == coreutils(str(ctx / "Dockerfile"), str(ctx), ["GREETING=hi"], tmp_path)
-    assert rank1 == {}  # a worker asks only if it has to rebuild
+    # A worker is told what the engine holds too; the fingerprint it asks only if it has to rebuild.
+    assert rank1 == {"IMAGE_LOCAL_ASKED": "1", "IMAGE_LOCAL_ID": image["Id"], "IMAGE_LOCAL_LABEL": "0" * 32}
