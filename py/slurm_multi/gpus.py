@@ -31,7 +31,6 @@ import os
 import re
 import shutil
 import socket
-import subprocess
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -303,6 +302,8 @@ def parse_nvidia_smi(text: str) -> dict[str, Any]:
 
 
 def _run_tool(executable: str, argv: tuple[str, ...], timeout_s: float) -> str:
+    import subprocess  # only where a GPU tool is there to run (the job plan and a CPU node: never)
+
     shown = " ".join(argv)
     try:
         done = subprocess.run(  # noqa: S603 - fixed argv, no shell

@@ -35,7 +35,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -318,6 +317,8 @@ class Target:
         return 0, False
 
     def _docker(self, *args: str, timeout: float = 10) -> str:
+        import subprocess  # the CLI is the fallback (tcp://, --docker) and the diagnostics' only
+
         try:
             return subprocess.run(
                 [self.docker, *args], capture_output=True, text=True, timeout=timeout, check=False
@@ -691,6 +692,8 @@ def _comm(pid: int) -> str:
 
 
 def _run(argv: Sequence[str]) -> str:
+    import subprocess  # only for the diagnostics of a hang
+
     try:
         return subprocess.run(list(argv), capture_output=True, text=True, timeout=10, check=False).stdout
     except (OSError, subprocess.TimeoutExpired):

@@ -20,7 +20,6 @@ import errno
 import ipaddress
 import socket
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Callable, NamedTuple
 
 from slurm_multi.common import HelperError, usage_error
@@ -49,7 +48,8 @@ PROOF_TIMEOUT = 2.0
 def read_local_port_range(path: str = LOCAL_RANGE_PATH) -> tuple[int, int]:
     """The kernel's ephemeral port range, or Linux's default when it cannot be read."""
     try:
-        lo, hi = (int(part) for part in Path(path).read_text().split())
+        with open(path, encoding="utf-8") as handle:
+            lo, hi = (int(part) for part in handle.read().split())
     except (OSError, ValueError):
         return FALLBACK_LOCAL_RANGE
     if 1 <= lo <= hi <= 65535:
@@ -161,7 +161,8 @@ def interface_ipv4(name: str) -> str | None:
 
 def _default_route_interfaces(route_path: str) -> list[str]:
     try:
-        rows = Path(route_path).read_text().splitlines()[1:]
+        with open(route_path, encoding="utf-8") as handle:
+            rows = handle.read().splitlines()[1:]
     except OSError:
         return []
     found: list[tuple[int, str]] = []

@@ -46,8 +46,9 @@ CLICK_COLLECT = ("-m", "slurm_multi", "results", "collect")
 
 
 # What the helpers that start beside every rank's prepare and run never import: dataclasses (and the
-# inspect, ast and dis it pulls in) and argparse, ~10-20 ms of CPU each on cores the job shares.
-SLOW_STDLIB = {"dataclasses", "inspect", "argparse"}
+# inspect, ast and dis it pulls in) and argparse, ~10-20 ms of CPU each on cores the job shares;
+# secrets (random, base64), pathlib and subprocess, a few ms each, for what os does as well.
+SLOW_STDLIB = {"dataclasses", "inspect", "argparse", "secrets", "random", "pathlib", "subprocess"}
 
 
 def base_env(**extra: str) -> dict[str, str]:
@@ -172,6 +173,16 @@ def test_the_watch_imports_no_click_and_no_slow_stdlib(tmp_path: Path) -> None:
     modules = imported(done.stderr)
     assert "slurm_multi.events" in modules
     assert not [m for m in modules if m == "click" or m.startswith("click.")]
+    assert not set(modules) & SLOW_STDLIB
+
+
+def test_the_hang_watch_imports_no_slow_stdlib(tmp_path: Path) -> None:
+    """It starts beside every rank's container; the docker CLI and the diagnostics' tools (subprocess)
+    are for a tcp:// engine and a hang only."""
+    done = run(("-S", "-m", "slurm_multi.hangwatch"), ["--help"], base_env(), tmp_path, importtime=True)
+    assert done.returncode == 0, done.stderr
+    modules = imported(done.stderr)
+    assert "slurm_multi.events" in modules
     assert not set(modules) & SLOW_STDLIB
 
 
