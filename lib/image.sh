@@ -43,12 +43,18 @@ image::label() {
 }
 
 # image::cache_key REF: the cache entry's name for REF: REF with every byte outside [A-Za-z0-9._-]
-# made `_`, then the first 8 hex digits of REF's sha256. One process (sha256sum), not five: every
-# node asks for it before its prepare.
-image::cache_key() {
+# made `_`, then the first 8 hex digits of REF's sha256. One process (sha256sum), not five, and
+# once per shell (image::key_into): every node asks for it before its prepare and again after.
+image::cache_key() { image::key_into "$1" && printf '%s' "${IMAGE_KEY}"; }
+
+# image::key_into REF: image::cache_key REF into IMAGE_KEY, without a process when this shell worked
+# out REF's before (a node asks for its image's in the fitness check, the barrier and the image stage).
+IMAGE_KEY='' IMAGE_KEY_REF='' IMAGE_KEY_SET=0
+image::key_into() {
   local ref=$1 sum LC_ALL=C # byte by byte, as tr does: a multibyte character is several `_`
+  if ((IMAGE_KEY_SET)) && [[ ${IMAGE_KEY_REF} == "${ref}" ]]; then return 0; fi
   sum=$(printf '%s' "${ref}" | sha256sum)
-  printf '%s-%s' "${ref//[^A-Za-z0-9._-]/_}" "${sum:0:8}"
+  IMAGE_KEY="${ref//[^A-Za-z0-9._-]/_}-${sum:0:8}" IMAGE_KEY_REF=${ref} IMAGE_KEY_SET=1
 }
 
 
@@ -163,7 +169,8 @@ image::cache_save() {
 image::ensure_on_rank0() {
   local fp id label key cache=${SM_IMAGE_CACHE:-}
   fp=$(image::fingerprint)
-  key=$(image::cache_key "${SM_IMAGE}")
+  image::key_into "${SM_IMAGE}"
+  key=${IMAGE_KEY}
   image::held
   id=${IMAGE_HELD_ID} label=${IMAGE_HELD_LABEL}
   if [[ -n ${id} ]]; then
@@ -220,7 +227,8 @@ image::ensure_on_rank0() {
 image::transport() {
   local id=$1 cache=${SM_IMAGE_CACHE:-} key
   case ${SM_IMAGE_TRANSPORT} in cache | relay) printf '%s' "${SM_IMAGE_TRANSPORT}"; return 0 ;; esac
-  key=$(image::cache_key "${SM_IMAGE}")
+  image::key_into "${SM_IMAGE}"
+  key=${IMAGE_KEY}
   if [[ -n ${cache} ]] && cache::holds "${cache}/${key}.tar" "${id}"; then
     printf cache
   else
@@ -361,7 +369,8 @@ image::relay_recv() {
 image::ensure_on_worker() {
   local want=$1 id key cache=${SM_IMAGE_CACHE:-}
   IMAGE_WORKER_ID=${want}
-  key=$(image::cache_key "${SM_IMAGE}")
+  image::key_into "${SM_IMAGE}"
+  key=${IMAGE_KEY}
   image::held
   id=${IMAGE_HELD_ID}
   if [[ ${id} == "${want}" ]]; then

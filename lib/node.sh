@@ -241,7 +241,8 @@ node::start_fitness() {
       argv+=(--docker-image "${image}")
       if [[ -n ${SM_IMAGE_CACHE:-} && -n ${image} ]]; then
         local bytes
-        bytes=$(cache::get "${SM_IMAGE_CACHE}/$(image::cache_key "${image}").tar" bytes)
+        image::key_into "${image}"
+        bytes=$(cache::get "${SM_IMAGE_CACHE}/${IMAGE_KEY}.tar" bytes)
         [[ -z ${bytes} ]] || argv+=(--image-bytes "${bytes}")
       fi
       ;;
@@ -490,7 +491,8 @@ node::workers_see_cache() {
   local want=$1 tar unseen silent=1 workers=$((${SM_NTASKS:-${NNODES}} - 1))
   NODE_CACHE_UNSEEN=
   [[ -n ${SM_IMAGE_CACHE:-} ]] || return 0
-  tar=${SM_IMAGE_CACHE}/$(image::cache_key "${SM_IMAGE}").tar
+  image::key_into "${SM_IMAGE}"
+  tar=${SM_IMAGE_CACHE}/${IMAGE_KEY}.tar
   cache::holds "${tar}" "${want}" || return 0
   [[ ${SM_IMAGE_TRANSPORT} != cache ]] || silent=0
   unseen=$(node::holds_read "${SM_SCRATCH}/barrier.holds" | awk -v want="${want}" -v seen="${want:7:16}" -v workers="${workers}" -v silent="${silent}" '
@@ -543,7 +545,10 @@ node::join_image_phase() {
   [[ ${SM_RUNTIME} != docker || -z ${ref} ]] || argv+=(--holds-image "${ref}")
   # And which image the shared cache's tar holds as this node sees it (rank 0 sends the cache only
   # to nodes that see its tar): read in the helper's own process, off this task's path.
-  [[ ${SM_RUNTIME} != docker || -z ${ref} || -z ${SM_IMAGE_CACHE:-} ]] || tar=${SM_IMAGE_CACHE}/$(image::cache_key "${ref}").tar
+  if [[ ${SM_RUNTIME} == docker && -n ${ref} && -n ${SM_IMAGE_CACHE:-} ]]; then
+    image::key_into "${ref}"
+    tar=${SM_IMAGE_CACHE}/${IMAGE_KEY}.tar
+  fi
   # Not util::py: the process substitution must BE the helper (exec), so SIGUSR1 reaches Python.
   exec {NODE_JOIN_FD}< <(
     if [[ -n ${tar} ]] && cache::holds "${tar}"; then argv+=(--cache-holds "$(cache::get "${tar}" id)"); fi

@@ -106,6 +106,12 @@ hold_lock() {
     LANG=C.UTF-8 run on node1 image::cache_key "${ref}"
     assert_output "${want}"
   done
+  # Worked out once per shell: asked again (no sha256sum to run now), the same; another ref, its own.
+  run on node1 'image::key_into toy/model:local; first=${IMAGE_KEY}
+    PATH=/nonexistent image::key_into toy/model:local; echo "${first} ${IMAGE_KEY}"
+    image::key_into "a b"; echo "${IMAGE_KEY}"'
+  assert_line --index 0 "${KEY} ${KEY}"
+  assert_line --index 1 "a_b-$(printf %s 'a b' | sha256sum | cut -c1-8)"
 }
 
 @test "rank 0 without the image and nothing to build it from pulls the manifest's registry_image, tagged as the image" {
