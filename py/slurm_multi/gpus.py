@@ -27,10 +27,8 @@ never returns fewer GPUs than were asked for.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import socket
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -538,10 +536,6 @@ def docker_gpu_args(
         # the commas inside a single `device=` field.
         return ["--gpus", '"device=' + ",".join(str(i) for i in indexes) + '"']
     return _amd_device_args(gpus, indexes, node)
-
-
-def this_node() -> str:
-    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 def load_detected(text: str, source: str) -> dict[str, Any]:

@@ -9,7 +9,8 @@ from typing import Any
 
 import click
 
-from slurm_multi.gpus import detect_gpus, docker_gpu_args, load_detected, parse_amdsmi, read_input, this_node
+from slurm_multi.gpus import detect_gpus, docker_gpu_args, load_detected, parse_amdsmi, read_input
+from slurm_multi.logline import this_host
 
 
 def _print_json(document: dict[str, Any]) -> None:
@@ -90,6 +91,6 @@ def docker_args_command(
         detected = load_detected(read_input(detected_source), detected_source)
     else:
         detected = detect_gpus(path=os.environ.get("PATH"))
-    args = docker_gpu_args(detected, vendor, docker_gpus, node or this_node())
+    args = docker_gpu_args(detected, vendor, docker_gpus, node or this_host())
     terminator = "\0" if null_terminated else "\n"
     click.echo("".join(arg + terminator for arg in args), nl=False)

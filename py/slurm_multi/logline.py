@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import sys
 import time
 
@@ -19,9 +18,16 @@ def short(text: str, limit: int = 240) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def this_host() -> str:
+    """The node a line or a check names: Slurm's name for it, else the host name. (os.uname's
+    nodename is what socket.gethostname() returns, without importing socket: the watch, the plan and
+    the warm helpers need nothing else of it.)"""
+    return os.environ.get("SLURMD_NODENAME") or os.uname().nodename
+
+
 def talk(area: str, message: str) -> None:
     """Log one line to stderr as `<UTC time> <host> r<rank> <area>: <message>` (stdout is data)."""
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    host = this_host()
     rank = os.environ.get("SM_RANK", os.environ.get("SLURM_NODEID", "-"))
     print(f"{stamp} {host} r{rank} {area}: {message}", file=sys.stderr, flush=True)

@@ -99,6 +99,7 @@ def test_the_job_plan_imports_no_click(tmp_path: Path) -> None:
     assert "slurm_multi.context" in modules and "slurm_multi.plan" not in modules  # runpy runs it
     assert not [m for m in modules if m == "click" or m.startswith("click.")]
     assert not set(modules) & SLOW_STDLIB
+    assert "socket" not in modules  # a log line's host name is os.uname's
 
 
 def test_node_prepare_imports_no_click(tmp_path: Path) -> None:
@@ -174,6 +175,7 @@ def test_the_watch_imports_no_click_and_no_slow_stdlib(tmp_path: Path) -> None:
     assert "slurm_multi.events" in modules
     assert not [m for m in modules if m == "click" or m.startswith("click.")]
     assert not set(modules) & SLOW_STDLIB
+    assert "socket" not in modules
 
 
 def test_the_hang_watch_imports_no_slow_stdlib(tmp_path: Path) -> None:

@@ -1,11 +1,15 @@
-"""logline.short: what every log excerpt and summary line goes through."""
+"""logline.short: what every log excerpt and summary line goes through; this_host, what every line
+names."""
 
 from __future__ import annotations
 
+import socket
+
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from slurm_multi.logline import CONTROL_CHARS, short
+from slurm_multi.logline import CONTROL_CHARS, short, talk, this_host
 
 
 def slow_short(text: str, limit: int) -> str:
@@ -23,3 +27,13 @@ def test_control_characters_and_ansi_colours_are_shown_not_sent():
     assert short("\x1b[31mred\x1b[0m\tdone\x7f") == "\\x1b[31mred\\x1b[0m\tdone\\x7f"
     assert short("  ok  ") == "ok"
     assert short("x" * 300, 10) == "xxxxxxx..."
+
+
+def test_a_line_names_slurm_s_node_else_the_host_name(monkeypatch: pytest.MonkeyPatch, capsys):
+    monkeypatch.delenv("SLURMD_NODENAME", raising=False)
+    assert this_host() == socket.gethostname()  # what it replaced, without importing socket
+    monkeypatch.setenv("SM_RANK", "3")
+    talk("area", "said")
+    assert capsys.readouterr().err.endswith(f" {socket.gethostname()} r3 area: said\n")
+    monkeypatch.setenv("SLURMD_NODENAME", "node7")
+    assert this_host() == "node7"
