@@ -125,12 +125,12 @@ node::remove_stale() {
 # node::stage NAME: run node::stage_NAME, time it, remember the outcome; stop at the first failure.
 node::stage() {
   local name=$1 t0 rc=0 how
-  t0=$(util::now)
+  util::now t0
   if ((NODE_FROM_JOB)); then
     how="this re-run of job ${SLURM_JOB_ID} rank ${SM_RANK}"
   else
-    how="alone, after the job: $(log::quote "${SM_HOME}/bin/sm-node" --from-job "${SM_JOBDIR}" --rank "${SM_RANK}" --stage "${name}")"
-    how=${how% }
+    log::quote_to how "${SM_HOME}/bin/sm-node" --from-job "${SM_JOBDIR}" --rank "${SM_RANK}" --stage "${name}"
+    how="alone, after the job: ${how% }"
   fi
   log::info "${name}" "stage ${name} (${how})"
   timeline::event stage_start stage="${name}"
@@ -153,7 +153,7 @@ node::stage() {
 node::record_stage() {
   local name=$1 status=$2
   NODE_CURRENT_STAGE=
-  NODE_STAGE_SECONDS[${name}]=$(util::elapsed "${NODE_CURRENT_T0}")
+  util::elapsed "${NODE_CURRENT_T0}" "NODE_STAGE_SECONDS[${name}]"
   NODE_STAGE_ORDER+=("${name}")
   NODE_STAGE_STATUS[${name}]=${status/terminated/failed}
   timeline::event stage_end stage="${name}" status="${status}"
@@ -170,7 +170,8 @@ node::fail() {
 # workload); bash sources what it wrote only after it succeeded. The manifest's docker_env_vars go
 # into container.env for `docker run --env-file`, never into this shell's environment.
 node::stage_prepare() {
-  export MASTER_ADDR=${MASTER_ADDR:-$(util::first_node)}
+  [[ -n ${MASTER_ADDR:-} ]] || util::first_node MASTER_ADDR
+  export MASTER_ADDR
   # (Resolved by the job plan; a stage run by hand without one gets it from prepare below.)
   export MASTER_PORT=${MASTER_PORT:-${SM_MASTER_PORT:-}}
   # (The helper also asks the node's docker engine for /_ping: a dead engine is its one-line reason.)
@@ -673,7 +674,7 @@ node::stage_run() {
 # into <jobdir>/node_<rank>/, then remove the container. Always runs, also after a failure.
 node::stage_save_outputs() {
   local name csv src
-  name=$(run::container_name)
+  run::container_name name
   mkdir -p "${SM_NODE_DIR}"
   csv=${SM_RESULTS_CSV:-}
   if [[ -n ${csv} ]]; then
@@ -734,7 +735,7 @@ node::remove_scratch() {
 # remove its scratch.
 node::stage_reap() {
   local name
-  name=$(run::container_name)
+  run::container_name name
   if [[ -f ${SM_NODE_DIR}/status.json ]]; then
     [[ ${SM_RUNTIME} != docker ]] || docker rm -f "${name}" >/dev/null 2>&1 || true
     node::remove_scratch

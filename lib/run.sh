@@ -7,8 +7,15 @@
 # shellcheck source=lib/timeline.sh
 declare -F timeline::event >/dev/null || source "$(dirname "${BASH_SOURCE[0]}")/timeline.sh"
 
-# run::container_name: one name per job and rank, so cleanup can always find the container.
-run::container_name() { printf 'sm-%s-r%s' "${SLURM_JOB_ID:-local}" "${SM_RANK:-0}"; }
+# run::container_name [VAR]: one name per job and rank, so cleanup can always find the container;
+# printed, or into VAR (no subshell on the run stage's path).
+run::container_name() {
+  if (($#)); then
+    printf -v "$1" 'sm-%s-r%s' "${SLURM_JOB_ID:-local}" "${SM_RANK:-0}"
+  else
+    printf 'sm-%s-r%s' "${SLURM_JOB_ID:-local}" "${SM_RANK:-0}"
+  fi
+}
 
 # Variables a job step carries that the workload and profilers (nsys %q{}) need. Passed as
 # NAME=VALUE (none of them is a secret), so the logged docker command pastes back as it ran.
@@ -20,8 +27,9 @@ RUN_RANK_ENV=(MASTER_ADDR MASTER_PORT NNODES NODE_RANK RANK WORLD_SIZE LOCAL_RAN
 # (RUN_GPU_ARGS, RUN_DOCKER_OPTS with the de-duplicated mounts, RUN_ENV_ARGS with the manifest's env
 # file, RUN_WORKLOAD). No helper runs here: prepare already checked every piece.
 run::docker_argv() {
-  local var
-  RUN_ARGV=(docker run --name "$(run::container_name)" --network host --init
+  local var name
+  run::container_name name
+  RUN_ARGV=(docker run --name "${name}" --network host --init
     "${RUN_GPU_ARGS[@]+"${RUN_GPU_ARGS[@]}"}" "${RUN_DOCKER_OPTS[@]+"${RUN_DOCKER_OPTS[@]}"}")
   for var in "${RUN_RANK_ENV[@]}"; do
     [[ -n ${!var+x} ]] && RUN_ARGV+=(-e "${var}=${!var}")
@@ -205,7 +213,7 @@ run::end_watchers() {
 run::docker() {
   local name pid rc=0 watchdog=""
   run::docker_argv
-  name=$(run::container_name)
+  run::container_name name
   # The name is the job's and the rank's: only a re-run by hand can find an old one in the way.
   if ((${NODE_FROM_JOB:-0})); then docker rm -f "${name}" >/dev/null 2>&1 || true; fi
   rm -f "${SM_SCRATCH}/timed-out" "${SM_SCRATCH}/run-done"

@@ -31,7 +31,7 @@ slurm::killwait() {
 slurm::hostnames() {
   local list=${1-${SLURM_JOB_NODELIST:-${SLURM_NODELIST:-}}} out host
   [[ -n ${list} ]] || return 0
-  if [[ -n ${SM_JOB_HOSTS:-} && ${list} == "${SM_JOB_HOSTS_OF:-}" ]]; then
+  if slurm::expanded "${list}"; then
     for host in ${SM_JOB_HOSTS}; do printf '%s\n' "${host}"; done
     return 0
   fi
@@ -41,6 +41,9 @@ slurm::hostnames() {
     tr ',' '\n' <<<"${list}"
   fi
 }
+
+# slurm::expanded LIST: LIST is the job's own node list, which the batch step expanded already.
+slurm::expanded() { [[ -n ${SM_JOB_HOSTS:-} && $1 == "${SM_JOB_HOSTS_OF:-}" ]]; }
 
 # slurm::export_hostnames HOST…: the expansion of SLURM_JOB_NODELIST, for every later
 # slurm::hostnames of this job (the tasks inherit it): SM_JOB_HOSTS, and the list it expands.

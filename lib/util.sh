@@ -189,25 +189,34 @@ util::find_python() {
   fi
 }
 
-# util::now: microseconds since the epoch (no fork: EPOCHREALTIME, whatever the locale's decimal point).
-util::now() { printf '%s' "${EPOCHREALTIME/[.,]/}"; }
-
-# util::elapsed START: seconds since START (from util::now), two decimals.
-util::elapsed() {
-  local us=$((${EPOCHREALTIME/[.,]/} - $1))
-  printf '%d.%02d' "$((us / 1000000))" "$((us % 1000000 / 10000))"
+# util::now [VAR]: microseconds since the epoch (EPOCHREALTIME, whatever the locale's decimal
+# point), printed, or into VAR (no subshell: every stage of every node takes one).
+util::now() {
+  if (($#)); then printf -v "$1" '%s' "${EPOCHREALTIME/[.,]/}"; else printf '%s' "${EPOCHREALTIME/[.,]/}"; fi
 }
 
-# util::first_node: rank 0's host = the first line of the expanded node list.
+# util::elapsed START [VAR]: seconds since START (from util::now), two decimals, printed or into VAR.
+util::elapsed() {
+  local _us=$((${EPOCHREALTIME/[.,]/} - $1)) _seconds
+  printf -v _seconds '%d.%02d' "$((_us / 1000000))" "$((_us % 1000000 / 10000))"
+  if (($# > 1)); then printf -v "$2" '%s' "${_seconds}"; else printf '%s' "${_seconds}"; fi
+}
+
+# util::first_node [VAR]: rank 0's host = the first line of the expanded node list, printed, or into
+# VAR (every node's prepare asks: no process when the batch step expanded the job's list).
+# shellcheck disable=SC2120 # VAR is lib/node.sh's
 util::first_node() {
-  local list=${SLURM_JOB_NODELIST:-${SLURM_NODELIST:-}}
+  local list=${SLURM_JOB_NODELIST:-${SLURM_NODELIST:-}} _first=''
   if [[ -z ${list} ]]; then
-    hostname
+    _first=$(hostname)
+  elif slurm::expanded "${list}"; then
+    read -r _first _ <<<"${SM_JOB_HOSTS}"
   elif command -v scontrol >/dev/null; then
-    slurm::hostnames "${list}" | head -n 1
+    _first=$(slurm::hostnames "${list}" | head -n 1) || _first=''
   else
-    printf '%s' "${list%%[,\[]*}"
+    _first=${list%%[,\[]*}
   fi
+  if (($#)); then printf -v "$1" '%s' "${_first}"; else printf '%s' "${_first}"; fi
 }
 
 # util::generate_token: a per-job secret for the barrier (hex, 48 chars).

@@ -102,3 +102,22 @@ status_args() { printf '%s\n' "$1" 0 node1 3 "stage run failed: exit 3" "" 0 "pr
   assert_failure
   assert_equal "$(find "${BATS_TEST_TMPDIR}" -mindepth 1 | wc -l)" 0
 }
+
+@test "util::now, util::elapsed and util::first_node into a variable say what they print, without a process" {
+  local t0 printed into first
+  util::now t0
+  [[ ${t0} =~ ^[0-9]{16}$ ]]
+  printed=$(util::elapsed $((t0 - 1234567)))
+  PATH=/nonexistent util::elapsed $((t0 - 1234567)) into
+  [[ ${printed} =~ ^1\.2[0-9]$ && ${into} =~ ^1\.2[0-9]$ ]]
+  # The job's own list, expanded by the batch step: the first host with no scontrol, head or fork.
+  export SLURM_JOB_NODELIST='gpu[07-09]' SM_JOB_HOSTS='gpu07 gpu08 gpu09' SM_JOB_HOSTS_OF='gpu[07-09]'
+  PATH=/nonexistent util::first_node first
+  assert_equal "${first}" gpu07
+  assert_equal "$(util::first_node)" gpu07
+  # Another list (no scontrol here): its first name, printed or into VAR alike.
+  export SLURM_JOB_NODELIST='a1,b2'
+  PATH=/nonexistent util::first_node first
+  assert_equal "${first}" a1
+  assert_equal "$(PATH=/nonexistent util::first_node)" a1
+}
