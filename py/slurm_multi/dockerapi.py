@@ -8,7 +8,6 @@ import json
 import socket
 from collections.abc import Mapping
 from typing import Any, NamedTuple
-from urllib.parse import quote
 
 DEFAULT_HOST = "unix:///var/run/docker.sock"
 MAX_REPLY = 4 << 20  # an inspect of an image with hundreds of layers is well under this
@@ -69,6 +68,17 @@ def _inspect(env: Mapping[str, str], url: str, timeout: float) -> tuple[int, Any
         return reply.status, (json.loads(reply.body) if reply.status == 200 else None)
     except (EngineError, ValueError, RecursionError):
         return None
+
+
+_UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-~")
+
+
+def quote(text: str, safe: str = "") -> str:
+    """urllib.parse.quote(text, safe) for a request path, without importing urllib.parse (and the
+    ipaddress it pulls in) where prepare, the fitness check and the barrier start: RFC 3986's
+    unreserved bytes and `safe` kept, every other byte of the UTF-8 text as %XX."""
+    keep = _UNRESERVED.union(safe.encode("ascii"))
+    return "".join(chr(b) if b in keep else f"%{b:02X}" for b in text.encode("utf-8"))
 
 
 def _image_url(ref: str) -> str:

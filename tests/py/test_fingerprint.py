@@ -1,6 +1,7 @@
 """slurm_multi.fingerprint: the one rule for an image's build fingerprint, and the digest earlier
 versions took with coreutils (the labels and cache sidecars they wrote must still match); prepare's
-answers for rank 0's image stage (the fingerprint, the engine's ID and label of the image)."""
+answers for the image stage (the fingerprint, the engine's ID and label of the image, asked on a
+request path quoted as urllib quotes it)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ import json
 import os
 import subprocess
 import sys
+import urllib.parse
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from fake_engine import engine
 from slurm_multi import dockerapi
@@ -184,3 +188,14 @@ def test_prepare_answers_what_its_image_stage_asks_first(tmp_path: Path):
     assert want == coreutils(str(ctx / "Dockerfile"), str(ctx), ["GREETING=hi"], tmp_path)
     # A worker is told what the engine holds too; the fingerprint it asks only if it has to rebuild.
     assert rank1 == {"IMAGE_LOCAL_ASKED": "1", "IMAGE_LOCAL_ID": image["Id"], "IMAGE_LOCAL_LABEL": "0" * 32}
+
+
+@given(st.text(max_size=40), st.sampled_from(["", "/:@", "/"]))
+def test_a_request_path_is_quoted_as_urllib_quotes_it(text: str, safe: str):
+    try:
+        want = urllib.parse.quote(text, safe=safe)
+    except UnicodeEncodeError:  # a lone surrogate: neither can send it
+        with pytest.raises(UnicodeEncodeError):
+            dockerapi.quote(text, safe)
+        return
+    assert dockerapi.quote(text, safe) == want

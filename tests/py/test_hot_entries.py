@@ -47,8 +47,11 @@ CLICK_COLLECT = ("-m", "slurm_multi", "results", "collect")
 
 # What the helpers that start beside every rank's prepare and run never import: dataclasses (and the
 # inspect, ast and dis it pulls in) and argparse, ~10-20 ms of CPU each on cores the job shares;
-# secrets (random, base64), pathlib and subprocess, a few ms each, for what os does as well.
-SLOW_STDLIB = {"dataclasses", "inspect", "argparse", "secrets", "random", "pathlib", "subprocess"}
+# secrets (random, base64), pathlib, subprocess and urllib.parse (ipaddress), a few ms each, for
+# what os and a line of our own do as well.
+SLOW_STDLIB = {
+    "dataclasses", "inspect", "argparse", "secrets", "random", "pathlib", "subprocess", "urllib.parse"
+}  # fmt: skip
 
 
 def base_env(**extra: str) -> dict[str, str]:
