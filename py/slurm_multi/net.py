@@ -17,7 +17,6 @@ for minutes, the relay's links stream and have a stall timer in front of keepali
 from __future__ import annotations
 
 import errno
-import ipaddress
 import socket
 from collections.abc import Sequence
 from typing import Callable, NamedTuple
@@ -124,19 +123,23 @@ def candidate_ports(
 # Addresses
 
 
-def _is_loopback(address: str) -> bool:
+def _ipv4_bytes(text: str) -> bytes | None:
+    """The 4 bytes of a dotted-quad IPv4 literal, None for anything else. inet_pton's rule is
+    ipaddress.IPv4Address's (4 decimal octets, no leading zero), without importing ipaddress where
+    the fitness check and the barrier start."""
     try:
-        return ipaddress.IPv4Address(address).is_loopback
-    except ValueError:
-        return False
+        return socket.inet_pton(socket.AF_INET, text)
+    except (OSError, ValueError):
+        return None
+
+
+def _is_loopback(address: str) -> bool:
+    packed = _ipv4_bytes(address)
+    return packed is not None and packed[0] == 127  # 127.0.0.0/8
 
 
 def _is_ipv4_literal(host: str) -> bool:
-    try:
-        ipaddress.IPv4Address(host)
-    except ValueError:
-        return False
-    return True
+    return _ipv4_bytes(host) is not None
 
 
 def resolve_ipv4(host: str) -> list[str]:
@@ -210,6 +213,8 @@ def self_name_quirk(host: str) -> str:
         return ""
     if not infos:
         return ""
+    import ipaddress  # prepare's question only (IPv6 too)
+
     first = ipaddress.ip_address(str(infos[0][4][0]).split("%")[0])
     if first.is_loopback or first.is_link_local:
         kind = "loopback" if first.is_loopback else "link-local"

@@ -153,6 +153,7 @@ def test_the_barrier_serve_and_join_import_no_click(tmp_path: Path) -> None:
         assert "slurm_multi.barrier" in modules
         assert not [m for m in modules if m == "click" or m.startswith("click.")]
         assert not set(modules) & SLOW_STDLIB
+        assert "ipaddress" not in modules
 
 
 def test_the_fitness_check_imports_no_click_and_no_slow_stdlib(tmp_path: Path) -> None:
@@ -166,6 +167,7 @@ def test_the_fitness_check_imports_no_click_and_no_slow_stdlib(tmp_path: Path) -
     assert "slurm_multi.auth" in modules  # (the entry itself runs as __main__)
     assert not [m for m in modules if m == "click" or m.startswith("click.")]
     assert not set(modules) & SLOW_STDLIB
+    assert "ipaddress" not in modules  # (prepare's self-name check asks it, for IPv6 too)
 
 
 def test_the_watch_imports_no_click_and_no_slow_stdlib(tmp_path: Path) -> None:

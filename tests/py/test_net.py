@@ -4,6 +4,7 @@ sockets, and how an error or a peer is named in a message. Ports and addresses: 
 from __future__ import annotations
 
 import errno
+import ipaddress
 import re
 import socket
 import time
@@ -11,6 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from slurm_multi import barrier, net, relay
 
@@ -95,3 +98,23 @@ def test_peer_and_secs_read_as_a_message_says_them() -> None:
     assert net.peer(("fe80::1", 21544, 0, 2)) == "fe80::1:21544"
     assert net.peer("/run/x.sock") == "/run/x.sock"
     assert [net.secs(v) for v in (30, 2.5, 2.0, 2.04, 12.4, 0.4)] == ["30", "2.5", "2", "2", "12", "0.4"]
+
+
+def _by_ipaddress(text: str) -> tuple[bool, bool]:
+    try:
+        return True, ipaddress.IPv4Address(text).is_loopback
+    except ValueError:
+        return False, False
+
+
+@given(st.one_of(st.text(alphabet="0123456789.x -\n", max_size=17), st.ip_addresses(v=4).map(str), st.text()))
+def test_an_ipv4_literal_and_loopback_are_what_ipaddress_says(text: str):
+    literal, loopback = _by_ipaddress(text)
+    assert net._is_ipv4_literal(text) == literal
+    assert net._is_loopback(text) == loopback
+
+
+def test_ipv4_edge_cases_as_ipaddress_reads_them():
+    for text in ("127.0.0.1", "127.255.0.9", "01.2.3.4", "1.2.3.04", "256.1.1.1", "1.2.3", " 1.2.3.4",
+                 "1.2.3.4\n", "1.2.3.4\x00", "::1", "node1", "0.0.0.0", "128.0.0.1"):  # fmt: skip
+        assert (net._is_ipv4_literal(text), net._is_loopback(text)) == _by_ipaddress(text), text
