@@ -49,12 +49,12 @@ image::cache_key() { image::key_into "$1" && printf '%s' "${IMAGE_KEY}"; }
 
 # image::key_into REF: image::cache_key REF into IMAGE_KEY, without a process when this shell worked
 # out REF's before (a node asks for its image's in the fitness check, the barrier and the image stage).
-IMAGE_KEY='' IMAGE_KEY_REF='' IMAGE_KEY_SET=0
+IMAGE_KEY='' IMAGE_KEY_REF='' # (a key is never "": it ends in -<8 hex>)
 image::key_into() {
   local ref=$1 sum LC_ALL=C # byte by byte, as tr does: a multibyte character is several `_`
-  if ((IMAGE_KEY_SET)) && [[ ${IMAGE_KEY_REF} == "${ref}" ]]; then return 0; fi
+  if [[ -n ${IMAGE_KEY} && ${IMAGE_KEY_REF} == "${ref}" ]]; then return 0; fi
   sum=$(printf '%s' "${ref}" | sha256sum)
-  IMAGE_KEY="${ref//[^A-Za-z0-9._-]/_}-${sum:0:8}" IMAGE_KEY_REF=${ref} IMAGE_KEY_SET=1
+  IMAGE_KEY="${ref//[^A-Za-z0-9._-]/_}-${sum:0:8}" IMAGE_KEY_REF=${ref}
 }
 
 

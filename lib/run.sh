@@ -9,13 +9,7 @@ declare -F timeline::event >/dev/null || source "$(dirname "${BASH_SOURCE[0]}")/
 
 # run::container_name [VAR]: one name per job and rank, so cleanup can always find the container;
 # printed, or into VAR (no subshell on the run stage's path).
-run::container_name() {
-  if (($#)); then
-    printf -v "$1" 'sm-%s-r%s' "${SLURM_JOB_ID:-local}" "${SM_RANK:-0}"
-  else
-    printf 'sm-%s-r%s' "${SLURM_JOB_ID:-local}" "${SM_RANK:-0}"
-  fi
-}
+run::container_name() { util::reply "${1:-}" "sm-${SLURM_JOB_ID:-local}-r${SM_RANK:-0}"; }
 
 # Variables a job step carries that the workload and profilers (nsys %q{}) need. Passed as
 # NAME=VALUE (none of them is a secret), so the logged docker command pastes back as it ran.

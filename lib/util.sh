@@ -191,15 +191,17 @@ util::find_python() {
 
 # util::now [VAR]: microseconds since the epoch (EPOCHREALTIME, whatever the locale's decimal
 # point), printed, or into VAR (no subshell: every stage of every node takes one).
-util::now() {
-  if (($#)); then printf -v "$1" '%s' "${EPOCHREALTIME/[.,]/}"; else printf '%s' "${EPOCHREALTIME/[.,]/}"; fi
-}
+util::now() { util::reply "${1:-}" "${EPOCHREALTIME/[.,]/}"; }
+
+# util::reply VAR VALUE: VALUE into the caller's VAR, or printed when VAR is "": how a helper that
+# prints also sets a variable without the subshell of a command substitution.
+util::reply() { if [[ -n $1 ]]; then printf -v "$1" '%s' "$2"; else printf '%s' "$2"; fi; }
 
 # util::elapsed START [VAR]: seconds since START (from util::now), two decimals, printed or into VAR.
 util::elapsed() {
   local _us=$((${EPOCHREALTIME/[.,]/} - $1)) _seconds
   printf -v _seconds '%d.%02d' "$((_us / 1000000))" "$((_us % 1000000 / 10000))"
-  if (($# > 1)); then printf -v "$2" '%s' "${_seconds}"; else printf '%s' "${_seconds}"; fi
+  util::reply "${2:-}" "${_seconds}"
 }
 
 # util::first_node [VAR]: rank 0's host = the first line of the expanded node list, printed, or into
@@ -216,7 +218,7 @@ util::first_node() {
   else
     _first=${list%%[,\[]*}
   fi
-  if (($#)); then printf -v "$1" '%s' "${_first}"; else printf '%s' "${_first}"; fi
+  util::reply "${1:-}" "${_first}"
 }
 
 # util::generate_token: a per-job secret for the barrier (hex, 48 chars).
