@@ -24,7 +24,10 @@ import re
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+
+TYPE_CHECKING = False  # (typing's own flag, without typing's import: ~10 ms of every start)
+if TYPE_CHECKING:
+    from typing import Any
 
 RECORD = "requeue.json"
 CAUSES = ("fitness", "quarantine")

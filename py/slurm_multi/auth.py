@@ -51,17 +51,31 @@ What OpenSSL offers to keep the key out of argv (checked against OpenSSL 3.0 and
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import os
-import re
+from _operator import _compare_digest as compare_digest  # = hmac.compare_digest (C, constant time)
+
+# SHA-256 from CPython's own build (hashlib's fallback), not OpenSSL's: hashlib and hmac load
+# libcrypto, ~5 ms of CPU at every start of the helpers that start beside every rank.
+try:
+    from _sha256 import sha256  # Python <= 3.11
+except ImportError:  # pragma: no cover - the module's name in 3.12 and later, else hashlib's
+    try:
+        from _sha2 import sha256
+    except ImportError:
+        from hashlib import sha256
 
 NONCE_HEX = 32  # a nonce is 16 random bytes written as 32 lowercase hex characters
 MAC_HEX = 64  # HMAC-SHA256 as lowercase hex
 SEPARATOR = "|"
+HEX_DIGITS = "0123456789abcdef"
+_BLOCK = 64  # SHA-256's block size, in bytes: HMAC's key is padded to it (RFC 2104)
+_INNER = bytes(byte ^ 0x36 for byte in range(256))  # the key XOR ipad, as a translate table
+_OUTER = bytes(byte ^ 0x5C for byte in range(256))  # the key XOR opad
 
-_NONCE_RE = re.compile(rf"[0-9a-f]{{{NONCE_HEX}}}")
-_MAC_RE = re.compile(rf"[0-9a-f]{{{MAC_HEX}}}")
+
+def is_hex(text: object, length: int) -> bool:
+    """True for exactly `length` lowercase hex characters (ASCII only): re's `[0-9a-f]{length}`."""
+    return isinstance(text, str) and len(text) == length and not text.strip(HEX_DIGITS)
 
 
 def new_nonce() -> str:
@@ -71,17 +85,22 @@ def new_nonce() -> str:
 
 def is_nonce(text: str) -> bool:
     """True for exactly 32 lowercase hex characters (ASCII only)."""
-    return isinstance(text, str) and _NONCE_RE.fullmatch(text) is not None
+    return is_hex(text, NONCE_HEX)
 
 
 def mac(token: str, *fields: str) -> str:
     """Lowercase hex HMAC-SHA256 keyed by `token` over `"|".join(fields)` (both UTF-8)."""
     message = SEPARATOR.join(fields).encode("utf-8")
-    return hmac.new(token.encode("utf-8"), message, hashlib.sha256).hexdigest()
+    key = token.encode("utf-8")  # RFC 2104, as hmac.new(key, message, hashlib.sha256) computes it
+    if len(key) > _BLOCK:
+        key = sha256(key).digest()
+    key = key.ljust(_BLOCK, b"\0")
+    inner = sha256(key.translate(_INNER) + message).digest()
+    return sha256(key.translate(_OUTER) + inner).hexdigest()
 
 
 def check(token: str, given: str, *fields: str) -> bool:
     """Whether `given` is `mac(token, *fields)`, compared in constant time; False when malformed."""
-    if not isinstance(given, str) or _MAC_RE.fullmatch(given) is None:
+    if not is_hex(given, MAC_HEX):
         return False
-    return hmac.compare_digest(given.encode("ascii"), mac(token, *fields).encode("ascii"))
+    return compare_digest(given.encode("ascii"), mac(token, *fields).encode("ascii"))

@@ -25,8 +25,7 @@ import selectors
 import socket
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
-from typing import Callable, NamedTuple
+from collections.abc import Callable, Iterable, Sequence
 
 from slurm_multi import EXIT_FAILURE, EXIT_OK, EXIT_TIMEOUT, EXIT_USAGE, auth
 from slurm_multi.common import HelperError, talk, timeout_error, usage_error
@@ -41,6 +40,7 @@ from slurm_multi.net import (
     peer,
     secs,
 )
+from slurm_multi.record import record
 from slurm_multi.wire import (
     CACHE_SEEN_HEX,
     HELD_ID_RE,
@@ -129,7 +129,8 @@ class _Conn:
         self.close_after_flush = self.draining = self.closed = False
 
 
-class Outcome(NamedTuple):
+@record
+class Outcome:
     exit_code: int
     message: str
 

@@ -28,17 +28,18 @@ starts with `{` is read as JSON in either file. What a reader gets is the same f
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import re
 import sys
 import time
-from typing import Any
 
-from slurm_multi import statusfile
+from slurm_multi import jsontext, statusfile
 from slurm_multi.logline import short
 from slurm_multi.readfile import read_bytes
+
+TYPE_CHECKING = False  # (typing's own flag, without typing's import: ~10 ms of every start)
+if TYPE_CHECKING:
+    from typing import Any
 
 EVENTS_FILE = "events.log"
 # A node task's stages in the order it runs them (= lib/node.sh NODE_STAGES, a test holds them equal).
@@ -49,9 +50,32 @@ RESERVED_KEYS = ("t", "event", "rank", "host")
 MAX_VALUE_CHARS = 200
 TAIL_BYTES = 16384  # a node writes a few dozen events; its last stage_start is near the end
 
-_NUMBER = re.compile(rb"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
-_ENCODED = re.compile(rb"%([0-9A-Fa-f]{2})")
-_TO_ENCODE = re.compile(r"[%\x00-\x20\x7f]")
+# What a token writes as %XX: `%`, space, the C0 controls and DEL (a str.translate table).
+_TO_ENCODE = {code: f"%{code:02X}" for code in (0x25, *range(0x21), 0x7F)}
+
+
+# The readers' two patterns, compiled at their first use: the writers (the hang watch, beside every
+# rank's workload) then start without `re` (~9 ms of CPU). Each rebinds its name on the first call.
+def _number(token: bytes) -> object:
+    """A plain JSON number, the whole token (re.fullmatch's match, or None)."""
+    global _number
+    import re
+
+    _number = re.compile(rb"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?").fullmatch
+    return _number(token)
+
+
+def _percent_decoded(token: bytes) -> bytes:
+    """Every %XX of the token as the byte it stands for."""
+    global _percent_decoded
+    import re
+
+    sub = re.compile(rb"%([0-9A-Fa-f]{2})").sub
+
+    def _percent_decoded(token: bytes) -> bytes:
+        return sub(lambda m: bytes((int(m.group(1), 16),)), token)
+
+    return _percent_decoded(token)
 
 
 # ---- writing -------------------------------------------------------------------------------------
@@ -59,7 +83,7 @@ _TO_ENCODE = re.compile(r"[%\x00-\x20\x7f]")
 
 def encode(text: str) -> str:
     """A token as it goes on the line: `%`, space and the control characters as %XX."""
-    return _TO_ENCODE.sub(lambda m: f"%{ord(m.group()):02X}", text)
+    return text.translate(_TO_ENCODE)
 
 
 def _value(value: Any) -> str:
@@ -138,7 +162,7 @@ def _decode(token: bytes) -> str:
     if text is None:
         raw = token
         if b"%" in token:
-            token = _ENCODED.sub(lambda m: bytes((int(m.group(1), 16),)), token)
+            token = _percent_decoded(token)
         text = token.decode("utf-8", errors="replace")
         if len(_DECODED) < MAX_DECODED:
             _DECODED[raw] = text
@@ -152,7 +176,7 @@ def _typed(token: bytes) -> Any:
         return int(token)  # the common case (a rank, an exit code), without the regex
     if token[:1] not in _NUMBER_STARTS:  # a name or a word: no number starts so
         return _decode(token)
-    if _NUMBER.fullmatch(token):
+    if _number(token):
         try:
             return float(token) if b"." in token or b"e" in token or b"E" in token else int(token)
         except ValueError:
@@ -166,12 +190,12 @@ def parse_line(raw: bytes) -> dict[str, Any] | None:
     raw = raw.strip()
     if raw.startswith(b"{"):  # an events.jsonl line (earlier versions)
         try:
-            data = json.loads(raw.decode("utf-8", errors="replace"))
+            data = jsontext.loads(raw.decode("utf-8", errors="replace"))
         except (ValueError, RecursionError):
             return None
         return data if isinstance(data, dict) else None
     words = raw.split(b" ")
-    if len(words) < 2 or not _NUMBER.fullmatch(words[0]):
+    if len(words) < 2 or not _number(words[0]):
         return None
     fields: dict[str, Any] = {"t": _typed(words[0]), "event": _decode(words[1])}
     for word in words[2:]:
@@ -212,7 +236,7 @@ def parse_event(raw: bytes) -> dict[str, Any] | None:
 def _event_of_words(words: list[bytes]) -> dict[str, Any] | None:
     """event_of_fields(parse_line(line)) for a plain line, in one pass (~15,000 lines for a
     1,000-node job: no fields dict in between). A key given twice counts once, its last value."""
-    if len(words) < 2 or not _NUMBER.fullmatch(words[0]):
+    if len(words) < 2 or not _number(words[0]):
         return None
     t, name = finite(_typed(words[0])), _decode(words[1])
     if t is None or not 0 < t <= MAX_EPOCH or not name.strip():

@@ -31,9 +31,12 @@ import re
 import shutil
 import sys
 from collections.abc import Callable
-from typing import Any
 
 from slurm_multi.common import HelperError, talk, timeout_error, usage_error
+
+TYPE_CHECKING = False  # (typing's own flag, without typing's import: ~10 ms of every start)
+if TYPE_CHECKING:
+    from typing import Any
 
 AREA = "gpus"
 VENDORS = {"amd": "AMD", "nvidia": "NVIDIA", "none": "none"}

@@ -19,9 +19,13 @@ import re
 import shlex
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, NamedTuple
 
 from slurm_multi.common import usage_error
+from slurm_multi.record import record
+
+TYPE_CHECKING = False  # (typing's own flag, without typing's import: ~10 ms of every start)
+if TYPE_CHECKING:
+    from typing import Any
 
 AREA = "madengine"
 # Inside the container: madengine's workspace and the model's run directory (its cwd).
@@ -70,7 +74,8 @@ VENDOR_OPTIONS: dict[str, tuple[tuple[str, ...], ...]] = {
 _NO_SOURCES: Mapping[str, str] = MappingProxyType({})
 
 
-class Distributed(NamedTuple):
+@record
+class Distributed:
     """How the model's processes are laid out: the launcher and its numbers, resolved once.
     (NamedTuples here, not dataclasses: their import costs the plan and every prepare ~12 ms.)"""
 
@@ -204,7 +209,8 @@ def hostfile_text(nodes: Sequence[str], nproc: int) -> str:
     return "".join(f"{node} slots={nproc}\n" for node in nodes)
 
 
-class NodeFacts(NamedTuple):
+@record
+class NodeFacts:
     """What the node task knows about itself when it prepares."""
 
     node_rank: int
@@ -267,7 +273,8 @@ def passed_by_name(env: Mapping[str, str], ours: Sequence[str]) -> list[str]:
 # ---- the model's script ------------------------------------------------------------------------
 
 
-class ModelScript(NamedTuple):
+@record
+class ModelScript:
     """A manifest model's script as madengine runs it."""
 
     host_dir: str | None  # the directory copied into the run directory (None: the script is in the image)

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import errno
 import socket
-from collections.abc import Sequence
-from typing import Callable, NamedTuple
+from collections.abc import Callable, Sequence
 
 from slurm_multi.common import HelperError, usage_error
+from slurm_multi.record import record
 
 LOCAL_RANGE_PATH = "/proc/sys/net/ipv4/ip_local_port_range"
 ROUTE_PATH = "/proc/net/route"
@@ -245,7 +245,8 @@ def bind_first_free(
     return None, busy
 
 
-class BindChoice(NamedTuple):
+@record
+class BindChoice:
     address: str
     why: str  # empty when `host` resolved to a routable address directly
 
@@ -293,7 +294,8 @@ def connect_addresses(host: str) -> list[str]:
 # Socket options and messages
 
 
-class Keepalive(NamedTuple):
+@record
+class Keepalive:
     """TCP keepalive timings (seconds, probes): a peer that vanishes without a FIN (a node powered
     off) is dropped after about idle + interval * probes seconds of silence."""
 

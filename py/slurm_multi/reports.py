@@ -24,9 +24,8 @@ import fnmatch
 import json
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Callable
 
 from slurm_multi.common import HelperError, talk, usage_error
 from slurm_multi.shell import write_atomic

@@ -18,7 +18,8 @@ import re
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple
+
+from slurm_multi.record import record
 
 # Exit status of a usage error (slurm_multi.EXIT_USAGE; not imported: this module starts with -S).
 EXIT_USAGE = 2
@@ -28,7 +29,8 @@ class SettingsError(Exception):
     """A value the user gave that cannot work: one line, exit 2."""
 
 
-class Setting(NamedTuple):
+@record
+class Setting:
     """One setting (a NamedTuple, not a dataclass: dataclasses cost the plan ~12 ms of imports)."""
 
     name: str  # SM_*

@@ -40,10 +40,10 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Sequence
-from typing import NamedTuple
 
 from slurm_multi import auth
 from slurm_multi.common import usage_error
+from slurm_multi.record import record
 
 MAX_LINE = 256  # bytes per protocol line, newline included
 # `RELEASE <mac> <C> <image-id>\n` must fit MAX_LINE: a longer ID is released on the control pipe.
@@ -73,7 +73,8 @@ class ProtocolError(ValueError):
     """A line that breaks the protocol; str() is the short reason sent back as `ERR <reason>`."""
 
 
-class Message(NamedTuple):
+@record
+class Message:
     """A parsed request line (immutable: a NamedTuple, not a dataclass, which costs every helper
     that speaks the protocol ~12 ms of imports)."""
 
@@ -87,7 +88,8 @@ class Message(NamedTuple):
     cache: str = ""  # an image READY's: the 16 hex digits of the cache tar's image ID it sees, if any
 
 
-class Reply(NamedTuple):
+@record
+class Reply:
     """A parsed reply line."""
 
     kind: str  # GO | ABORT | ERR | OK | WAIT

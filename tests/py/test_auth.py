@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
+import re
 import shutil
 import subprocess
+import sys
 import textwrap
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from slurm_multi import auth
 
@@ -106,3 +112,28 @@ def test_bash_recipe_without_the_key_in_argv_gives_the_same_mac(token):
         check=True,
     ).stdout
     assert out.strip() == auth.mac(token, *fields)
+
+
+@settings(max_examples=300)
+@given(st.text(max_size=150), st.lists(st.text(max_size=20), max_size=4))
+def test_mac_is_the_stdlib_s_hmac_sha256_for_any_token_and_fields(token: str, fields: list[str]):
+    """Keys shorter and longer than SHA-256's block (64 bytes), any UTF-8."""
+    try:
+        key, message = token.encode("utf-8"), "|".join(fields).encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: neither side takes it
+        return
+    assert auth.mac(token, *fields) == hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
+@settings(max_examples=300)
+@given(st.text(alphabet="0123456789abcdefABCDEF\n ٣", max_size=70) | st.text(max_size=70))
+def test_is_hex_is_the_regex_rule(text: str):
+    for length in (auth.NONCE_HEX, auth.MAC_HEX, len(text)):
+        assert auth.is_hex(text, length) == bool(re.fullmatch(f"[0-9a-f]{{{length}}}", text))
+
+
+def test_the_barrier_s_helpers_load_no_openssl():
+    code = "import sys; from slurm_multi import auth; auth.mac('k', 'x'); print('_hashlib' in sys.modules)"
+    done = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, check=True,
+                          env={"PYTHONPATH": os.path.dirname(os.path.dirname(auth.__file__))})  # fmt: skip
+    assert done.stdout == "False\n"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -93,6 +94,14 @@ def test_a_value_comes_back_as_it_was_written_and_stays_on_its_line_and_field(va
     assert events.parse_line(line.encode()) == {
         "t": T0, "event": "odd name", "rank": 0, "host": "node 1", "v": value, "after": "x"
     }  # fmt: skip
+
+
+@settings(max_examples=300)
+@given(st.text(st.characters(blacklist_categories=("Cs",)), max_size=40))
+def test_a_token_is_encoded_as_the_rule_says(text: str):
+    """`%`, space, the C0 controls and DEL as %XX (the rule, as a regex); nothing else changes."""
+    want = re.sub(r"[%\x00-\x20\x7f]", lambda m: f"%{ord(m.group()):02X}", text)
+    assert events.encode(text) == want
 
 
 def test_a_key_may_hold_anything_too():

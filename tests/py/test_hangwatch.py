@@ -18,6 +18,7 @@ import pytest
 
 from fake_engine import engine
 from slurm_multi import hangwatch
+from slurm_multi.common import HelperError
 from slurm_multi.events import parse_line
 from slurm_multi.hangwatch import Target, Thread, classify, hang_line
 
@@ -534,3 +535,31 @@ def test_sigterm_from_the_run_stage_ends_the_watch_quietly_with_exit_0(tmp_path:
     finally:
         workload.kill()
         workload.wait()
+
+
+@pytest.mark.parametrize(
+    "text, key, value",
+    [
+        ("usage_usec 123\nuser_usec 100\n", "usage_usec ", "123"),
+        ("nr_periods 0\nusage_usec 77\n", "usage_usec ", "77"),
+        ("xusage_usec 5\n", "usage_usec ", ""),  # the key starts a line, or it is not the key
+        ("populated 1\nfrozen 1\n", "frozen ", "1"),
+        ("populated 1\nfrozen 0", "frozen ", "0"),
+        ("Name:\tpython3\nNSpid:\t4242\t7\nNSsid:\t1\n", "NSpid:", "4242\t7"),
+        ("", "frozen ", ""),
+        (None, "frozen ", ""),  # the file could not be read
+    ],
+)
+def test_a_cgroup_or_proc_line_is_read_by_its_key(text: str | None, key: str, value: str) -> None:
+    assert hangwatch._line_value(text, key) == value
+
+
+@pytest.mark.parametrize("step, ok", [("4242.3", True), ("4242", False), ("4242.", False), (".3", False),
+                                      ("4242.3.1", False), ("٣.3", False), ("42x.3", False)])  # fmt: skip
+def test_a_step_is_job_dot_step_in_ascii_digits(step: str, ok: bool, tmp_path: Path) -> None:
+    argv = ["--step", step, "--timeout", "5", "--output", str(tmp_path / "log"), "--node-dir", str(tmp_path)]
+    if ok:
+        assert hangwatch._arguments(argv).step == step
+    else:
+        with pytest.raises(HelperError, match="expected JOB.STEP"):
+            hangwatch._arguments(argv)

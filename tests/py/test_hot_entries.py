@@ -46,11 +46,12 @@ CLICK_COLLECT = ("-m", "slurm_multi", "results", "collect")
 
 
 # What the helpers that start beside every rank's prepare and run never import: dataclasses (and the
-# inspect, ast and dis it pulls in) and argparse, ~10-20 ms of CPU each on cores the job shares;
-# secrets (random, base64), pathlib, subprocess and urllib.parse (ipaddress), a few ms each, for
-# what os and a line of our own do as well.
+# inspect, ast and dis it pulls in), argparse and typing (NamedTuple: slurm_multi.record), ~10-20 ms
+# of CPU each on cores the job shares; secrets (random, base64), pathlib, subprocess and
+# urllib.parse (ipaddress), a few ms each, for what os and a line of our own do as well.
 SLOW_STDLIB = {
-    "dataclasses", "inspect", "argparse", "secrets", "random", "pathlib", "subprocess", "urllib.parse"
+    "dataclasses", "inspect", "argparse", "typing", "secrets", "random", "pathlib", "subprocess",
+    "urllib.parse",
 }  # fmt: skip
 
 
@@ -186,11 +187,29 @@ def test_the_watch_imports_no_click_and_no_slow_stdlib(tmp_path: Path) -> None:
 def test_the_hang_watch_imports_no_slow_stdlib(tmp_path: Path) -> None:
     """It starts beside every rank's container; the docker CLI and the diagnostics' tools (subprocess)
     are for a tcp:// engine and a hang only."""
-    done = run(("-S", "-m", "slurm_multi.hangwatch"), ["--help"], base_env(), tmp_path, importtime=True)
-    assert done.returncode == 0, done.stderr
+    workload = subprocess.Popen(["sleep", "0.5"])
+    (tmp_path / "node").mkdir()
+    argv = ["--pid", str(workload.pid), "--timeout", "30", "--poll", "0.1", "--output", str(tmp_path / "log"),
+            "--node-dir", str(tmp_path / "node")]  # fmt: skip
+    done = run(("-S", "-m", "slurm_multi.hangwatch"), argv, base_env(), tmp_path, importtime=True)
+    workload.wait()
+    assert done.returncode == 0, done.stderr  # the workload ended: the watch with it
     modules = imported(done.stderr)
     assert "slurm_multi.events" in modules
     assert not set(modules) & SLOW_STDLIB
+    assert not {"re", "json", "shlex"} & set(modules)  # (events compiles its readers' patterns when read)
+
+
+def test_the_status_writer_imports_no_slow_stdlib(tmp_path: Path) -> None:
+    """It starts warm beside every rank's container (lib/run.sh) and writes status.json after it."""
+    argv = [sys.executable, "-X", "importtime", "-S", "-m", "slurm_multi.warm", "statusfile"]
+    # A wake (import now), then the pipe closes: nothing asked of it, exit 0.
+    done = subprocess.run(argv, input="\n", env=base_env(), cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    modules = imported(done.stderr)
+    assert "slurm_multi.statusfile" in modules
+    assert not set(modules) & SLOW_STDLIB
+    assert not {"re", "json"} & set(modules)  # slurm_multi.jsontext reads and writes it
 
 
 @pytest.mark.parametrize(

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
 import stat
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from slurm_multi import shell
 
@@ -70,3 +73,15 @@ def test_collect_writes_through_the_same_writer_with_its_own_wording(
         shared.write_atomic(tmp_path / "missing" / "summary.json", "{}\n", "is the job directory writable?")
     assert str(caught.value).startswith(f"results: cannot write {tmp_path}/missing/summary.json: ")
     assert str(caught.value).endswith("; is the job directory writable?")
+
+
+@settings(max_examples=400)
+@given(st.text(max_size=12) | st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,8}", fullmatch=True))
+def test_a_variable_name_is_taken_exactly_when_bash_s_rule_takes_it(name: str) -> None:
+    """[A-Za-z_][A-Za-z0-9_]* (the rule, as a regex): anything else is refused before bash sees it."""
+    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        assert shell.scalar(name, "it's") == f"declare -g {name}='it'\"'\"'s'"
+        assert shell.array(name, ["a b", ""]) == f"declare -ga {name}=('a b' '')"
+    else:
+        with pytest.raises(ValueError, match="not a shell variable name"):
+            shell.scalar(name, "v")
