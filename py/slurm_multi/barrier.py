@@ -39,12 +39,10 @@ from slurm_multi.net import (
     keepalive,
     peer,
     secs,
+    wire_host,
 )
 from slurm_multi.record import record
 from slurm_multi.wire import (
-    CACHE_SEEN_HEX,
-    HELD_ID_RE,
-    IMAGE_ID_RE,
     MAX_LINE,
     PHASES,
     Message,
@@ -57,6 +55,7 @@ from slurm_multi.wire import (
     reply_line,
     request_line,
 )
+from slurm_multi.words import CACHE_SEEN_HEX, is_held_id, is_image_id
 
 # A worker usually dials a moment before rank 0 listens: retry soon, then back off (doubling).
 BACKOFF_START, BACKOFF_MAX = 0.02, 2.0
@@ -419,7 +418,7 @@ class BarrierServer:
             self._control_buf = bytearray(rest)
             text = line.decode("utf-8", "replace").strip()
             verb, _, arg = text.partition(" ")
-            if verb == "RELEASE" and IMAGE_ID_RE.fullmatch(arg):
+            if verb == "RELEASE" and is_image_id(arg):
                 self._release(arg)
             elif verb == "ABORT" and arg:
                 self._abort("".join(ch if ch.isprintable() else " " for ch in arg))
@@ -725,7 +724,7 @@ class _Dialer:
                     self.attempts += 1
                     try:
                         sock = socket.create_connection(
-                            (address, port), timeout=min(ATTEMPT_TIMEOUT, remaining)
+                            (wire_host(address), port), timeout=min(ATTEMPT_TIMEOUT, remaining)
                         )
                     except OSError as exc:
                         self.last_error = describe(exc)
@@ -877,7 +876,7 @@ def join(
     budget that starts at the first connection: rank 0 may spend a long time building first).
     """
     for given in (holds, cache):
-        if given and (phase != "image" or not HELD_ID_RE.fullmatch(given)):
+        if given and (phase != "image" or not is_held_id(given)):
             raise usage_error(f"barrier: {given!r}: not an image ID (sha256:<64 hex>) of the image phase")
     ready = [str(rank), phase, *([holds] if holds else [])]
     if cache:

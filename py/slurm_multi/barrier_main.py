@@ -29,7 +29,8 @@ from slurm_multi.barrier import (
 )
 from slurm_multi.common import HelperError, run_main, timeout_error, usage_error
 from slurm_multi.net import MAX_CANDIDATES, candidate_ports, choose_bind_address, secs
-from slurm_multi.wire import DEFAULT_TOKEN_ENV, IMAGE_ID_RE, PHASES, RELEASE_ID_MAX, read_token
+from slurm_multi.wire import DEFAULT_TOKEN_ENV, PHASES, RELEASE_ID_MAX, read_token
+from slurm_multi.words import is_image_id
 
 PROTOCOL = """Protocol (a challenge, then one line each way, <= 256 bytes; the token never crosses the wire):
       rank 0 -> CHALLENGE <S>
@@ -226,7 +227,7 @@ def _serve(argv: Sequence[str]) -> int:
         return EXIT_OK
     token = read_token(given.token_env)
     image_id = given.image_id
-    if image_id is not None and not IMAGE_ID_RE.fullmatch(image_id):
+    if image_id is not None and not is_image_id(image_id):
         raise usage_error(f"barrier: --image-id {image_id!r} is not an image ID or reference")
     candidates = _ports_of(given)
     if given.bind_address:
@@ -366,7 +367,7 @@ def _release(argv: Sequence[str]) -> int:
         return EXIT_OK
     read_token(given.token_env)  # a missing token is said before the image ID's checks
     image_id = given.image_id
-    if not IMAGE_ID_RE.fullmatch(image_id):
+    if not is_image_id(image_id):
         raise usage_error(f"barrier: --image-id {image_id!r} is not an image ID or reference")
     if len(image_id) > RELEASE_ID_MAX:
         raise usage_error(

@@ -172,7 +172,6 @@ from __future__ import annotations
 
 import errno
 import os
-import re
 import selectors
 import socket
 import struct
@@ -186,6 +185,7 @@ from slurm_multi.logline import short, talk
 from slurm_multi.net import connect_addresses, derive_ports, describe, read_local_port_range, secs
 from slurm_multi.record import record
 from slurm_multi.shell import write_json
+from slurm_multi.words import is_count, is_decimal, is_host, is_job_id, is_rank, is_token
 
 TYPE_CHECKING = False  # (typing's own flag, without typing's import: ~10 ms of every start)
 if TYPE_CHECKING:
@@ -233,13 +233,7 @@ TOOL_GRACE = 0.2  # a check's thread gets this long past its own timeout to repo
 TO_LISTENER, FROM_LISTENER = "fitness-to-listener", "fitness-from-listener"
 PURPOSES = ("mesh", "probe")
 BAD_TOKEN = "bad token"
-RANK_RE = re.compile(r"0|[1-9][0-9]{0,8}")
-COUNT_RE = re.compile(r"0|[1-9][0-9]{0,17}")  # byte counts and rates
-# as slurm_multi.wire's: 1-64 printable ASCII characters without spaces (an HMAC key <= one block)
-TOKEN_RE = re.compile(r"[!-~]{1,64}")
-JOB_ID_RE = re.compile(r"[A-Za-z0-9_.:+-]{1,64}")
-HOST_RE = re.compile(r"[A-Za-z0-9_.-]{1,253}")
-FLOAT_RE = re.compile(r"-?[0-9]{1,12}(?:\.[0-9]{1,9})?")
+# Ranks, counts, the token (as the barrier's), job IDs, hosts and decimals: slurm_multi.words.
 
 
 class UsageError(Exception):
@@ -898,7 +892,7 @@ def decode(line: bytes) -> str:
 
 
 def parse_rank(text: str, nnodes: int) -> int:
-    if not RANK_RE.fullmatch(text) or int(text) >= nnodes:
+    if not is_rank(text) or int(text) >= nnodes:
         raise ProtocolError(f"bad rank (0..{nnodes - 1})")
     return int(text)
 
@@ -933,7 +927,7 @@ class Join:
 def claimed_rank(text: str, nnodes: int) -> int | None:
     """The rank a JOIN says it comes from, before (or without) its MAC verifying: for the record."""
     parts = text.split(" ")
-    if len(parts) == 7 and RANK_RE.fullmatch(parts[3]) and int(parts[3]) < nnodes:
+    if len(parts) == 7 and is_rank(parts[3]) and int(parts[3]) < nnodes:
         return int(parts[3])
     return None
 
@@ -953,7 +947,7 @@ def parse_join(text: str, token: str, job: str, challenge: str, me: int, nnodes:
         raise ProtocolError(f"wrong rank: this is rank {me}")
     if rank == me:
         raise ProtocolError("a JOIN from this very rank")
-    if fields[2] not in PURPOSES or not COUNT_RE.fullmatch(fields[3]) or int(fields[3]) > MAX_PROBE_BYTES:
+    if fields[2] not in PURPOSES or not is_count(fields[3]) or int(fields[3]) > MAX_PROBE_BYTES:
         raise ProtocolError("malformed JOIN")
     return Join(nonce, rank, fields[2], int(fields[3]))
 
@@ -1024,9 +1018,9 @@ def parse_hello(text: str, token: str, job: str, challenge: str, nonce: str, ran
     rank_text, host, sent, ring_to, rate, verdict = fields
     if parse_rank(rank_text, nnodes) != rank:
         raise ProtocolError("HELLO from another rank than its JOIN")
-    if not HOST_RE.fullmatch(host) or not FLOAT_RE.fullmatch(sent):
+    if not is_host(host) or not is_decimal(sent):
         raise ProtocolError("malformed HELLO")
-    if (ring_to != "-" and not RANK_RE.fullmatch(ring_to)) or (rate != "-" and not COUNT_RE.fullmatch(rate)):
+    if (ring_to != "-" and not is_rank(ring_to)) or (rate != "-" and not is_count(rate)):
         raise ProtocolError("malformed HELLO")
     return Hello(
         rank,
@@ -1058,7 +1052,7 @@ def parse_ack(text: str, token: str, job: str, challenge: str, nonce: str, total
     given, field = _reply_fields(text, "ACK", 1)
     if not auth.check(token, given, FROM_LISTENER, "ACK", challenge, nonce, job, field):
         raise ProtocolError("its ACK is not signed with this job's token")
-    if not COUNT_RE.fullmatch(field) or int(field) > total:
+    if not is_count(field) or int(field) > total:
         raise ProtocolError("malformed ACK")
     return int(field)
 
@@ -1671,7 +1665,7 @@ def _int(value: Any, default: int) -> int:
     return (
         value
         if isinstance(value, int) and not isinstance(value, bool)
-        else (int(value) if isinstance(value, str) and RANK_RE.fullmatch(value) else default)
+        else (int(value) if isinstance(value, str) and is_rank(value) else default)
     )
 
 
@@ -2260,7 +2254,7 @@ def _parse_hosts(value: str, nnodes: int, port: int) -> tuple[list[str], list[in
     hosts, ports = [], []
     for entry in entries:
         host, colon, port_text = entry.rpartition(":") if ":" in entry else (entry, "", "")
-        if not HOST_RE.fullmatch(host):
+        if not is_host(host):
             raise _usage("--hosts", entry, "use host names or IPv4 addresses (host:port as a test aid)")
         hosts.append(host)
         ports.append(_parse_int("--hosts", port_text, 1, 65535) if colon else port)
@@ -2336,14 +2330,14 @@ def parse_run(args: Any, env: Mapping[str, str]) -> Options:
     if len(set(zip(hosts, ports))) != nnodes:
         raise _usage("--hosts", args.hosts, "give each rank its own host (or host:port)")
     job_id = args.job_id or ("-" if nnodes == 1 else "")
-    if not JOB_ID_RE.fullmatch(job_id):
+    if not is_job_id(job_id):
         raise _usage(
             "--job-id", job_id, "give the job ID (default $SLURM_JOB_ID): 1-64 of A-Z a-z 0-9 _ . : + -"
         )
     token = ""
     if nnodes > 1:
         token = env.get(args.token_env, "")
-        if not TOKEN_RE.fullmatch(token):
+        if not is_token(token):
             # the value is never shown: only the variable's name
             raise UsageError(
                 f"--token-env {args.token_env}: ${args.token_env} is not set or not 1-64 printable "
@@ -2433,7 +2427,7 @@ def _node_dirs(jobdir: str) -> list[str]:
         names = os.listdir(jobdir)
     except OSError:
         return []
-    return sorted((n for n in names if re.fullmatch(r"node_\d+", n)), key=lambda n: int(n[5:]))
+    return sorted((n for n in names if n.startswith("node_") and n[5:].isdecimal()), key=lambda n: int(n[5:]))
 
 
 CMD_RECORD = "fitness-cmd.json"
@@ -2519,7 +2513,7 @@ def main(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int:
     env = os.environ if env is None else env
     argv = list(argv)
     if argv[:1] == ["record-cmd"]:
-        if len(argv) != 5 or not COUNT_RE.fullmatch(argv[3]):
+        if len(argv) != 5 or not is_count(argv[3]):
             return _fail("usage: record-cmd FILE HOST EXIT_CODE REASON", EXIT_USAGE)
         try:
             write_cmd_record(argv[1], argv[2], int(argv[3]), argv[4])

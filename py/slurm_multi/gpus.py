@@ -26,10 +26,11 @@ never returns fewer GPUs than were asked for.
 
 from __future__ import annotations
 
-import json
 import re
-import shutil
 import sys
+
+# (json and shutil where a tool runs or its output is read: the job plan imports this module for
+# docker_gpus alone, and json and shutil cost it ~8 ms of CPU.)
 from collections.abc import Callable
 
 from slurm_multi.common import HelperError, talk, timeout_error, usage_error
@@ -239,6 +240,8 @@ def find_gpu_list(text: str) -> list[dict[str, Any]] | None:
     An empty list counts only at top level, so an inner `"cpu_data": []` of some other document is not
     "no GPUs".
     """
+    import json
+
     decoder = json.JSONDecoder()
     empty_seen = False
     top_level_from = 0  # positions before this lie inside a block that already decoded
@@ -330,6 +333,8 @@ def _run_tool(executable: str, argv: tuple[str, ...], timeout_s: float) -> str:
 
 def detect_gpus(timeout_s: float = DETECT_TIMEOUT_S, path: str | None = None) -> dict[str, Any]:
     """amd-smi if on PATH, else nvidia-smi, else vendor "none" with no GPUs."""
+    import shutil
+
     amdsmi = shutil.which("amd-smi", path=path)
     if amdsmi:
         return parse_amdsmi(_run_tool(amdsmi, AMDSMI_LIST, timeout_s))
@@ -342,6 +347,8 @@ def detect_gpus(timeout_s: float = DETECT_TIMEOUT_S, path: str | None = None) ->
 def first_gpu_list(text: str, accept: Callable[[list[Any]], bool]) -> list[Any] | None:
     """The first decodable JSON list in noisy amd-smi output (a wrapped {"gpu_data": [...]} included)
     that `accept` takes, found in linear time; None when there is none."""
+    import json
+
     decoder = json.JSONDecoder()
     for start, _ in decodable_blocks(text, decoder.scan_once):
         try:
@@ -376,6 +383,8 @@ def detect_details(
     """What madengine's context calls MAD_SYSTEM_GPU_PRODUCT_NAME, _ARCHITECTURE and _HIP_VERSION, from
     the vendor's tool (GPU 0). A tool that fails or says nothing leaves its values out: these are
     information for the workload, never a reason to stop a job that has its GPUs."""
+    import shutil
+
     details: dict[str, str] = {}
     tool = shutil.which(TOOLS.get(vendor, ""), path=path) if vendor in TOOLS else None
     if not tool:
@@ -543,6 +552,8 @@ def docker_gpu_args(
 
 def load_detected(text: str, source: str) -> dict[str, Any]:
     """A `gpus detect --json` / `gpus parse` document, or raw amd-smi output, from --detected."""
+    import json
+
     try:
         document = json.loads(text)
     except (ValueError, RecursionError):

@@ -69,7 +69,8 @@ import click
 
 from slurm_multi import EXIT_FAILURE, auth, net
 from slurm_multi.common import HelperError, talk, timeout_error, usage_error
-from slurm_multi.wire import DEFAULT_TOKEN_ENV, RANK_RE, ProtocolError, decode_line, read_token
+from slurm_multi.wire import DEFAULT_TOKEN_ENV, ProtocolError, decode_line, read_token
+from slurm_multi.words import is_rank
 
 MAGIC = "SM-RELAY/1"
 DEFAULT_PURPOSE = "image"
@@ -177,7 +178,7 @@ def _decode(line: bytes | str) -> str:
 
 
 def _rank(text: str) -> int:
-    if not RANK_RE.fullmatch(text):
+    if not is_rank(text):
         raise ProtocolError(f"bad rank {text[:20]!r}")
     return int(text)
 
@@ -572,7 +573,7 @@ class Node:
                         break
                     try:
                         sock = socket.create_connection(
-                            (address, port), timeout=min(net.ATTEMPT_TIMEOUT, left)
+                            (net.wire_host(address), port), timeout=min(net.ATTEMPT_TIMEOUT, left)
                         )
                     except OSError as exc:
                         last_error = net.describe(exc)

@@ -20,8 +20,13 @@ MIN_SECRET_LEN = 4  # shorter values would redact ordinary words
 
 
 def is_secret_name(name: str) -> bool:
-    upper = name.upper()
-    return any(glob_match(upper, pattern) for pattern in SECRET_NAME_PATTERNS)
+    known = _SECRET_NAMES.get(name)
+    if known is None:
+        upper = name.upper()
+        known = any(_match_parts(upper, parts) for parts in _SECRET_PARTS)
+        if len(_SECRET_NAMES) < MAX_KNOWN_NAMES:
+            _SECRET_NAMES[name] = known
+    return known
 
 
 def glob_match(text: str, pattern: str) -> bool:
@@ -29,18 +34,34 @@ def glob_match(text: str, pattern: str) -> bool:
     the regular expressions it compiles (every log filter of a job imports this module as it starts,
     on cores the node's start shares): the literal parts in order, the first at the start, the last
     at the end."""
-    if "*" not in pattern:
-        return text == pattern
-    first, *middle, last = pattern.split("*")
+    return _match_parts(text, _parts(pattern))
+
+
+def _parts(pattern: str) -> tuple[str, ...]:
+    """A pattern's literal parts: (pattern,) without a `*`; else first, middle..., last."""
+    return tuple(pattern.split("*"))
+
+
+def _match_parts(text: str, parts: tuple[str, ...]) -> bool:
+    if len(parts) == 1:
+        return text == parts[0]
+    first, last = parts[0], parts[-1]
     if len(text) < len(first) + len(last) or not text.startswith(first) or not text.endswith(last):
         return False
     at, end = len(first), len(text) - len(last)
-    for part in middle:
+    for part in parts[1:-1]:
         found = text.find(part, at, end)
         if found < 0:
             return False
         at = found + len(part)
     return True
+
+
+# The table's patterns split once; a name's answer once per process (the plan asks ~200 times for
+# a few dozen names, the environment's and the settings').
+_SECRET_PARTS = tuple(_parts(pattern) for pattern in SECRET_NAME_PATTERNS)
+_SECRET_NAMES: dict[str, bool] = {}
+MAX_KNOWN_NAMES = 4096
 
 
 def secret_values(env: Mapping[str, str]) -> list[str]:

@@ -38,12 +38,12 @@ rules with its own verbs (slurm_multi.relay).
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Sequence
 
 from slurm_multi import auth
 from slurm_multi.common import usage_error
 from slurm_multi.record import record
+from slurm_multi.words import is_cache_seen, is_held_id, is_image_id, is_rank, is_token
 
 MAX_LINE = 256  # bytes per protocol line, newline included
 # `RELEASE <mac> <C> <image-id>\n` must fit MAX_LINE: a longer ID is released on the control pipe.
@@ -51,18 +51,12 @@ RELEASE_ID_MAX = MAX_LINE - len("RELEASE   \n") - auth.MAC_HEX - auth.NONCE_HEX
 PHASES = ("image", "start")
 DEFAULT_TOKEN_ENV = "SM_BARRIER_TOKEN"
 
-# 1-64 bytes: an HMAC key no longer than SHA-256's block, so a bash HMAC never hashes the key first.
-TOKEN_RE = re.compile(r"[!-~]{1,64}")
 # The first field of every MAC: a request's MAC can never be passed off as a reply's (both have ABORT).
 TO_RANK0, FROM_RANK0 = "to-rank0", "from-rank0"
-RANK_RE = re.compile(r"0|[1-9][0-9]{0,8}")  # ASCII only: `\d` would accept unicode digits
-IMAGE_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,159}")
-# What an image READY may say the worker holds: a local image ID, nothing else.
-HELD_ID_RE = re.compile(r"sha256:[0-9a-f]{64}")
-# What it sees in the shared cache: the start of the cached tar's image ID (the whole would not fit
-# MAX_LINE beside a held ID).
-CACHE_SEEN_HEX = 16
-CACHE_SEEN_RE = re.compile(rf"cache:[0-9a-f]{{{CACHE_SEEN_HEX}}}")
+# The words' rules (slurm_multi.words): a token of 1-64 bytes (an HMAC key no longer than SHA-256's
+# block, so a bash HMAC never hashes the key first); an image READY says which local image ID the
+# worker holds (is_held_id) and the start of the cached tar's image ID it sees (is_cache_seen: the
+# whole would not fit MAX_LINE beside a held ID).
 
 
 # --------------------------------------------------------------------------------------------------
@@ -121,7 +115,7 @@ def decode_line(line: bytes | str, max_line: int = MAX_LINE) -> str:
 
 def parse_rank(text: str, nnodes: int) -> int:
     """A worker rank: ASCII digits, no sign/space/leading zero, 1 <= rank < nnodes."""
-    if not RANK_RE.fullmatch(text):
+    if not is_rank(text):
         raise ProtocolError("bad rank")
     rank = int(text)
     if not 1 <= rank < nnodes:
@@ -203,7 +197,7 @@ def parse_line(line: bytes | str, token: str, nnodes: int, challenge: str) -> Me
     if verb == "ABORT":
         return Message("ABORT", reason=rest.strip() or "no reason given", nonce=nonce)
     if verb == "RELEASE":
-        if not IMAGE_ID_RE.fullmatch(rest):
+        if not is_image_id(rest):
             raise ProtocolError("bad image id")
         return Message("RELEASE", image_id=rest, nonce=nonce)
     if len(fields) not in (2, 3, 4):
@@ -213,9 +207,9 @@ def parse_line(line: bytes | str, token: str, nnodes: int, challenge: str) -> Me
         raise ProtocolError("bad phase")
     holds = fields[2] if len(fields) >= 3 else ""
     cache = fields[3] if len(fields) == 4 else ""
-    if holds and (fields[1] != "image" or not (HELD_ID_RE.fullmatch(holds) or (cache and holds == "-"))):
+    if holds and (fields[1] != "image" or not (is_held_id(holds) or (cache and holds == "-"))):
         raise ProtocolError("bad held image id")
-    if cache and not CACHE_SEEN_RE.fullmatch(cache):
+    if cache and not is_cache_seen(cache):
         raise ProtocolError("bad cache id")
     holds = "" if holds == "-" else holds
     return Message("READY", rank=rank, phase=fields[1], nonce=nonce, holds=holds,
@@ -242,10 +236,10 @@ def parse_reply(line: bytes | str, token: str, challenge: str, nonce: str) -> Re
     if verb == "ABORT":
         return Reply("ABORT", reason=rest.replace(token, "***").strip() or "no reason given")
     if verb == "WAIT":
-        if len(fields) != 1 or not RANK_RE.fullmatch(fields[0]):
+        if len(fields) != 1 or not is_rank(fields[0]):
             raise ProtocolError("malformed WAIT")
         return Reply("WAIT", rank=int(fields[0]))
-    if len(fields) != 2 or not RANK_RE.fullmatch(fields[0]) or not IMAGE_ID_RE.fullmatch(fields[1]):
+    if len(fields) != 2 or not is_rank(fields[0]) or not is_image_id(fields[1]):
         raise ProtocolError("malformed GO")
     return Reply("GO", rank=int(fields[0]), image_id=fields[1])
 
@@ -262,6 +256,6 @@ def read_token(env_name: str) -> str:
             f"barrier: ${env_name} is not set or empty; export the job's barrier token "
             "(the batch step generates one) and pass its name with --token-env"
         )
-    if not TOKEN_RE.fullmatch(value):
+    if not is_token(value):
         raise usage_error(f"barrier: ${env_name} must be 1-64 printable ASCII characters without spaces")
     return value

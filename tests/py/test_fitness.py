@@ -1126,10 +1126,10 @@ def test_help_prints_the_docstring_on_stdout_and_exits_0() -> None:
 
 
 def test_the_token_rule_is_the_barriers() -> None:
-    from slurm_multi import wire
+    from slurm_multi import wire, words
 
-    # kept beside the stage (wire's dataclasses cost the hot path ~15 ms to import), held equal here
-    assert fitness.TOKEN_RE.pattern == wire.TOKEN_RE.pattern
+    # one rule, slurm_multi.words's (it was a second regex here, held equal by this test)
+    assert fitness.is_token is wire.is_token is words.is_token
     assert fitness.DEFAULT_TOKEN_ENV == wire.DEFAULT_TOKEN_ENV
 
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import errno
 import ipaddress
+import os
 import re
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -118,3 +121,26 @@ def test_ipv4_edge_cases_as_ipaddress_reads_them():
     for text in ("127.0.0.1", "127.255.0.9", "01.2.3.4", "1.2.3.04", "256.1.1.1", "1.2.3", " 1.2.3.4",
                  "1.2.3.4\n", "1.2.3.4\x00", "::1", "node1", "0.0.0.0", "128.0.0.1"):  # fmt: skip
         assert (net._is_ipv4_literal(text), net._is_loopback(text)) == _by_ipaddress(text), text
+
+
+@pytest.mark.parametrize(
+    "host", ["localhost", "127.0.0.1", "LOCALHOST", "node-1.cluster.local", "a.b", "x" * 63]
+)
+def test_an_ascii_name_goes_to_the_resolver_as_the_idna_codec_would_send_it(host: str) -> None:
+    assert net.wire_host(host) == host.encode("idna")
+
+
+def test_a_name_the_idna_codec_refuses_is_the_resolver_s_os_error_and_unicode_stays_str() -> None:
+    with pytest.raises(OSError):
+        net.resolve_ipv4("a..b")  # the codec: UnicodeError (a ValueError no caller expects)
+    assert net.wire_host("bücher.example") == "bücher.example"  # the codec's own way
+
+
+def test_dialing_a_peer_imports_no_idna_codec(tmp_path) -> None:
+    code = "import sys; from slurm_multi import net; net.resolve_ipv4('localhost'); "
+    code += "print('encodings.idna' in sys.modules)"
+    env = {"PYTHONPATH": os.path.dirname(os.path.dirname(net.__file__))}
+    done = subprocess.run(
+        [sys.executable, "-S", "-c", code], capture_output=True, text=True, check=True, env=env
+    )
+    assert done.stdout == "False\n"
