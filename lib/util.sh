@@ -178,15 +178,18 @@ util::split0() {
   return "${util_split0_rc}"
 }
 
-# util::find_python: the venv beside the checkout if it exists, else python3.
+# util::find_python [VAR]: SM_PYTHON if set, else the venv beside the checkout if it exists, else
+# python3; printed, or into VAR (no subshell where SM_PYTHON or the venv answers: every node's start).
 util::find_python() {
+  local _python
   if [[ -n ${SM_PYTHON:-} ]]; then
-    printf '%s' "${SM_PYTHON}"
+    _python=${SM_PYTHON}
   elif [[ -x ${SM_HOME}/.venv/bin/python ]]; then
-    printf '%s' "${SM_HOME}/.venv/bin/python"
+    _python=${SM_HOME}/.venv/bin/python
   else
-    command -v python3
+    _python=$(command -v python3) || _python=
   fi
+  util::reply "${1:-}" "${_python}"
 }
 
 # util::now [VAR]: microseconds since the epoch (EPOCHREALTIME, whatever the locale's decimal

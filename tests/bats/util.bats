@@ -121,3 +121,16 @@ status_args() { printf '%s\n' "$1" 0 node1 3 "stage run failed: exit 3" "" 0 "pr
   assert_equal "${first}" a1
   assert_equal "$(PATH=/nonexistent util::first_node)" a1
 }
+
+@test "util::find_python into a variable says what it prints: SM_PYTHON, else the checkout's venv, else python3" {
+  local found
+  SM_PYTHON=/opt/py/bin/python3 PATH=/nonexistent util::find_python found
+  assert_equal "${found}" /opt/py/bin/python3
+  assert_equal "$(SM_PYTHON=/opt/py/bin/python3 util::find_python)" /opt/py/bin/python3
+  mkdir -p "${BATS_TEST_TMPDIR}/home/.venv/bin"
+  printf '#!/bin/sh\n' >"${BATS_TEST_TMPDIR}/home/.venv/bin/python" && chmod +x "${BATS_TEST_TMPDIR}/home/.venv/bin/python"
+  SM_PYTHON='' SM_HOME=${BATS_TEST_TMPDIR}/home PATH=/nonexistent util::find_python found
+  assert_equal "${found}" "${BATS_TEST_TMPDIR}/home/.venv/bin/python"
+  SM_PYTHON='' SM_HOME=${BATS_TEST_TMPDIR}/none util::find_python found
+  assert_equal "${found}" "$(command -v python3)"
+}
