@@ -43,7 +43,7 @@ job::srun_argv() {
 job::run() {
   # The barrier's per-job secret; never printed (it travels in the environment, not in argv). Made
   # before the log filter starts, so the filter knows to mask it.
-  [[ -n ${SM_BARRIER_TOKEN:-} ]] || SM_BARRIER_TOKEN=$(util::generate_token)
+  [[ -n ${SM_BARRIER_TOKEN:-} ]] || util::generate_token SM_BARRIER_TOKEN
   export SM_BARRIER_TOKEN
   # JOB_IMAGE (the plan's image): a worker's barrier tells rank 0 which ID of it the node holds
   # before prepare has resolved SM_IMAGE again on the node.

@@ -250,7 +250,7 @@ node::start_fitness() {
     # The squashfs lands in the cache (or the job dir); its size is known once it is made.
     pyxis) argv+=(--disk "${SM_IMAGE_CACHE:-${SM_JOBDIR}}=0") ;;
   esac
-  rm -f "${SM_SCRATCH}/fitness.error"
+  util::remove "${SM_SCRATCH}/fitness.error"
   SM_ERROR_FILE=${SM_SCRATCH}/fitness.error util::py_fast fitness "${argv[@]}" &
   NODE_FITNESS_PID=$!
 }
@@ -675,7 +675,7 @@ node::stage_run() {
 node::stage_save_outputs() {
   local name csv src
   run::container_name name
-  mkdir -p "${SM_NODE_DIR}"
+  [[ -d ${SM_NODE_DIR} ]] || mkdir -p "${SM_NODE_DIR}"
   csv=${SM_RESULTS_CSV:-}
   if [[ -n ${csv} ]]; then
     src=${SM_SCRATCH}/output/${csv}

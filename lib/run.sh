@@ -87,7 +87,7 @@ run::stop_container() {
 # (SIGKILL for a frozen or stopped one: SIGTERM cannot reach it). Sets RUN_HANG_PID.
 run::hang_watch() {
   RUN_HANG_PID=
-  rm -f "${SM_SCRATCH}/hung"
+  util::remove "${SM_SCRATCH}/hung"
   ((SM_HANG_TIMEOUT > 0)) || return 0
   # A cause holds its stop up to the peer grace until the other ranks' watches have spoken (a rerun
   # by hand has no peers running).
@@ -210,7 +210,7 @@ run::docker() {
   run::container_name name
   # The name is the job's and the rank's: only a re-run by hand can find an old one in the way.
   if ((${NODE_FROM_JOB:-0})); then docker rm -f "${name}" >/dev/null 2>&1 || true; fi
-  rm -f "${SM_SCRATCH}/timed-out" "${SM_SCRATCH}/run-done"
+  util::remove "${SM_SCRATCH}/timed-out" "${SM_SCRATCH}/run-done"
   log::cmd run "${RUN_ARGV[@]}"
   "${RUN_ARGV[@]}" </dev/null &
   pid=$!

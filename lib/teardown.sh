@@ -39,7 +39,9 @@ teardown::pre_cleanup() {
   for hook in "${TEARDOWN_PRE_HOOKS[@]+"${TEARDOWN_PRE_HOOKS[@]}"}"; do
     "${hook}" "${reason}" || log::warn teardown "pre-cleanup hook ${hook} failed; going on"
   done
-  printf '%s %s\n' "$(date -u +%FT%TZ)" "${reason}" >"${dir}/.pre-cleanup.done"
+  local stamp
+  TZ=UTC printf -v stamp '%(%FT%TZ)T' -1
+  printf '%s %s\n' "${stamp}" "${reason}" >"${dir}/.pre-cleanup.done"
   TEARDOWN_PRE_ACTIVE=0
   trap - TERM INT HUP USR1
   # trap -p prints the handlers as trap commands; running them back is how bash restores traps.

@@ -78,8 +78,16 @@ util::_helper_with() {
     UTIL_ERROR=${UTIL_ERROR#slurm-multi: }
     [[ -n ${UTIL_ERROR} ]] || UTIL_ERROR="slurm-multi $1${2:+ $2} failed (exit ${rc}; see the log above)"
   fi
-  rm -f "${errfile}"
+  util::remove "${errfile}"
   return "${rc}"
+}
+
+# util::remove FILE...: `rm -f` of those that are there; no process when none is (a helper's error
+# file, a stage's markers: on every node's path, and almost never there).
+util::remove() {
+  local _file _there=()
+  for _file; do [[ ! -e ${_file} && ! -L ${_file} ]] || _there+=("${_file}"); done
+  ((${#_there[@]} == 0)) || rm -f -- "${_there[@]}"
 }
 
 # util::warm_start MODULE [--wake-later]: start the click-free helper MODULE now, on a pipe, so that
@@ -224,9 +232,19 @@ util::first_node() {
   util::reply "${1:-}" "${_first}"
 }
 
-# util::generate_token: a per-job secret for the barrier (hex, 48 chars).
+# util::generate_token [VAR]: a per-job secret for the barrier (192 random bits as 48 hex characters),
+# printed or into VAR. bash's SRANDOM (5.1 and later) is the system's random source (getrandom):
+# no od and tr on the batch step's path; an older bash reads /dev/urandom with them.
 util::generate_token() {
-  od -An -N24 -tx1 /dev/urandom | tr -d ' \n'
+  # Never traced (SM_DEBUG=1): a trace would show the token's pieces, which no log filter masks.
+  local - _token='' _word
+  set +x
+  if [[ -n ${SRANDOM:-} ]]; then
+    for _word in 1 2 3 4 5 6; do printf -v _token '%s%08x' "${_token}" "${SRANDOM}"; done
+  else
+    _token=$(od -An -N24 -tx1 /dev/urandom | tr -d ' \n')
+  fi
+  util::reply "${1:-}" "${_token}"
 }
 
 # util::split_words STRING: print the shell words of STRING NUL-separated (quotes honoured, no

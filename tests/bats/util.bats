@@ -134,3 +134,40 @@ status_args() { printf '%s\n' "$1" 0 node1 3 "stage run failed: exit 3" "" 0 "pr
   SM_PYTHON='' SM_HOME=${BATS_TEST_TMPDIR}/none util::find_python found
   assert_equal "${found}" "$(command -v python3)"
 }
+
+@test "util::remove removes what is there (a dangling symlink too) and starts no rm for what is not" {
+  local d=${BATS_TEST_TMPDIR}
+  rm() { : >>"${d}/rm-ran"; command rm "$@"; }
+  touch "${d}/a" "${d}/-b"
+  ln -s "${d}/gone" "${d}/link"
+  util::remove "${d}/a" "${d}/-b" "${d}/link" "${d}/never"
+  [[ ! -e ${d}/a && ! -e ${d}/-b && ! -L ${d}/link && -e ${d}/rm-ran ]]
+  command rm "${d}/rm-ran"
+  util::remove "${d}/a" "${d}/never"
+  [[ ! -e ${d}/rm-ran ]]
+}
+
+@test "util::generate_token: 48 lowercase hex characters, a new one each time, printed or into a VAR without a process" {
+  local a b
+  PATH=/nonexistent util::generate_token a
+  PATH=/nonexistent util::generate_token b
+  [[ ${a} =~ ^[0-9a-f]{48}$ && ${b} =~ ^[0-9a-f]{48}$ && ${a} != "${b}" ]]
+  [[ $(util::generate_token) =~ ^[0-9a-f]{48}$ ]]
+  # A bash without SRANDOM (before 5.1) reads /dev/urandom.
+  run bash -c "unset SRANDOM; source '${SM_HOME}/lib/util.sh'; util::generate_token"
+  assert_success
+  [[ ${output} =~ ^[0-9a-f]{48}$ ]]
+}
+
+@test "util::generate_token leaves no piece of the token in a trace (SM_DEBUG=1 traces the batch step)" {
+  local token
+  exec 9>"${BATS_TEST_TMPDIR}/trace"
+  BASH_XTRACEFD=9
+  set -x
+  util::generate_token token
+  set +x
+  exec 9>&-
+  [[ ${token} =~ ^[0-9a-f]{48}$ ]]
+  run grep -c "${token:0:8}" "${BATS_TEST_TMPDIR}/trace"
+  assert_output 0
+}
