@@ -48,8 +48,7 @@ job::run() {
   # JOB_IMAGE (the plan's image): a worker's barrier tells rank 0 which ID of it the node holds
   # before prepare has resolved SM_IMAGE again on the node.
   export SM_JOBDIR SM_BATCH_LOG=${SM_JOBDIR}/batch.log JOB_IMAGE
-  # The logger ignores SIGTERM (scancel signals the whole batch step): teardown must still be heard.
-  exec > >(trap '' TERM INT HUP; util::redact | tee -a "${SM_BATCH_LOG}") 2>&1
+  util::log_to "${SM_BATCH_LOG}"
   log::enable_debug
   log::info multi "job ${SLURM_JOB_ID}: ${SLURM_JOB_NUM_NODES} nodes (${SLURM_JOB_NODELIST}), outputs in ${SM_JOBDIR}$(job::attempt_note)"
   [[ -z ${PLAN_EARLIER_RUN:-} ]] ||
@@ -196,7 +195,7 @@ job::traps() {
 # reaper step waits on that node) must not end the batch step before collect: the teardown goes on,
 # and exits with its own verdict.
 job::on_signal() {
-  [[ -n ${JOB_SIGNAL_AT:-} ]] || JOB_SIGNAL_AT=${SECONDS}
+  [[ -n ${JOB_SIGNAL_AT:-} ]] || JOB_SIGNAL_AT=${SECONDS} JOB_SIGNAL_RC=$2
   if ((JOB_TEARDOWN_STARTED)); then
     log::warn multi "${1} during the teardown: finishing it (collect still runs)"
     return 0
@@ -231,8 +230,13 @@ job::teardown() {
     done
     if kill -0 "${JOB_SRUN_PID}" 2>/dev/null; then
       log::info multi "every rank has staged; not waiting for srun to notice"
-    else
+    elif [[ -z ${JOB_SIGNAL_AT:-} ]]; then
+      # srun's own status, asked only off a signal's path: a signal's handler may have interrupted
+      # the wait for srun, and a second `wait` could block for ever (util::wait_gone); there the
+      # exit is the signal's.
       wait "${JOB_SRUN_PID}" 2>/dev/null || rc=$?
+    else
+      rc=${JOB_SIGNAL_RC}
     fi
   else
     teardown::pre_cleanup "${reason}"
@@ -248,6 +252,7 @@ job::teardown() {
   # fitness reports as it judges the job (one helper, one judgement); without collect, the judge alone.
   if ! settings::truthy "${SM_COLLECT}"; then
     job::judge_fitness && job::on_bad_nodes
+    util::log_drain
     exit "${rc}"
   fi
   rc=0
@@ -274,6 +279,7 @@ job::teardown() {
     fi
   fi
   log::info multi "verdict: $( ((rc == 0)) && echo SUCCESS || echo FAILURE) (${SM_JOBDIR}/summary.json)"
+  util::log_drain
   exit "${rc}"
 }
 

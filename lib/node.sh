@@ -67,9 +67,7 @@ node::init() {
   if [[ ${SM_NODE_LOG_REDIRECTED:-0} != 1 ]]; then
     export SM_NODE_LOG_REDIRECTED=1
     # Everything this task prints goes to the node log (secrets masked) and on to srun's output.
-    # The logger ignores SIGTERM: scancel signals every process of the step, and a dead logger
-    # would take the task down (SIGPIPE) before it stops the workload and stages its outputs.
-    exec > >(trap '' TERM INT HUP; util::redact --secrets-file "${SM_SCRATCH}/secrets" | tee -a "${SM_NODE_LOG}") 2>&1
+    util::log_to "${SM_NODE_LOG}" --secrets-file "${SM_SCRATCH}/secrets"
   fi
   if [[ -n ${SM_EARLY_SIGNAL:-} && ${2:-} != --reap ]]; then node::on_term; fi
   ((NODE_FROM_JOB)) || node::remove_stale
@@ -563,18 +561,17 @@ node::join_image_phase() {
 
 # node::stop_fitness: a task that fails or is stopped before its fitness stage took the verdict
 # ends the fitness helper too (its peers then name this node at their deadline).
+# (Not `wait`: on_term may have interrupted the fitness stage's own wait for it; util::wait_gone.)
 node::stop_fitness() {
   [[ -n ${NODE_FITNESS_PID} ]] || return 0
-  kill -TERM "${NODE_FITNESS_PID}" 2>/dev/null || true
-  wait "${NODE_FITNESS_PID}" 2>/dev/null || true
+  util::stop_child "${NODE_FITNESS_PID}"
   NODE_FITNESS_PID=
 }
 
-# node::stop_join: the worker gives up; its join helper goes (SIGTERM).
+# node::stop_join: the worker gives up; its join helper goes (SIGTERM; not `wait`, as stop_fitness).
 node::stop_join() {
   [[ -n ${NODE_JOIN_PID} ]] || return 0
-  kill -TERM "${NODE_JOIN_PID}" 2>/dev/null || true
-  wait "${NODE_JOIN_PID}" 2>/dev/null || true
+  util::stop_child "${NODE_JOIN_PID}"
   NODE_JOIN_PID=
 }
 
@@ -774,7 +771,8 @@ node::on_term() {
   [[ ${SM_RUNTIME} == docker ]] && run::stop_container "$(run::container_name)"
   # Bare metal: the workload is our child (under nsight-slurm only this task gets the signal).
   if [[ ${SM_RUNTIME} == none && -n ${RUN_DOCKER_PID} ]]; then kill -TERM "${RUN_DOCKER_PID}" 2>/dev/null || true; fi
-  if [[ -n ${RUN_DOCKER_PID} ]]; then wait "${RUN_DOCKER_PID}" 2>/dev/null || true; fi
+  # Polled, not `wait`ed: this handler may have interrupted the run stage's own wait for it.
+  if [[ -n ${RUN_DOCKER_PID} ]]; then util::wait_gone "${RUN_DOCKER_PID}"; fi
   if [[ -n ${SM_BARRIER_PID} ]]; then node::barrier_say "ABORT rank 0 ($(hostname)) was terminated"; fi
   node::stop_fitness
   node::stop_join
@@ -805,8 +803,7 @@ node::on_exit() {
       sleep 0.2
       waited=$((waited + 1))
     done
-    util::kill_children TERM "${SM_BARRIER_PID}"
-    wait "${SM_BARRIER_PID}" 2>/dev/null || true
+    util::stop_child "${SM_BARRIER_PID}"
   fi
   # Outputs are saved on every exit path of a job's task (and of a re-run that ran the workload).
   if [[ ${NODE_STAGE_STATUS[save-outputs]:-} != ok ]] && { ((!NODE_FROM_JOB)) || [[ -n ${NODE_STAGE_STATUS[run]:-} ]]; }; then
@@ -815,6 +812,7 @@ node::on_exit() {
   node::write_status
   if [[ -n ${NODE_RM_PID:-} ]]; then wait "${NODE_RM_PID}" 2>/dev/null || true; fi
   log::info node "done: exit ${NODE_EXIT}${NODE_REASON:+ (${NODE_REASON})}"
+  util::log_drain
   node::remove_scratch
   exit "${NODE_EXIT}"
 }

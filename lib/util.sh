@@ -20,6 +20,29 @@ util::sm() { util::py -m slurm_multi "$@"; }
 # for the whole job on every node, so it starts without click (slurm_multi.secret_rule, python -S).
 util::redact() { util::py -S -m slurm_multi.secret_rule "$@"; }
 
+# util::log_to FILE [REDACT ARGS…]: from here on, everything this shell and its children print goes
+# through the log filter (secrets masked) into FILE and on to the shell's own stdout. The filter
+# ignores TERM, INT and HUP: scancel signals every process of the step, and a dead filter would
+# take the shell down (SIGPIPE) before it stages its outputs and says so. util::log_drain ends it.
+util::log_to() {
+  local file=$1
+  shift
+  exec > >(trap '' TERM INT HUP; util::redact "$@" | tee -a "${file}") 2>&1
+  UTIL_LOG_PID=$!
+}
+
+# util::log_drain: the shell's last words reach the log before it ends. Slurm SIGKILLs what is left
+# of a step once its tasks (or the batch script) have exited, and a filter still behind (two cores,
+# a dozen processes ending at once) lost a task's last lines: its termination, its save-outputs,
+# its `done`. Its pipe is closed here and the filter given up to 5 s to write the rest (a stray
+# process of the workload may hold the pipe open: then the end does not wait for it).
+util::log_drain() {
+  [[ -n ${UTIL_LOG_PID:-} ]] || return 0
+  exec >/dev/null 2>&1
+  util::wait_gone "${UTIL_LOG_PID}" 5 -
+  UTIL_LOG_PID=
+}
+
 # util::sm_logged AREA ARGS…: log the helper call as a command that pastes back on the node
 # (bin/slurm-multi ARGS…), then run it through util::helper.
 util::sm_logged() {
@@ -169,6 +192,35 @@ util::kill_children() {
     kids+=("${words[@]}")
   done
   ((${#kids[@]} == 0)) || kill "-${sig}" "${kids[@]}" 2>/dev/null || true
+}
+
+# util::wait_gone PID [GRACE [SIGNAL]]: until PID has ended, asked of the kernel (kill -0, every
+# 50 ms), never with `wait`. A signal handler that interrupted a `wait` for PID must not `wait` for
+# it again: bash 5.2 may have reaped it without marking its job done, and that second `wait` then
+# blocks on the shell's other children (the log filter, which outlives it) until Slurm's SIGKILL,
+# and the task stages nothing. After GRACE seconds, a PID still there gets SIGNAL (KILL; `-`: none,
+# and the wait ends there).
+util::wait_gone() {
+  local pid=$1 grace=${2:-} sig=${3:-KILL} nap=0.001 until=
+  [[ -z ${grace} ]] || until=$((${EPOCHREALTIME//[!0-9]/} + grace * 1000000))
+  while kill -0 "${pid}" 2>/dev/null; do
+    if [[ -n ${until} ]] && ((${EPOCHREALTIME//[!0-9]/} >= until)); then
+      [[ ${sig} != - ]] || return 0
+      kill "-${sig}" "${pid}" 2>/dev/null || true
+      until=
+    fi
+    # Most are gone within milliseconds (the log filter's last flush): short naps first.
+    sleep "${nap}"
+    case ${nap} in 0.001) nap=0.004 ;; 0.004) nap=0.016 ;; *) nap=0.05 ;; esac
+  done
+}
+
+# util::stop_child PID [GRACE]: a background helper (a subshell and the process it runs) ends:
+# SIGTERM to both, SIGKILL to the subshell after GRACE seconds (5); see util::wait_gone.
+util::stop_child() {
+  util::kill_children TERM "$1"
+  kill -TERM "$1" 2>/dev/null || true
+  util::wait_gone "$1" "${2:-5}"
 }
 
 # util::split0 ARRAY CMD…: run CMD (a function or a command) and split its NUL-separated output into

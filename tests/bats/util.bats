@@ -42,6 +42,48 @@ teardown() {
   assert_output ""
 }
 
+# shellcheck disable=SC2016 # the task script's words expand in the task, not here
+@test "util::stop_child in a TERM handler that interrupted the wait for that child never hangs (a second wait did)" {
+  # A task's shape: a log filter that outlives everything (a process substitution), a helper in the
+  # background, and scancel's SIGTERM to the whole group while the main flow waits for the helper.
+  # The handler's own `wait` for it blocked for ever in about one run in four (bash 5.2; CI's
+  # nsight-slurm cancel test); 40 runs here, at delays across the signal's window.
+  local script=${BATS_TEST_TMPDIR}/task.sh said=${BATS_TEST_TMPDIR}/said i pid tries hung=0 handled=0
+  printf '%s\n' 'source "$1/lib/log.sh"' 'source "$1/lib/util.sh"' 'SAID=$2' \
+    'on_term() { trap "" TERM; util::stop_child "${P}"; echo handled >>"${SAID}"; exit 143; }' \
+    'trap on_term TERM' 'exec > >(trap "" TERM; cat >/dev/null)' '(sleep 5) &' 'P=$!' \
+    'echo started >>"${SAID}"' 'wait "${P}"' >"${script}"
+  for i in $(seq 1 40); do
+    : >"${said}"
+    setsid bash "${script}" "${REPO_ROOT}" "${said}" &
+    pid=$!
+    tries=0
+    until grep -q started "${said}" || ((tries++ > 200)); do sleep 0.01; done
+    sleep "0.0$((i % 10))"
+    kill -TERM -- "-${pid}" 2>/dev/null || true
+    tries=0
+    while kill -0 "${pid}" 2>/dev/null && ((tries++ < 100)); do sleep 0.05; done
+    if kill -0 "${pid}" 2>/dev/null; then
+      hung=$((hung + 1))
+      kill -KILL -- "-${pid}" 2>/dev/null || true
+    fi
+    wait "${pid}" 2>/dev/null || true
+    ! grep -q handled "${said}" || handled=$((handled + 1))
+  done
+  assert_equal "${hung}" 0
+  assert_equal "${handled}" 40
+}
+
+# shellcheck disable=SC2016 # $1 and $! expand in the child shell
+@test "util::stop_child: a helper that ignores SIGTERM gets SIGKILL after the grace, and is gone" {
+  run timeout 20 bash -c 'source "$1/lib/log.sh"; source "$1/lib/util.sh"
+    (trap "" TERM; while :; do sleep 0.1; done) &
+    util::stop_child $! 1
+    if kill -0 $! 2>/dev/null; then echo alive; else echo gone; fi' _ "${REPO_ROOT}"
+  assert_success
+  assert_output gone
+}
+
 # status_args FILE: a status line's argv (a reason with spaces and an empty image ID included).
 status_args() { printf '%s\n' "$1" 0 node1 3 "stage run failed: exit 3" "" 0 "prepare:0.21:ok" "run:1.5:failed:3"; }
 
