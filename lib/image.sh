@@ -441,7 +441,7 @@ image::sqsh_id() {
 # image::sqsh_sidecar_ok SQSH ID: the file is the one its sidecar describes (size, then cksum) and,
 # when ID is given, of that docker image (cache::holds' status). Prints the sqsh id.
 image::sqsh_sidecar_ok() {
-  cache::holds "$1" "$2" cksum || return
+  cache::holds "$1" "$2" cksum || return $?
   image::sqsh_recorded "$1"
 }
 

@@ -336,7 +336,7 @@ job::bad_nodes_from() {
     # Empty: collect found none. Missing is unreadable here only when collect itself failed.
     [[ -e $1 ]] && return 1
     job::judge_fitness
-    return
+    return $?
   fi
   job::take_bad_nodes <"$1"
 }

@@ -187,7 +187,7 @@ node::stage_prepare() {
   local argv=(node prepare --scratch "${SM_SCRATCH}")
   ((${#SM_CMD[@]})) && argv+=(-- "${SM_CMD[@]}")
   util::fast_logged prepare "${argv[@]}" || rc=$?
-  ((rc == 0)) || node::fail "${UTIL_ERROR}" "${rc}" || return
+  ((rc == 0)) || node::fail "${UTIL_ERROR}" "${rc}" || return $?
   # shellcheck source=/dev/null
   source "${SM_SCRATCH}/context.sh"
   [[ -n ${MASTER_PORT} ]] || export MASTER_PORT=${SM_MASTER_PORT}
@@ -273,28 +273,28 @@ node::stage_image() {
   if ! node::has_image; then
     log::info image "runtime ${SM_RUNTIME}: no image to distribute"
     node::fitness_cmd || node::fail "${NODE_IMAGE_FAILED}"
-    return
+    return $?
   fi
   local rt=${SM_RUNTIME} reason alone=0
   NODE_IMAGE_FAILED='' NODE_IMAGE_RELEASE='' NODE_IMAGE_THEN=''
   if ! node::multi || ((NODE_FROM_JOB)); then alone=1; fi
   if node::is_rank0 && ((alone)); then
-    "node::image_${rt}_rank0" alone || node::fail "image: ${NODE_IMAGE_FAILED} (see node.log)" || return
-    node::fitness_cmd || node::fail "${NODE_IMAGE_FAILED}" || return
+    "node::image_${rt}_rank0" alone || node::fail "image: ${NODE_IMAGE_FAILED} (see node.log)" || return $?
+    node::fitness_cmd || node::fail "${NODE_IMAGE_FAILED}" || return $?
   elif node::is_rank0; then
     node::barrier_args
     [[ -n ${SM_BARRIER_PID} ]] || node::serve_barrier
-    "node::image_${rt}_rank0" barrier || { node::image_abort "${NODE_IMAGE_FAILED} (see node_0/node.log)"; return; }
-    node::fitness_cmd || { node::image_abort "${NODE_IMAGE_FAILED}"; return; }
+    "node::image_${rt}_rank0" barrier || { node::image_abort "${NODE_IMAGE_FAILED} (see node_0/node.log)"; return $?; }
+    node::fitness_cmd || { node::image_abort "${NODE_IMAGE_FAILED}"; return $?; }
     node::barrier_say "RELEASE ${NODE_IMAGE_RELEASE}"
     timeline::event release
-    [[ -z ${NODE_IMAGE_THEN} ]] || "${NODE_IMAGE_THEN}" || { node::image_abort "${NODE_IMAGE_FAILED}"; return; }
+    [[ -z ${NODE_IMAGE_THEN} ]] || "${NODE_IMAGE_THEN}" || { node::image_abort "${NODE_IMAGE_FAILED}"; return $?; }
   else
     if ((alone)); then
-      "node::image_${rt}_recorded" || return
+      "node::image_${rt}_recorded" || return $?
     else
       node::barrier_args
-      node::await_release || return
+      node::await_release || return $?
     fi
     if ! "node::image_${rt}_worker" "${NODE_RELEASED}" || ! node::fitness_cmd; then
       reason="$(hostname) (rank ${SM_RANK}): ${NODE_IMAGE_FAILED}"
@@ -302,7 +302,7 @@ node::stage_image() {
         node::stop_join
         node::barrier_abort "${reason}"
       fi
-      node::fail "${reason}" || return
+      node::fail "${reason}" || return $?
     fi
   fi
 }
@@ -399,7 +399,7 @@ node::image_docker_relay() {
 
 # node::image_docker_recorded: run alone, a worker loads the image ID rank 0's status.json holds.
 node::image_docker_recorded() {
-  [[ -n ${SM_IMAGE_ID:-} ]] || node::fail "image: rank 0's image ID is unknown (node_0/status.json has none: did rank 0's image stage succeed?)" 2 || return
+  [[ -n ${SM_IMAGE_ID:-} ]] || node::fail "image: rank 0's image ID is unknown (node_0/status.json has none: did rank 0's image stage succeed?)" 2 || return $?
   NODE_RELEASED=${SM_IMAGE_ID}
 }
 
@@ -514,7 +514,7 @@ node::await_release() {
   [[ -n ${NODE_JOIN_PID} ]] || node::join_image_phase
   if ! read -r -u "${NODE_JOIN_FD}" NODE_RELEASED; then
     wait "${NODE_JOIN_PID}" || rc=$?
-    node::join_failed "${rc}" || return
+    node::join_failed "${rc}" || return $?
   fi
 }
 
@@ -607,9 +607,9 @@ node::stage_barrier() {
   if node::is_rank0; then
     if [[ -z ${SM_BARRIER_PID} ]]; then
       # Alone (a re-run): serve in the foreground with the image already released.
-      [[ -n ${SM_IMAGE_ID:-} ]] || node::fail "barrier: rank 0's image ID is unknown; run the image stage first" 2 || return
+      [[ -n ${SM_IMAGE_ID:-} ]] || node::fail "barrier: rank 0's image ID is unknown; run the image stage first" 2 || return $?
       util::sm_logged barrier barrier serve "${BARRIER_ARGS[@]}" --timeout "${SM_BARRIER_TIMEOUT}" --image-id "${SM_IMAGE_ID}" ||
-        node::fail "${UTIL_ERROR}" "$?" || return
+        node::fail "${UTIL_ERROR}" "$?" || return $?
       return 0
     fi
     exec {BARRIER_CTL}>&-
@@ -619,7 +619,7 @@ node::stage_barrier() {
     if ((rc != 0)); then
       local why="barrier server failed (exit ${rc})"
       [[ -s ${SM_SCRATCH}/barrier.error ]] && why=$(<"${SM_SCRATCH}/barrier.error") && why=${why#slurm-multi: }
-      node::fail "${why}" "${rc}" || return
+      node::fail "${why}" "${rc}" || return $?
     fi
     log::info barrier "every worker is ready; GO sent"
     timeline::event go
@@ -628,14 +628,14 @@ node::stage_barrier() {
     kill -USR1 "${NODE_JOIN_PID}"
     wait "${NODE_JOIN_PID}" || rc=$?
     exec {NODE_JOIN_FD}<&-
-    ((rc == 0)) || node::join_failed "${rc}" || return
+    ((rc == 0)) || node::join_failed "${rc}" || return $?
     NODE_JOIN_PID=
     log::info barrier "GO received"
     timeline::event go
   else
     util::sm_logged barrier barrier join --rank "${SM_RANK}" "${BARRIER_ARGS[@]}" --phase start \
       --connect-timeout "${SM_BARRIER_TIMEOUT}" --wait-timeout "${SM_BARRIER_TIMEOUT}" >/dev/null ||
-      node::fail "${UTIL_ERROR}" "$?" || return
+      node::fail "${UTIL_ERROR}" "$?" || return $?
     log::info barrier "GO received"
     timeline::event go
   fi
@@ -645,19 +645,19 @@ node::stage_barrier() {
 
 node::stage_run() {
   if declare -F profile::before_run >/dev/null; then
-    profile::before_run || node::fail "profile: cannot set up profiling (see node.log)" 2 || return
+    profile::before_run || node::fail "profile: cannot set up profiling (see node.log)" 2 || return $?
   fi
   case ${SM_RUNTIME} in
-    docker) run::docker || node::fail "run: could not start the container" || return ;;
+    docker) run::docker || node::fail "run: could not start the container" || return $? ;;
     none) run::bare ;;
-    pyxis) run::pyxis || node::fail "run: could not start the rank's pyxis step" || return ;;
-    *) node::fail "unknown runtime ${SM_RUNTIME}" 2 || return ;;
+    pyxis) run::pyxis || node::fail "run: could not start the rank's pyxis step" || return $? ;;
+    *) node::fail "unknown runtime ${SM_RUNTIME}" 2 || return $? ;;
   esac
   if declare -F profile::after_run >/dev/null; then profile::after_run; fi # nsys: this rank's report settles
   NODE_EXIT=${RUN_EXIT}
   timeline::event exit code="${RUN_EXIT}"
   # The hang watch stopped it: its reason, not the exit code the stop caused.
-  [[ -z ${RUN_HUNG:-} ]] || { node::fail "${RUN_HUNG}" "$((RUN_EXIT == 0 ? 1 : RUN_EXIT))"; return; }
+  [[ -z ${RUN_HUNG:-} ]] || { node::fail "${RUN_HUNG}" "$((RUN_EXIT == 0 ? 1 : RUN_EXIT))"; return $?; }
   case ${RUN_EXIT} in
     0) return 0 ;;
     124) node::fail "workload timed out after ${SM_TIMEOUT} s" 124 ;;
@@ -718,7 +718,7 @@ node::write_status() {
   # warm while the workload ran (run::workload_started), cold on a path that never got there.
   util::warm_run statusfile "${SM_NODE_DIR}/status.json" "${SM_RANK}" \
     "${NODE_HOST:-$(hostname)}" "${NODE_EXIT}" "${NODE_REASON}" "${SM_IMAGE_ID:-}" "${NODE_TERMINATED}" "${stages[@]+"${stages[@]}"}" ||
-    log::error node "cannot write ${SM_NODE_DIR}/status.json (see the line above)"
+    log::error node "cannot write ${SM_NODE_DIR}/status.json: ${UTIL_ERROR}"
 }
 
 # node::remove_scratch: the scratch dir holds the container env and the secrets list: never left.

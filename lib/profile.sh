@@ -180,10 +180,10 @@ profile::before_steps() {
   local pair
   case ${SM_PROFILE} in
     none) return 0 ;;
-    nsys) profile::nsys_setup || return ;;
-    nsight-slurm) profile::nsight_setup || return ;;
+    nsys) profile::nsys_setup || return $? ;;
+    nsight-slurm) profile::nsight_setup || return $? ;;
   esac
-  profile::take_baseline || return
+  profile::take_baseline || return $?
   profile::fit_killwait warn
   # Exported here too: the reaper step and the batch step's teardown bounds use the same grace.
   profile::apply_stop_grace
@@ -331,11 +331,11 @@ profile::run_args() {
 # profile::before_run: profile::run_args, and for nsys the report dir made and this rank's report
 # announced to the batch step's flush.
 profile::before_run() {
-  [[ ${SM_PROFILE} == nsys ]] || { profile::run_args; return; }
+  [[ ${SM_PROFILE} == nsys ]] || { profile::run_args; return $?; }
   local dir
   dir=$(profile::dir)
   mkdir -p "${dir}" || { log::error profile "cannot create the report directory ${dir} on $(hostname)"; return 1; }
-  profile::run_args || return
+  profile::run_args || return $?
   : >"${SM_NODE_DIR}/.profile-nsys" # tells the batch flush this rank's report is coming
   PROFILE_NODE_ACTIVE=1
   log::info profile "nsys: this rank's report: ${dir}/${SLURM_JOB_ID:-}${PROFILE_ATTEMPT}_${SLURMD_NODENAME:-}_rank${SLURM_PROCID:-}.nsys-rep"

@@ -135,7 +135,7 @@ util::warm_start() {
 # when none was started or it is gone. Used once: a second call starts the helper cold.
 util::warm_run() {
   local module=$1 pid=${UTIL_WARM_PID[${1}]:-}
-  [[ -n ${pid} ]] || { util::fast "$@"; return; }
+  [[ -n ${pid} ]] || { util::fast "$@"; return $?; }
   util::_helper_with "${UTIL_WARM_ERR[${module}]}" util::_warm_feed "$@"
 }
 

@@ -84,6 +84,22 @@ teardown() {
   assert_output gone
 }
 
+# shellcheck disable=SC2016 # the words expand in the child shell
+@test "util::warm_run in an EXIT trap after a failure gives the helper's status, not the failure's" {
+  # A bare `return` in a trap handler returns the status from before the trap: every task that
+  # failed logged "cannot write status.json" after writing it.
+  run bash -c 'source "$1/lib/log.sh"; source "$1/lib/util.sh"
+    dir=$2
+    on_exit() {
+      trap - EXIT
+      if util::warm_run statusfile "${dir}/status.json" 0 node1 3 "stage run failed" "" 0 run:0.1:failed:3; then echo written; else echo "failed $?"; fi
+    }
+    trap on_exit EXIT
+    exit 3' _ "${REPO_ROOT}" "${BATS_TEST_TMPDIR}"
+  assert_output written
+  assert_file_exists "${BATS_TEST_TMPDIR}/status.json"
+}
+
 # status_args FILE: a status line's argv (a reason with spaces and an empty image ID included).
 status_args() { printf '%s\n' "$1" 0 node1 3 "stage run failed: exit 3" "" 0 "prepare:0.21:ok" "run:1.5:failed:3"; }
 
