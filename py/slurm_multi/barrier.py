@@ -30,16 +30,15 @@ from collections.abc import Callable, Iterable, Sequence
 from slurm_multi import EXIT_FAILURE, EXIT_OK, EXIT_TIMEOUT, EXIT_USAGE, auth
 from slurm_multi.common import HelperError, talk, timeout_error, usage_error
 from slurm_multi.net import (
-    ATTEMPT_TIMEOUT,
     PROOF_TIMEOUT,
     Keepalive,
     bind_first_free,
     connect_addresses,
     describe,
+    dial_once,
     keepalive,
     peer,
     secs,
-    wire_host,
 )
 from slurm_multi.record import record
 from slurm_multi.wire import (
@@ -723,9 +722,7 @@ class _Dialer:
                         return None
                     self.attempts += 1
                     try:
-                        sock = socket.create_connection(
-                            (wire_host(address), port), timeout=min(ATTEMPT_TIMEOUT, remaining)
-                        )
+                        sock = dial_once(address, port, remaining)
                     except OSError as exc:
                         self.last_error = describe(exc)
                         continue

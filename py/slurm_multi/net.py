@@ -151,6 +151,13 @@ def wire_host(host: str) -> str | bytes:
     return host.encode("ascii") if host.isascii() else host
 
 
+def dial_once(address: str, port: int, left: float) -> socket.socket:
+    """One TCP connection attempt to a peer's address and port (the barrier's and the relay's dial),
+    given at most ATTEMPT_TIMEOUT and never more than the `left` seconds of its caller's deadline;
+    OSError when it fails (the caller describes it and tries the next address or port)."""
+    return socket.create_connection((wire_host(address), port), timeout=min(ATTEMPT_TIMEOUT, left))
+
+
 def resolve_ipv4(host: str) -> list[str]:
     """IPv4 addresses of `host` in resolver order (the barrier listens on IPv4 only)."""
     infos = socket.getaddrinfo(wire_host(host), None, socket.AF_INET, socket.SOCK_STREAM)

@@ -572,9 +572,7 @@ class Node:
                     if left <= 0:
                         break
                     try:
-                        sock = socket.create_connection(
-                            (net.wire_host(address), port), timeout=min(net.ATTEMPT_TIMEOUT, left)
-                        )
+                        sock = net.dial_once(address, port, left)
                     except OSError as exc:
                         last_error = net.describe(exc)
                         continue

@@ -144,3 +144,26 @@ def test_dialing_a_peer_imports_no_idna_codec(tmp_path) -> None:
         [sys.executable, "-S", "-c", code], capture_output=True, text=True, check=True, env=env
     )
     assert done.stdout == "False\n"
+
+
+def test_dial_once_reaches_a_listener_and_fails_as_oserror_where_none_listens() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        with net.dial_once("localhost", port, 600.0) as sock:
+            conn, _ = server.accept()
+            conn.close()
+            assert sock.gettimeout() == net.ATTEMPT_TIMEOUT  # one attempt's bound
+        with net.dial_once("127.0.0.1", port, 0.25) as sock:
+            assert sock.gettimeout() == 0.25  # the caller's time left, when that is the shorter
+            server.accept()[0].close()
+    with pytest.raises(OSError):
+        net.dial_once("127.0.0.1", port, 1.0)  # the listener is closed: refused
+
+
+def test_the_barrier_and_the_relay_dial_through_net_dial_once() -> None:
+    # One owner of a dial: neither opens its own connection.
+    root = Path(net.__file__).parent
+    for name in ("barrier.py", "relay.py"):
+        text = (root / name).read_text()
+        assert "create_connection" not in text, name
+        assert "dial_once(" in text, name
