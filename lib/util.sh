@@ -179,18 +179,21 @@ util::check_python() {
 # util::kill_children SIGNAL PID: signal PID's children, as `pkill -SIGNAL -P PID` does, read from the
 # kernel's per-thread children lists instead of a scan of every process (pkill: ~15 ms, twice on
 # each node between the workload's exit and its status). pkill where the kernel keeps no such list.
+# UTIL_KILLED: how many it signalled (1 for pkill's any).
 util::kill_children() {
   local sig=$1 pid=$2 file words kids=()
+  UTIL_KILLED=0
   [[ -d /proc/${pid}/task ]] || return 0
   for file in /proc/"${pid}"/task/*/children; do
     if [[ ! -r ${file} ]]; then
-      pkill "-${sig}" -P "${pid}" 2>/dev/null || true
+      ! pkill "-${sig}" -P "${pid}" 2>/dev/null || UTIL_KILLED=1
       return 0
     fi
     words=()
     read -r -a words <"${file}" || true # one line, no line end
     kids+=("${words[@]}")
   done
+  UTIL_KILLED=${#kids[@]}
   ((${#kids[@]} == 0)) || kill "-${sig}" "${kids[@]}" 2>/dev/null || true
 }
 
@@ -215,11 +218,12 @@ util::wait_gone() {
   done
 }
 
-# util::stop_child PID [GRACE]: a background helper (a subshell and the process it runs) ends:
-# SIGTERM to both, SIGKILL to the subshell after GRACE seconds (5); see util::wait_gone.
+# util::stop_child PID [GRACE]: a background helper ends: SIGTERM to the process PID runs (a
+# subshell's child, which the subshell then outlives only to exit) or to PID itself when it has no
+# child (it is the helper); SIGKILL to PID after GRACE seconds (5); see util::wait_gone.
 util::stop_child() {
   util::kill_children TERM "$1"
-  kill -TERM "$1" 2>/dev/null || true
+  ((UTIL_KILLED)) || kill -TERM "$1" 2>/dev/null || true
   util::wait_gone "$1" "${2:-5}"
 }
 

@@ -84,6 +84,19 @@ teardown() {
   assert_output gone
 }
 
+# shellcheck disable=SC2016 # the helper's words expand in the helper
+@test "util::stop_child of a subshell running a helper: the helper gets the SIGTERM and finishes before it returns" {
+  local done=${BATS_TEST_TMPDIR}/finished
+  # The helper takes half a second to finish after SIGTERM (a server answering its peers ABORT).
+  (bash -c 'trap "sleep 0.5; echo finished >$1; exit 0" TERM; while :; do sleep 0.05; done' _ "${done}"; true) &
+  local pid=$! tries=0 kids=()
+  until ((${#kids[@]})) || ((tries++ > 100)); do read -r -a kids </proc/"${pid}"/task/"${pid}"/children || true; sleep 0.02; done
+  util::stop_child "${pid}"
+  assert_file_exists "${done}"
+  run kill -0 "${pid}"
+  assert_failure
+}
+
 # shellcheck disable=SC2016 # the words expand in the child shell
 @test "util::warm_run in an EXIT trap after a failure gives the helper's status, not the failure's" {
   # A bare `return` in a trap handler returns the status from before the trap: every task that
