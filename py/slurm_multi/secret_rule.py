@@ -144,4 +144,8 @@ def main(argv: Sequence[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    # The filter's end is on every task's way out (util::log_drain waits for it): no interpreter
+    # teardown after the last line (every line was flushed as it went).
+    status = main(sys.argv[1:])
+    sys.stderr.flush()
+    os._exit(status)
