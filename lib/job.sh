@@ -209,6 +209,7 @@ job::teardown() {
   ((JOB_TEARDOWN_STARTED == 0)) || return 0
   JOB_TEARDOWN_STARTED=1
   trap - EXIT
+  util::log_resume
   local reason=$1 rc=${JOB_SRUN_RC:-0} deadline
   log::info multi "teardown: ${reason}"
   # (scancel signals the watch helper too: it may be gone already)

@@ -90,6 +90,13 @@ node::multi() { ((${SM_NTASKS:-${NNODES}} > 1)); }
 # node::has_image: the runtime starts an image every rank must have (docker: loaded per node; pyxis:
 # one squashfs on shared storage); bare metal has none, and no image barrier.
 node::has_image() { [[ ${SM_RUNTIME} == docker || ${SM_RUNTIME} == pyxis ]]; }
+# node::may_have_container: a docker container of this rank may exist (its run stage began, or this
+# is the reaper or a re-run by hand, which may find the task's): only then do the stop and the exit
+# path ask the engine, which may be the very thing that failed (a hung engine answers nothing, ever).
+node::may_have_container() {
+  [[ ${SM_RUNTIME} == docker ]] || return 1
+  ((NODE_FROM_JOB || ${NODE_REAPING:-0})) || [[ ${NODE_CURRENT_STAGE:-} == run || -n ${NODE_STAGE_STATUS[run]:-} ]]
+}
 
 # node::remove_stale: scratch dirs and containers of this user's jobs that have ended (a task
 # SIGKILLed after KillWait cannot clean up after itself; the next job on the node does). A job counts
@@ -676,10 +683,11 @@ node::stage_save_outputs() {
   csv=${SM_RESULTS_CSV:-}
   if [[ -n ${csv} ]]; then
     src=${SM_SCRATCH}/output/${csv}
-    if [[ ! -f ${src} && ${SM_RUNTIME} == docker ]] && docker container inspect "${name}" >/dev/null 2>&1; then
+    # (Bounded, as every docker call on the way out: a hung engine must not hold the task.)
+    if [[ ! -f ${src} ]] && node::may_have_container && timeout 15 docker container inspect "${name}" >/dev/null 2>&1; then
       local workdir
-      workdir=$(docker container inspect -f '{{.Config.WorkingDir}}' "${name}" 2>/dev/null)
-      docker cp "${name}:${workdir:-/}/${csv}" "${src}" >/dev/null 2>&1 || true
+      workdir=$(timeout 15 docker container inspect -f '{{.Config.WorkingDir}}' "${name}" 2>/dev/null)
+      timeout 60 docker cp "${name}:${workdir:-/}/${csv}" "${src}" >/dev/null 2>&1 || true
     fi
     # A manifest model writes it in its run directory (madengine's rule), as our -- CMD writes it in
     # the output dir; docker: the run directory is the container's working dir, copied out above.
@@ -699,8 +707,8 @@ node::stage_save_outputs() {
     if [[ -f ${f} && ${f##*/} != "${csv}" ]]; then cp -f "${f}" "${SM_NODE_DIR}/" 2>/dev/null || true; fi
   done
   # Removed while status.json is written; node::on_exit waits for it.
-  if [[ ${SM_KEEP_CONTAINER:-0} != 1 && ${SM_RUNTIME} == docker ]]; then
-    docker rm -f "${name}" >/dev/null 2>&1 &
+  if [[ ${SM_KEEP_CONTAINER:-0} != 1 ]] && node::may_have_container; then
+    timeout 30 docker rm -f "${name}" >/dev/null 2>&1 &
     NODE_RM_PID=$!
   fi
   return 0
@@ -732,6 +740,7 @@ node::remove_scratch() {
 # remove its scratch.
 node::stage_reap() {
   local name
+  NODE_REAPING=1
   run::container_name name
   if [[ -f ${SM_NODE_DIR}/status.json ]]; then
     [[ ${SM_RUNTIME} != docker ]] || docker rm -f "${name}" >/dev/null 2>&1 || true
@@ -765,10 +774,11 @@ node::on_term() {
   # again inside itself, the handler waited on the same processes again, and the task hung in
   # that wait until Slurm's SIGKILL, staging nothing. Slurm's KillWait still bounds the stop.
   trap '' TERM INT
+  util::log_resume
   NODE_TERMINATED=1
   log::warn node "received a termination signal; stopping the workload gracefully"
   local stage=${NODE_CURRENT_STAGE:-}
-  [[ ${SM_RUNTIME} == docker ]] && run::stop_container "$(run::container_name)"
+  if node::may_have_container; then run::stop_container "$(run::container_name)"; fi
   # Bare metal: the workload is our child (under nsight-slurm only this task gets the signal).
   if [[ ${SM_RUNTIME} == none && -n ${RUN_DOCKER_PID} ]]; then kill -TERM "${RUN_DOCKER_PID}" 2>/dev/null || true; fi
   # Polled, not `wait`ed: this handler may have interrupted the run stage's own wait for it.
@@ -789,6 +799,7 @@ node::on_exit() {
   # SIGKILL after KillWait still bounds it).
   trap - EXIT
   trap '' TERM INT
+  util::log_resume
   ((NODE_EXIT != 0)) || NODE_EXIT=${rc}
   node::stop_fitness
   if declare -F profile::after_run >/dev/null; then profile::after_run; fi

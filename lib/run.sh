@@ -74,9 +74,15 @@ run::diagnose_host() {
 }
 
 # run::stop_container NAME: SIGTERM (so profilers write their reports), SIGKILL after the grace.
+# (Bounded: a hung engine must not hold a stopped task, and the job, for ever.)
 run::stop_container() {
-  local name=$1
-  docker container inspect "${name}" >/dev/null 2>&1 || return 0
+  local name=$1 rc=0
+  timeout 15 docker container inspect "${name}" >/dev/null 2>&1 || rc=$?
+  if ((rc == 124)); then
+    log::warn run "the docker engine on $(hostname) did not answer within 15 s: container ${name} not stopped"
+    return 0
+  fi
+  ((rc == 0)) || return 0
   log::cmd run docker stop -t "${SM_STOP_GRACE}" "${name}"
   timeout "$((SM_STOP_GRACE + 15))" docker stop -t "${SM_STOP_GRACE}" "${name}" >/dev/null 2>&1 || true
 }

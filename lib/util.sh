@@ -27,8 +27,16 @@ util::redact() { util::py -S -m slurm_multi.secret_rule "$@"; }
 util::log_to() {
   local file=$1
   shift
-  exec > >(trap '' TERM INT HUP; util::redact "$@" | tee -a "${file}") 2>&1
+  exec {UTIL_LOG_FD}> >(trap '' TERM INT HUP; util::redact "$@" | tee -a "${file}")
   UTIL_LOG_PID=$!
+  util::log_resume
+}
+
+# util::log_resume: stdout and stderr to the log filter again. A signal's handler runs inside the
+# command it interrupted, with that command's redirections (`util::sm … >/dev/null 2>&1`): without
+# this, everything the handler and the exit path said went to /dev/null.
+util::log_resume() {
+  [[ -z ${UTIL_LOG_FD:-} ]] || exec >&"${UTIL_LOG_FD}" 2>&1
 }
 
 # util::log_drain: the shell's last words reach the log before it ends. Slurm SIGKILLs what is left
@@ -38,9 +46,18 @@ util::log_to() {
 # process of the workload may hold the pipe open: then the end does not wait for it).
 util::log_drain() {
   [[ -n ${UTIL_LOG_PID:-} ]] || return 0
+  local path fd
   exec >/dev/null 2>&1
+  # Every other copy this shell holds goes too (UTIL_LOG_FD, and the stdout bash saved to restore
+  # after a redirected command that a signal's handler interrupted): the filter sees its end only
+  # when the last copy closes. Nothing after this uses a descriptor (255: bash's own script).
+  for path in /proc/"${BASHPID}"/fd/*; do
+    fd=${path##*/}
+    if ((fd > 2 && fd < 255)) && [[ ${fd} != "${BASH_XTRACEFD:-}" ]]; then exec {fd}>&-; fi
+  done
   util::wait_gone "${UTIL_LOG_PID}" 5 -
   UTIL_LOG_PID=
+  UTIL_LOG_FD=
 }
 
 # util::sm_logged AREA ARGS…: log the helper call as a command that pastes back on the node

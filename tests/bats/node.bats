@@ -81,6 +81,10 @@ refute_container_started() {
   if [[ -f ${BATS_TEST_TMPDIR}/docker-calls ]]; then
     run grep -c '^run ' "${BATS_TEST_TMPDIR}/docker-calls"
     assert_output 0
+    # Nor asked the engine about a container that cannot exist: the engine may be what failed, and
+    # a hung one answers nothing, ever (the task, and the job, hung in its exit path).
+    run grep -E '^(container inspect|rm|stop|cp) ' "${BATS_TEST_TMPDIR}/docker-calls"
+    assert_output ""
   fi
 }
 

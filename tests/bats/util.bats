@@ -77,6 +77,7 @@ teardown() {
 # shellcheck disable=SC2016 # $1 and $! expand in the child shell
 @test "util::stop_child: a helper that ignores SIGTERM gets SIGKILL after the grace, and is gone" {
   run timeout 20 bash -c 'source "$1/lib/log.sh"; source "$1/lib/util.sh"
+    exec 2>/dev/null # (bash may say "Killed" of its job)
     (trap "" TERM; while :; do sleep 0.1; done) &
     util::stop_child $! 1
     if kill -0 $! 2>/dev/null; then echo alive; else echo gone; fi' _ "${REPO_ROOT}"
@@ -95,6 +96,33 @@ teardown() {
   assert_file_exists "${done}"
   run kill -0 "${pid}"
   assert_failure
+}
+
+# shellcheck disable=SC2016 # the task's words expand in the task
+@test "util::log_resume and util::log_drain: a handler that interrupted a redirected call is heard, and the filter ends" {
+  # A TERM handler runs inside the call it interrupted (here `f >/dev/null 2>&1`): its lines went to
+  # /dev/null, and bash's saved copy of stdout kept the filter from ever seeing its end.
+  local log=${BATS_TEST_TMPDIR}/task.log
+  run timeout 20 bash -c 'source "$1/lib/log.sh"; source "$1/lib/util.sh"
+    util::log_to "$2"
+    state=$2.state
+    on_term() {
+      trap "" TERM
+      util::log_resume
+      echo "handler speaks"
+      local filter=${UTIL_LOG_PID}
+      util::log_drain
+      if kill -0 "${filter}" 2>/dev/null; then echo "filter still there" >>"${state}"; else echo "filter ended" >>"${state}"; fi
+      exit 143
+    }
+    trap on_term TERM
+    f() { sleep 5; }
+    echo before
+    (sleep 0.3; kill -TERM $$) &
+    f >/dev/null 2>&1' _ "${REPO_ROOT}" "${log}"
+  assert_equal "${status}" 143
+  assert_equal "$(cat "${log}")" "$(printf '%s\n' before "handler speaks")"
+  assert_equal "$(cat "${log}.state")" "filter ended"
 }
 
 # shellcheck disable=SC2016 # the words expand in the child shell
