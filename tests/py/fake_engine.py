@@ -7,11 +7,23 @@ import socket
 import threading
 from pathlib import Path
 
+import listening
+
 OK = b"HTTP/1.1 200 OK"
 NOT_FOUND = (b"HTTP/1.1 404 Not Found", b'{"message":"No such image"}')
 
 
-def engine(tmp_path: Path, answers: dict[str, bytes | tuple[bytes, bytes]]) -> tuple[str, socket.socket]:
+class Engine:
+    """The server: `close()` stops its thread first (listening.stop)."""
+
+    def __init__(self, server: socket.socket, thread: threading.Thread) -> None:
+        self._server, self._thread = server, thread
+
+    def close(self) -> None:
+        listening.stop(self._server, self._thread)
+
+
+def engine(tmp_path: Path, answers: dict[str, bytes | tuple[bytes, bytes]]) -> tuple[str, Engine]:
     """The socket's path and its server (close it to stop). An answer is a body (200 OK) or a
     (status line, body) pair."""
     path = str(tmp_path / "engine.sock")
@@ -31,5 +43,6 @@ def engine(tmp_path: Path, answers: dict[str, bytes | tuple[bytes, bytes]]) -> t
                 head, body = (OK, answer) if isinstance(answer, bytes) else answer
                 conn.sendall(head + b"\r\n\r\n" + body)
 
-    threading.Thread(target=serve, daemon=True).start()
-    return path, server
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    return path, Engine(server, thread)

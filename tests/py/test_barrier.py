@@ -25,6 +25,7 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import listening
 import squatters
 from slurm_multi import auth, barrier, barrier_cli, dockerapi, net, wire, words
 from slurm_multi.barrier import BarrierAborted, BarrierServer, format_ranks, join
@@ -241,7 +242,8 @@ class RecordingProxy:
         self._socks: list[socket.socket] = []
         self.listener = socket.create_server((LOOPBACK, 0))
         self.port = self.listener.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
 
     def _accept(self) -> None:
         while True:
@@ -267,9 +269,7 @@ class RecordingProxy:
             dst.shutdown(socket.SHUT_WR)  # pass the half-close on: rank 0 drains until EOF
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.listener.shutdown(socket.SHUT_RDWR)
-        self.listener.close()
+        listening.stop(self.listener, self._thread)
         for sock in self._socks:
             sock.close()
 

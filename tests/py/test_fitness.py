@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+import listening
 from fake_engine import engine
 from slurm_multi import auth, fitness
 from slurm_multi.fitness import judge, judge_reports
@@ -263,7 +264,8 @@ class HandPeer:
         self.first_join = threading.Event()
         self.held: list[socket.socket] = []
         self.errors: list[str] = []
-        threading.Thread(target=self.serve, daemon=True).start()
+        self.thread = threading.Thread(target=self.serve, daemon=True)
+        self.thread.start()
 
     def serve(self) -> None:
         while True:
@@ -335,7 +337,7 @@ class HandPeer:
             fitness.parse_got(self.line(sock), TOKEN, JOB, challenge, nonce, 0)
 
     def close(self) -> None:
-        self.listener.close()
+        listening.stop(self.listener, self.thread)
         for sock in self.held:
             sock.close()
 
