@@ -120,7 +120,9 @@ node::remove_stale() {
       gone+="${job} "
       log::info prepare "removing what ended job ${job} left on $(hostname)"
       if [[ ${SM_RUNTIME} == docker ]]; then
-        docker ps -aq --filter "name=^sm-${job}-r" 2>/dev/null | xargs -r docker rm -f >/dev/null 2>&1 || true
+        local ids=()
+        read -r -d '' -a ids < <(run::engine -q ps -aq --filter "name=^sm-${job}-r") || true
+        ((${#ids[@]} == 0)) || run::engine -q rm -f "${ids[@]}" >/dev/null || true
       fi
     fi
     rm -rf "${dir}"
@@ -684,10 +686,10 @@ node::stage_save_outputs() {
   if [[ -n ${csv} ]]; then
     src=${SM_SCRATCH}/output/${csv}
     # (Bounded, as every docker call on the way out: a hung engine must not hold the task.)
-    if [[ ! -f ${src} ]] && node::may_have_container && timeout 15 docker container inspect "${name}" >/dev/null 2>&1; then
-      local workdir
-      workdir=$(timeout 15 docker container inspect -f '{{.Config.WorkingDir}}' "${name}" 2>/dev/null)
-      timeout 60 docker cp "${name}:${workdir:-/}/${csv}" "${src}" >/dev/null 2>&1 || true
+    local workdir
+    if [[ ! -f ${src} ]] && node::may_have_container &&
+      workdir=$(run::engine -q container inspect -f '{{.Config.WorkingDir}}' "${name}"); then
+      run::engine -q cp "${name}:${workdir:-/}/${csv}" "${src}" >/dev/null || true
     fi
     # A manifest model writes it in its run directory (madengine's rule), as our -- CMD writes it in
     # the output dir; docker: the run directory is the container's working dir, copied out above.
@@ -708,7 +710,7 @@ node::stage_save_outputs() {
   done
   # Removed while status.json is written; node::on_exit waits for it.
   if [[ ${SM_KEEP_CONTAINER:-0} != 1 ]] && node::may_have_container; then
-    timeout 30 docker rm -f "${name}" >/dev/null 2>&1 &
+    run::engine -q rm -f "${name}" >/dev/null &
     NODE_RM_PID=$!
   fi
   return 0
@@ -743,7 +745,7 @@ node::stage_reap() {
   NODE_REAPING=1
   run::container_name name
   if [[ -f ${SM_NODE_DIR}/status.json ]]; then
-    [[ ${SM_RUNTIME} != docker ]] || docker rm -f "${name}" >/dev/null 2>&1 || true
+    [[ ${SM_RUNTIME} != docker ]] || run::engine -q rm -f "${name}" >/dev/null || true
     node::remove_scratch
     return 0
   fi
@@ -752,10 +754,10 @@ node::stage_reap() {
   NODE_REASON="the sm-node task on $(hostname) died before saving its outputs (killed?); outputs recovered by the reaper"
   # shellcheck source=/dev/null
   [[ -f ${SM_SCRATCH}/context.sh ]] && source "${SM_SCRATCH}/context.sh"
-  if [[ ${SM_RUNTIME} == docker ]] && docker container inspect "${name}" >/dev/null 2>&1; then
+  if [[ ${SM_RUNTIME} == docker ]] && run::engine -q container inspect "${name}" >/dev/null; then
     run::diagnose "${name}" "task died; container left behind"
     run::stop_container "${name}"
-    RUN_EXIT=$(docker container inspect -f '{{.State.ExitCode}}' "${name}" 2>/dev/null || echo "")
+    RUN_EXIT=$(run::engine -q container inspect -f '{{.State.ExitCode}}' "${name}" || echo "")
   fi
   node::stage_save_outputs
   NODE_STAGE_ORDER+=(reap) NODE_STAGE_SECONDS[reap]=0 NODE_STAGE_STATUS[reap]=ok

@@ -7,6 +7,36 @@
 # shellcheck source=lib/timeline.sh
 declare -F timeline::event >/dev/null || source "$(dirname "${BASH_SOURCE[0]}")/timeline.sh"
 
+# How long the node's docker engine may take to answer one control call (inspect, stop, kill, cp,
+# rm, logs): a healthy engine answers in well under a second, and a hung one (it accepts and never
+# answers) must never hold a task, its TERM handler or its exit path. The one bound of every such
+# call (run::engine); `docker stop -t G` gets the grace G on top.
+RUN_ENGINE_TIMEOUT=15
+
+# run::engine [-q] ARGS…: `docker ARGS…` within RUN_ENGINE_TIMEOUT seconds, its stdout and exit
+# status as docker's (-q: its stderr dropped, for calls whose status is the answer). When the engine
+# did not answer in time: one warning naming the call on stderr, and 124.
+run::engine() {
+  local quiet=0 rc=0
+  [[ $1 != -q ]] || { quiet=1 && shift; }
+  if ((quiet)); then
+    timeout "${RUN_ENGINE_TIMEOUT}" docker "$@" 2>/dev/null || rc=$?
+  else
+    timeout "${RUN_ENGINE_TIMEOUT}" docker "$@" || rc=$?
+  fi
+  ((rc != 124)) || log::warn run "the docker engine did not answer 'docker $*' within ${RUN_ENGINE_TIMEOUT} s"
+  return "${rc}"
+}
+
+# run::stop_within GRACE NAME: `docker stop -t GRACE NAME` (SIGTERM, SIGKILL after GRACE), bounded by
+# GRACE + RUN_ENGINE_TIMEOUT; its output dropped.
+run::stop_within() {
+  local rc=0
+  timeout "$(($1 + RUN_ENGINE_TIMEOUT))" docker stop -t "$1" "$2" >/dev/null 2>&1 || rc=$?
+  ((rc != 124)) || log::warn run "the docker engine did not stop container $2 within $(($1 + RUN_ENGINE_TIMEOUT)) s"
+  return 0
+}
+
 # run::container_name [VAR]: one name per job and rank, so cleanup can always find the container;
 # printed, or into VAR (no subshell on the run stage's path).
 run::container_name() { util::reply "${1:-}" "sm-${SLURM_JOB_ID:-local}-r${SM_RANK:-0}"; }
@@ -48,15 +78,18 @@ run::workload_started() {
 
 # run::diagnose NAME REASON: a bounded, non-fatal snapshot next to the failure.
 run::diagnose() {
-  local name=$1 reason=$2 dir=${SM_SCRATCH}/diagnostics
+  local name=$1 reason=$2 dir=${SM_SCRATCH}/diagnostics rc=0
   mkdir -p "${dir}" || return 0
   log::info run "capturing diagnostics (${reason}) into node_${SM_RANK}/diagnostics/"
   {
     printf 'reason: %s\nnode: %s\ntime: %s\n' "${reason}" "$(hostname)" "$(date -u +%FT%TZ)"
-    timeout 10 docker inspect -f 'status={{.State.Status}} exit={{.State.ExitCode}} oom_killed={{.State.OOMKilled}} error={{.State.Error}} started={{.State.StartedAt}} finished={{.State.FinishedAt}}' "${name}" 2>&1
-  } >"${dir}/container-state.txt" 2>&1 || true
-  timeout 10 docker logs --tail 200 "${name}" >"${dir}/container-log-tail.txt" 2>&1 || true
-  timeout 10 docker top "${name}" >"${dir}/container-processes.txt" 2>&1 || true
+    run::engine inspect -f 'status={{.State.Status}} exit={{.State.ExitCode}} oom_killed={{.State.OOMKilled}} error={{.State.Error}} started={{.State.StartedAt}} finished={{.State.FinishedAt}}' "${name}"
+  } >"${dir}/container-state.txt" 2>&1 || rc=$?
+  # An engine that did not answer once is not asked again: the snapshot stays within one bound.
+  if ((rc != 124)); then
+    run::engine logs --tail 200 "${name}" >"${dir}/container-log-tail.txt" 2>&1 || true
+    run::engine top "${name}" >"${dir}/container-processes.txt" 2>&1 || true
+  fi
   timeout 10 ss -ltnp >"${dir}/listening-sockets.txt" 2>&1 || true
   run::diagnose_host "${dir}"
 }
@@ -76,15 +109,10 @@ run::diagnose_host() {
 # run::stop_container NAME: SIGTERM (so profilers write their reports), SIGKILL after the grace.
 # (Bounded: a hung engine must not hold a stopped task, and the job, for ever.)
 run::stop_container() {
-  local name=$1 rc=0
-  timeout 15 docker container inspect "${name}" >/dev/null 2>&1 || rc=$?
-  if ((rc == 124)); then
-    log::warn run "the docker engine on $(hostname) did not answer within 15 s: container ${name} not stopped"
-    return 0
-  fi
-  ((rc == 0)) || return 0
+  local name=$1
+  run::engine -q container inspect "${name}" >/dev/null || return 0
   log::cmd run docker stop -t "${SM_STOP_GRACE}" "${name}"
-  timeout "$((SM_STOP_GRACE + 15))" docker stop -t "${SM_STOP_GRACE}" "${name}" >/dev/null 2>&1 || true
+  run::stop_within "${SM_STOP_GRACE}" "${name}"
 }
 
 # run::hang_watch TARGET_ARGS...: the hang watch beside the workload (py/slurm_multi/hangwatch.py:
@@ -170,14 +198,14 @@ run::kill_tree() {
 # it; a frozen or stopped workload cannot act on SIGTERM, so it is killed at once.
 run::stop_hung_container() {
   local name=$1 state=$2
-  if [[ $(docker container inspect -f '{{.State.Paused}}' "${name}" 2>/dev/null) == true ]]; then
+  if [[ $(run::engine -q container inspect -f '{{.State.Paused}}' "${name}") == true ]]; then
     log::cmd run docker unpause "${name}"
-    timeout 15 docker unpause "${name}" >/dev/null 2>&1 || true
+    run::engine -q unpause "${name}" >/dev/null || true
   fi
   case ${state} in
     frozen | stopped)
       log::cmd run docker kill "${name}"
-      timeout 15 docker kill "${name}" >/dev/null 2>&1 || true
+      run::engine -q kill "${name}" >/dev/null || true
       ;;
     *) run::stop_container "${name}" ;;
   esac
@@ -215,7 +243,7 @@ run::docker() {
   run::docker_argv
   run::container_name name
   # The name is the job's and the rank's: only a re-run by hand can find an old one in the way.
-  if ((${NODE_FROM_JOB:-0})); then docker rm -f "${name}" >/dev/null 2>&1 || true; fi
+  if ((${NODE_FROM_JOB:-0})); then run::engine -q rm -f "${name}" >/dev/null || true; fi
   util::remove "${SM_SCRATCH}/timed-out" "${SM_SCRATCH}/run-done"
   log::cmd run "${RUN_ARGV[@]}"
   "${RUN_ARGV[@]}" </dev/null &

@@ -371,6 +371,32 @@ EOF
   assert_equal "${rc}" 143
 }
 
+@test "run::engine bounds every docker control call: a hung engine gets 124 and one warning" {
+  # A SIGSTOPped dockerd accepts and never answers: its CLI blocks. Every control call on the exit
+  # and TERM paths (inspect, stop, kill, cp, rm, logs) goes through run::engine. (No clock here: an
+  # unbounded call would end after the shim's 30 s with status 0, and the stop would follow.)
+  # shellcheck disable=SC2016 # the shim expands them
+  printf '#!/bin/sh\necho "$*" >>"%s/calls"\n[ "$1" = rm ] && exit 0\nexec sleep 30\n' \
+    "${BATS_TEST_TMPDIR}" >"${BATS_TEST_TMPDIR}/shim/docker"
+  run bash -c '
+    for lib in log util run; do source "${REPO_ROOT}/lib/${lib}.sh"; done
+    RUN_ENGINE_TIMEOUT=1 SM_STOP_GRACE=0
+    rc=0; run::engine -q container inspect sm-1-r0 >/dev/null || rc=$?
+    echo "inspect rc=${rc}"
+    run::stop_container sm-1-r0
+    rc=0; run::engine -q rm -f id1 id2 || rc=$?
+    echo "rm rc=${rc}"'
+  assert_success
+  assert_line "inspect rc=124"
+  assert_line "rm rc=0"
+  assert_output --partial "warning: the docker engine did not answer 'docker container inspect sm-1-r0' within 1 s"
+  # stop_container could not ask the container's state: no docker stop follows (it would block too).
+  run grep -c '^stop ' "${BATS_TEST_TMPDIR}/calls"
+  assert_output 0
+  run grep -c '^container inspect sm-1-r0$' "${BATS_TEST_TMPDIR}/calls"
+  assert_output 2
+}
+
 @test "SIGTERM three times while the workload takes a second to stop: one graceful stop, outputs staged, exit 143" {
   # scancel, nsys and the nsight-slurm connector each forward a SIGTERM to a bare-metal task, a
   # moment apart. The handler must not run again inside itself: nested, it waited on the same
