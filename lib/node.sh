@@ -676,19 +676,31 @@ node::stage_run() {
 
 # ---- save-outputs --------------------------------------------------------------------------------
 
+# node::remove_container NAME: remove this rank's container in the background (NODE_RM_PID, which
+# node::on_exit waits for), unless --keep-container or no container of this rank can exist.
+node::remove_container() {
+  [[ ${SM_KEEP_CONTAINER:-0} != 1 ]] && node::may_have_container || return 0
+  run::engine -q rm -f "$1" >/dev/null &
+  NODE_RM_PID=$!
+}
+
 # node::stage_save_outputs: copy what the workload left (result CSV, other outputs, diagnostics)
-# into <jobdir>/node_<rank>/, then remove the container. Always runs, also after a failure.
+# into <jobdir>/node_<rank>/, and remove the container. Always runs, also after a failure.
 node::stage_save_outputs() {
-  local name csv src
+  local name csv src='' copy_out=0
   run::container_name name
   [[ -d ${SM_NODE_DIR} ]] || mkdir -p "${SM_NODE_DIR}"
   csv=${SM_RESULTS_CSV:-}
+  [[ -z ${csv} ]] || src=${SM_SCRATCH}/output/${csv}
+  # A CSV the workload left in its working dir is copied out of the container first; otherwise the
+  # container is not needed any more and goes now, while the outputs are copied and status.json
+  # written (the last rank's exit path no longer waits for a docker CLI started at its very end).
+  [[ -z ${src} || -f ${src} ]] || ! node::may_have_container || copy_out=1
+  ((copy_out)) || node::remove_container "${name}"
   if [[ -n ${csv} ]]; then
-    src=${SM_SCRATCH}/output/${csv}
     # (Bounded, as every docker call on the way out: a hung engine must not hold the task.)
     local workdir
-    if [[ ! -f ${src} ]] && node::may_have_container &&
-      workdir=$(run::engine -q container inspect -f '{{.Config.WorkingDir}}' "${name}"); then
+    if ((copy_out)) && workdir=$(run::engine -q container inspect -f '{{.Config.WorkingDir}}' "${name}"); then
       run::engine -q cp "${name}:${workdir:-/}/${csv}" "${src}" >/dev/null || true
     fi
     # A manifest model writes it in its run directory (madengine's rule), as our -- CMD writes it in
@@ -708,11 +720,7 @@ node::stage_save_outputs() {
   for f in "${SM_SCRATCH}"/output/*; do
     if [[ -f ${f} && ${f##*/} != "${csv}" ]]; then cp -f "${f}" "${SM_NODE_DIR}/" 2>/dev/null || true; fi
   done
-  # Removed while status.json is written; node::on_exit waits for it.
-  if [[ ${SM_KEEP_CONTAINER:-0} != 1 ]] && node::may_have_container; then
-    run::engine -q rm -f "${name}" >/dev/null &
-    NODE_RM_PID=$!
-  fi
+  ((!copy_out)) || node::remove_container "${name}"
   return 0
 }
 
