@@ -13,28 +13,21 @@ declare -F timeline::event >/dev/null || source "$(dirname "${BASH_SOURCE[0]}")/
 # call (run::engine); `docker stop -t G` gets the grace G on top.
 RUN_ENGINE_TIMEOUT=15
 
-# run::engine [-q] ARGS…: `docker ARGS…` within RUN_ENGINE_TIMEOUT seconds, its stdout and exit
-# status as docker's (-q: its stderr dropped, for calls whose status is the answer). When the engine
+# run::engine [-q] [-t EXTRA] ARGS…: `docker ARGS…` within RUN_ENGINE_TIMEOUT (+ EXTRA) seconds, its
+# stdout and exit status as docker's (-q: its stderr dropped, for calls whose status is the answer;
+# -t: a call that waits on purpose, e.g. `docker stop -t GRACE`, gets GRACE on top). When the engine
 # did not answer in time: one warning naming the call on stderr, and 124.
 run::engine() {
-  local quiet=0 rc=0
+  local quiet=0 rc=0 bound=${RUN_ENGINE_TIMEOUT}
   [[ $1 != -q ]] || { quiet=1 && shift; }
+  [[ $1 != -t ]] || { bound=$((bound + $2)) && shift 2; }
   if ((quiet)); then
-    timeout "${RUN_ENGINE_TIMEOUT}" docker "$@" 2>/dev/null || rc=$?
+    timeout "${bound}" docker "$@" 2>/dev/null || rc=$?
   else
-    timeout "${RUN_ENGINE_TIMEOUT}" docker "$@" || rc=$?
+    timeout "${bound}" docker "$@" || rc=$?
   fi
-  ((rc != 124)) || log::warn run "the docker engine did not answer 'docker $*' within ${RUN_ENGINE_TIMEOUT} s"
+  ((rc != 124)) || log::warn run "the docker engine did not answer 'docker $*' within ${bound} s"
   return "${rc}"
-}
-
-# run::stop_within GRACE NAME: `docker stop -t GRACE NAME` (SIGTERM, SIGKILL after GRACE), bounded by
-# GRACE + RUN_ENGINE_TIMEOUT; its output dropped.
-run::stop_within() {
-  local rc=0
-  timeout "$(($1 + RUN_ENGINE_TIMEOUT))" docker stop -t "$1" "$2" >/dev/null 2>&1 || rc=$?
-  ((rc != 124)) || log::warn run "the docker engine did not stop container $2 within $(($1 + RUN_ENGINE_TIMEOUT)) s"
-  return 0
 }
 
 # run::container_name [VAR]: one name per job and rank, so cleanup can always find the container;
@@ -112,7 +105,7 @@ run::stop_container() {
   local name=$1
   run::engine -q container inspect "${name}" >/dev/null || return 0
   log::cmd run docker stop -t "${SM_STOP_GRACE}" "${name}"
-  run::stop_within "${SM_STOP_GRACE}" "${name}"
+  run::engine -q -t "${SM_STOP_GRACE}" stop -t "${SM_STOP_GRACE}" "${name}" >/dev/null || true
 }
 
 # run::hang_watch TARGET_ARGS...: the hang watch beside the workload (py/slurm_multi/hangwatch.py:

@@ -397,6 +397,22 @@ EOF
   assert_output 2
 }
 
+@test "run::stop_container bounds docker stop by the grace plus the engine's bound" {
+  # The engine answers the inspect; the stop hangs (SIGSTOPped dockerd after the inspect).
+  # shellcheck disable=SC2016 # the shim expands them
+  printf '#!/bin/sh\necho "$*" >>"%s/calls"\n[ "$1" = container ] && exit 0\nexec sleep 30\n' \
+    "${BATS_TEST_TMPDIR}" >"${BATS_TEST_TMPDIR}/shim/docker"
+  run bash -c '
+    for lib in log util run; do source "${REPO_ROOT}/lib/${lib}.sh"; done
+    RUN_ENGINE_TIMEOUT=1 SM_STOP_GRACE=1
+    run::stop_container sm-1-r0; echo "stop_container rc=$?"'
+  assert_success
+  assert_line "stop_container rc=0"
+  assert_output --partial "warning: the docker engine did not answer 'docker stop -t 1 sm-1-r0' within 2 s"
+  run grep -c '^stop -t 1 sm-1-r0$' "${BATS_TEST_TMPDIR}/calls"
+  assert_output 1
+}
+
 @test "SIGTERM three times while the workload takes a second to stop: one graceful stop, outputs staged, exit 143" {
   # scancel, nsys and the nsight-slurm connector each forward a SIGTERM to a bare-metal task, a
   # moment apart. The handler must not run again inside itself: nested, it waited on the same
