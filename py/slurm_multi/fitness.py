@@ -117,6 +117,11 @@ joined with `; `. Host names are shown as given (host:port when several ranks sh
   node's view also names a peer whose HELLO carries a failed verdict).
 - no report (judge_reports): "no fitness report (the stage did not finish on that node)", plus the
   verdict of its HELLO if a peer heard one that was not ok.
+- stopped (SIGTERM before the verdict: scancel, a time limit, or its task ending because a peer
+  failed first): the report is written with "stopped" set and "ok" null. It is no verdict and no
+  evidence: it never votes on reachability, rates or clocks, and its node is never named for the
+  missing verdict (a scancelled healthy job must not quarantine its nodes). Only facts it holds
+  count: a local check that finished and failed, a failed verdict a peer heard in its HELLO.
 - reachability, node view: with N >= 3, no peer's HELLO heard while some peer took ours: this node
   is "unreachable on port P from every peer"; nothing reached and nothing heard: this node, "...
   and reached none" (or, when every peer answered `bad token`, "every peer rejects this node's job
@@ -146,7 +151,10 @@ joined with `; `. Host names are shown as given (host:port when several ranks sh
 The report (--out, written atomically: a temp file in the same dir, then a rename; keys stable):
     {"version": 1, "rank", "host", "nnodes", "job_id", "hosts": [...], "ports": [...],
      "started_at": epoch s, "seconds": the stage's wall time, "timeout",
-     "ok": this node's view found nothing bad, "reason": this node's own reason in that view or "",
+     "ok": this node's view found nothing bad (null when stopped, unless a local check failed),
+     "reason": this node's own reason in that view or "",
+     "stopped": "" or why the stage ended before its verdict (see the rules; a check that had not
+                finished by then is null under "checks"),
      "local": {"ok", "reason"}  (the verdict its HELLO carried),
      "thresholds": {"slow_factor", "clock_bound"},
      "checks": {
@@ -194,6 +202,7 @@ if TYPE_CHECKING:
 AREA = "fitness"
 VERSION = 1
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_BAD = 0, 1, 2, 3
+EXIT_STOPPED = 143  # SIGTERM's, as a shell reports a process it ended
 
 MIB, GIB = 1 << 20, 1 << 30
 DEFAULT_TIMEOUT = 10.0
@@ -1625,6 +1634,7 @@ class _Report:
 
     def __init__(self, report: Mapping[str, Any], nnodes: int | None = None) -> None:
         self.raw = report
+        self.stopped = bool(report.get("stopped"))
         self.n = max(1, _int(report.get("nnodes"), 1)) if nnodes is None else nnodes
         self.me = _int(report.get("rank"), -1)
         self.hosts = _strings(report.get("hosts"), self.n)
@@ -1796,6 +1806,8 @@ def judge(
     for q in sorted(view.heard):
         if view.peer_verdict(q) != "ok":
             bad.add(q, view.peer_verdict(q))
+    if view.stopped:  # cut short: what it did not see yet is no evidence
+        return bad.listing(view.hosts)
     if n > 1:
         _reach_view(view, name, bad)
     rates = {q: view.peer_rate(q) for q in view.heard}
@@ -1875,19 +1887,24 @@ def judge_reports(
             ports = [view.ports[r] if r < len(view.ports) else ports[r] for r in range(nnodes)]
             break
     name, bad = _Names(hosts, ports), _Bad()
-    present = [r for r in range(nnodes) if views[r] is not None]
     for r in range(nnodes):
         view = views[r]
-        if view is None:
+        if view is not None and not view.local_ok:
+            bad.add(r, view.local_reason)
+        elif view is None or view.stopped:
             said = [v.peer_verdict(r) for v in views if v is not None and r in v.heard]
             failed = next((verdict for verdict in said if verdict != "ok"), "")
-            bad.add(
-                r,
-                "no fitness report (the stage did not finish on that node)"
-                + (f"; its HELLO said: {failed}" if failed else ""),
-            )
-        elif not view.local_ok:
-            bad.add(r, view.local_reason)
+            if view is None:
+                bad.add(
+                    r,
+                    "no fitness report (the stage did not finish on that node)"
+                    + (f"; its HELLO said: {failed}" if failed else ""),
+                )
+            elif failed:
+                bad.add(r, failed)
+    # A stopped report votes on nothing below (what it had not seen yet is no evidence).
+    views = [None if view is not None and view.stopped else view for view in views]
+    present = [r for r in range(nnodes) if views[r] is not None]
     _reach_global(views, nnodes, present, name, bad)
     rates: dict[int, float | None] = {}
     for r in range(nnodes):
@@ -2029,6 +2046,18 @@ def run_stage(opts: Options, env: Mapping[str, str]) -> dict[str, Any]:
         except OSError:
             pass
 
+    # SIGTERM (scancel, a time limit, the task ending because a peer failed first): the report is
+    # still written, marked stopped, with what was found so far. (_signal: the signal module's enum
+    # conversions are import time on every node's start.)
+    import _signal
+
+    stopped: list[bool] = []
+
+    def on_signal(_signum: int, _frame: Any) -> None:
+        stopped.append(True)
+        wake()
+
+    previous = _signal.signal(_signal.SIGTERM, on_signal)
     children: list[Any] = []
     if opts.nnodes > 1:
         raise_nofile_limit(4 * opts.nnodes + 64)
@@ -2053,6 +2082,8 @@ def run_stage(opts: Options, env: Mapping[str, str]) -> dict[str, Any]:
     try:
         while True:
             now = time.monotonic()
+            if stopped:
+                break
             if mesh is not None:
                 mesh.on_timers(now)
             if local is None and all(check.finished(now) for check in checks.values()):
@@ -2098,6 +2129,7 @@ def run_stage(opts: Options, env: Mapping[str, str]) -> dict[str, Any]:
                 elif mesh is not None:
                     mesh.on_event(key, mask, time.monotonic())
     finally:
+        _signal.signal(_signal.SIGTERM, previous)
         sel.unregister(wake_in)  # a check finishing late must not spin the last flush
         if mesh is not None:
             mesh.close()
@@ -2107,10 +2139,14 @@ def run_stage(opts: Options, env: Mapping[str, str]) -> dict[str, Any]:
         for proc in children:
             if proc.poll() is None:
                 _kill(proc)
-    if local is None:  # the deadline came first (a --timeout shorter than a check's bound)
-        local = {name: check.value() for name, check in checks.items()}
+    if local is None:  # stopped, or the deadline came first (a --timeout shorter than a check's bound)
+        local = {
+            name: check.result if check.done.is_set() else None if stopped else check.value()
+            for name, check in checks.items()
+        }
+        listen_error = mesh.listen_error if mesh else ""
         local["ok"], local["reason"] = local_verdict(
-            local["runtime"], local["disk"], local["gpus"], mesh.listen_error if mesh else ""
+            local["runtime"] or {}, local["disk"] or [], local["gpus"] or {}, listen_error
         )
     network = (
         mesh.figures()
@@ -2142,6 +2178,7 @@ def run_stage(opts: Options, env: Mapping[str, str]) -> dict[str, Any]:
         "timeout": opts.timeout,
         "ok": True,
         "reason": "",
+        "stopped": "SIGTERM before the verdict" if stopped else "",
         "local": {"ok": local["ok"], "reason": local["reason"]},
         "thresholds": {"slow_factor": opts.slow_factor, "clock_bound": opts.clock_bound},
         "checks": {
@@ -2153,7 +2190,7 @@ def run_stage(opts: Options, env: Mapping[str, str]) -> dict[str, Any]:
         "bad": [],
     }
     report["bad"] = judge(report, opts.slow_factor, opts.clock_bound)
-    report["ok"] = not report["bad"]
+    report["ok"] = False if report["bad"] else None if stopped else True
     report["reason"] = next((b["reason"] for b in report["bad"] if b["rank"] == opts.rank), "")
     report["seconds"] = round(time.monotonic() - t0, 3)
     return report
@@ -2561,6 +2598,9 @@ def main(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int:
     lines = [f"{AREA}: {b['host']} (rank {b['rank']}): {b['reason']}" for b in report["bad"]]
     for line in lines:
         print(line, file=sys.stderr)
+    if report["stopped"]:
+        where = f" (report in {opts.out}, marked stopped)" if opts.out else ""
+        return _fail(f"stopped by {report['stopped']}{where}", EXIT_STOPPED)
     if lines:
         _record_error(lines[0])
         return EXIT_BAD

@@ -31,6 +31,7 @@ TOKEN = "fitness-test-token"
 JOB = "4242"
 REPORT_KEYS = {
     "version",
+    "stopped",
     "rank",
     "host",
     "nnodes",
@@ -208,6 +209,62 @@ def test_a_peer_that_never_starts_is_named_at_the_deadline(tmp_path: Path, tools
             "reason": "no fitness report (the stage did not finish on that node)",
         }
     ]
+
+
+def test_sigterm_before_the_verdict_writes_a_report_marked_stopped_that_blames_nobody(
+    tmp_path: Path, tools: Path
+) -> None:
+    # Rank 0 waits for rank 1's HELLO; its task ends first (a peer failed before its run, scancel):
+    # the report is still written, marked stopped, and no judge reads it as a verdict on anyone.
+    ports = free_ports(2)
+    hosts = f"127.0.0.1:{ports[0]} 127.0.0.1:{ports[1]}"
+    proc = start_node(tmp_path, node_env(tools), 0, hosts, "--timeout", "60")
+    deadline = time.monotonic() + 30
+    while True:  # it listens once its handler is in place
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        try:
+            socket.create_connection(("127.0.0.1", ports[0]), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.02)
+    proc.terminate()
+    node = Node(proc, tmp_path / "node_0" / "fitness.json")
+    assert node.rc == 143, node.stderr
+    assert node.stderr.splitlines()[-1] == (
+        "slurm-multi: fitness: stopped by SIGTERM before the verdict "
+        f"(report in {tmp_path}/node_0/fitness.json, marked stopped)"
+    )
+    report = node.report
+    assert set(report) == REPORT_KEYS
+    assert report["stopped"] == "SIGTERM before the verdict"
+    assert (report["ok"], report["bad"], report["reason"]) == (None, [], "")
+    assert report["checks"]["network"]["heard"] == []
+    # The batch step's judge: rank 1 wrote nothing and is named; rank 0 is not (not heard from 1 is
+    # no evidence). Both stopped (scancel of a healthy job): nobody.
+    assert reasons(judge_reports([report, None], 2)) == {
+        1: "no fitness report (the stage did not finish on that node)"
+    }
+    assert judge_reports([report, {**report, "rank": 1}], 2) == []
+    assert judge(report) == []
+
+
+def test_a_stopped_report_keeps_its_facts_and_votes_on_nothing() -> None:
+    # 4 nodes; node3 is unreachable from node1, and node0 was stopped before it reached or heard it.
+    stopped = {**view(0, 4, reached=[1, 2], heard=[1, 2]), "stopped": "SIGTERM before the verdict"}
+    others = [view(1, 4, reached=[0, 2], heard=[0, 2]), view(2, 4), view(3, 4, heard=[2])]
+    assert judge_reports([stopped, *others], 4) == []  # 1 of the 2 finished voters: no majority
+    # The same view unmarked is evidence: node3 unreachable from 2 of 3 peers.
+    assert reasons(judge_reports([{**stopped, "stopped": ""}, *others], 4)) == {
+        3: "unreachable on port 20003 from 2 of 3 peers (node0, node1)"
+    }
+    stopped = {**view(0, 3, reached=[], heard=[]), "stopped": "SIGTERM before the verdict"}
+    # A local check that finished and failed, or a failed HELLO a peer heard, still names it.
+    disk = "/tmp: 0.1 GiB free, 2 GiB needed"
+    full = {**view(0, 3, local=disk), "stopped": "SIGTERM before the verdict"}
+    assert reasons(judge_reports([full, view(1, 3), view(2, 3)], 3)) == {0: disk}
+    said = view(1, 3, verdicts={0: "nvidia-smi not found"})
+    assert reasons(judge_reports([stopped, said, view(2, 3)], 3)) == {0: "nvidia-smi not found"}
+    assert reasons(judge(full)) == {0: disk}
 
 
 def test_a_node_with_the_wrong_token_is_refused_and_named(tmp_path: Path, tools: Path) -> None:
