@@ -189,6 +189,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from slurm_multi import auth, dockerapi, jsontext
+from slurm_multi.common import which
 from slurm_multi.logline import short, talk
 from slurm_multi.net import connect_addresses, derive_ports, describe, read_local_port_range, secs
 from slurm_multi.record import record
@@ -287,15 +288,6 @@ def median(values: Iterable[float]) -> float:
     ordered = sorted(values)
     mid = len(ordered) // 2
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-
-
-def which(name: str, path: str | None) -> str | None:
-    """The executable `name` on `path` (a PATH value), as shutil.which finds it."""
-    for directory in (path if path is not None else os.defpath).split(os.pathsep):
-        candidate = os.path.join(directory or ".", name)
-        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-            return candidate
-    return None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -436,7 +428,7 @@ def _docker_ping(env: Mapping[str, str], timeout: float) -> tuple[str, str, str]
 
 
 def _enroot_version(env: Mapping[str, str], timeout: float, children: list[Any]) -> tuple[str, str, str]:
-    exe = which("enroot", env.get("PATH"))
+    exe = which("enroot", env.get("PATH", os.defpath))
     if exe is None:
         return "failed", "enroot not found on PATH (--runtime pyxis needs it)", ""
     try:
@@ -766,7 +758,7 @@ def check_gpus(
 ) -> dict:
     """The GPU check (see the module docstring)."""
     started = time.monotonic()
-    path = env.get("PATH")
+    path = env.get("PATH", os.defpath)
     amd = which("amd-smi", path)
     nvidia = None if amd else which("nvidia-smi", path)
     if amd is None and nvidia is None:

@@ -29,11 +29,11 @@ from __future__ import annotations
 import re
 import sys
 
-# (json and shutil where a tool runs or its output is read: the job plan imports this module for
-# docker_gpus alone, and json and shutil cost it ~8 ms of CPU.)
+# (json where a tool runs or its output is read: the job plan imports this module for
+# docker_gpus alone, and json costs it CPU; shutil is never imported: slurm_multi.common.which.)
 from collections.abc import Callable
 
-from slurm_multi.common import HelperError, talk, timeout_error, usage_error
+from slurm_multi.common import HelperError, talk, timeout_error, usage_error, which
 
 TYPE_CHECKING = False  # (typing's own flag, without typing's import: ~10 ms of every start)
 if TYPE_CHECKING:
@@ -333,12 +333,10 @@ def _run_tool(executable: str, argv: tuple[str, ...], timeout_s: float) -> str:
 
 def detect_gpus(timeout_s: float = DETECT_TIMEOUT_S, path: str | None = None) -> dict[str, Any]:
     """amd-smi if on PATH, else nvidia-smi, else vendor "none" with no GPUs."""
-    import shutil
-
-    amdsmi = shutil.which("amd-smi", path=path)
+    amdsmi = which("amd-smi", path)
     if amdsmi:
         return parse_amdsmi(_run_tool(amdsmi, AMDSMI_LIST, timeout_s))
-    nvidia_smi = shutil.which("nvidia-smi", path=path)
+    nvidia_smi = which("nvidia-smi", path)
     if nvidia_smi:
         return parse_nvidia_smi(_run_tool(nvidia_smi, NVIDIA_QUERY, timeout_s))
     return {"vendor": "none", "count": 0, "gpus": []}
@@ -383,10 +381,8 @@ def detect_details(
     """What madengine's context calls MAD_SYSTEM_GPU_PRODUCT_NAME, _ARCHITECTURE and _HIP_VERSION, from
     the vendor's tool (GPU 0). A tool that fails or says nothing leaves its values out: these are
     information for the workload, never a reason to stop a job that has its GPUs."""
-    import shutil
-
     details: dict[str, str] = {}
-    tool = shutil.which(TOOLS.get(vendor, ""), path=path) if vendor in TOOLS else None
+    tool = which(TOOLS.get(vendor, ""), path) if vendor in TOOLS else None
     if not tool:
         return details
     try:

@@ -48,10 +48,11 @@ CLICK_COLLECT = ("-m", "slurm_multi", "results", "collect")
 # What the helpers that start beside every rank's prepare and run never import: dataclasses (and the
 # inspect, ast and dis it pulls in), argparse and typing (NamedTuple: slurm_multi.record), ~10-20 ms
 # of CPU each on cores the job shares; secrets (random, base64), pathlib, subprocess and
-# urllib.parse (ipaddress), a few ms each, for what os and a line of our own do as well.
+# urllib.parse (ipaddress), a few ms each, for what os and a line of our own do as well; shutil, whose
+# import loads bz2 and lzma (~14 ms: GPU detection finds its tool with slurm_multi.common.which).
 SLOW_STDLIB = {
     "dataclasses", "inspect", "argparse", "typing", "secrets", "random", "pathlib", "subprocess",
-    "urllib.parse",
+    "urllib.parse", "shutil", "lzma", "bz2",
 }  # fmt: skip
 
 
@@ -114,6 +115,20 @@ def test_node_prepare_imports_no_click(tmp_path: Path) -> None:
     assert "slurm_multi.mounts" in modules and "slurm_multi.gpus" in modules
     assert not [m for m in modules if m == "click" or m.startswith("click.")]
     assert not set(modules) & SLOW_STDLIB
+
+
+@pytest.mark.parametrize(("tool", "vendor"), [("nvidia-smi", "NVIDIA"), ("amd-smi", "AMD")])
+def test_node_prepare_finds_the_gpu_tool_without_slow_stdlib(tool: str, vendor: str, tmp_path: Path) -> None:
+    # Detection as on a node: the fakes of tests/fakes answer as the vendor's tool would.
+    fakes = tmp_path / "bin"
+    fakes.mkdir()
+    (fakes / tool).symlink_to(REPO / "tests" / "fakes" / tool)
+    env = base_env(SM_RUNTIME="none")
+    env["PATH"] = f"{fakes}{os.pathsep}{env['PATH']}"
+    done = run(PREPARE, ["--scratch", str(tmp_path / "s"), "--", "true"], env, tmp_path, True)
+    assert done.returncode == 0, done.stderr
+    assert f"GPUs detected: {vendor} (0,1,2,3,4,5,6,7)" in done.stderr, done.stderr
+    assert not set(imported(done.stderr)) & (SLOW_STDLIB - {"subprocess"})  # (running the tool needs it)
 
 
 def test_results_collect_imports_no_click_even_for_a_hung_profiled_job(tmp_path: Path) -> None:
