@@ -19,22 +19,36 @@ CACHE_ENTRY=
 CACHE_TMP=
 CACHE_FOUND=
 
-# cache::sidecar ENTRY: the path of ENTRY's sidecar.
+# cache::sidecar ENTRY [VAR]: the path of ENTRY's sidecar; printed, or into VAR.
 cache::sidecar() {
   case $1 in
-    *.tar) printf '%s.id' "${1%.tar}" ;;
-    *) printf '%s.id' "$1" ;;
+    *.tar) util::reply "${2:-}" "${1%.tar}.id" ;;
+    *) util::reply "${2:-}" "$1.id" ;;
   esac
 }
 
-# cache::sidecar_get SIDECAR KEY: one value of a sidecar (empty when the file or the key is missing).
+# cache::sidecar_get SIDECAR KEY [VAR]: one value of a sidecar, its first KEY= line (empty when the
+# file or the key is missing); printed, or into VAR. Read by this shell itself, no process: every
+# node reads its image's sidecar several times before its helpers can start.
 cache::sidecar_get() {
-  [[ -f $1 ]] || return 0
-  sed -n "s/^$2=//p" "$1" | head -n 1
+  local _cache_line _cache_value=''
+  if [[ -f $1 ]]; then
+    while IFS= read -r _cache_line || [[ -n ${_cache_line} ]]; do
+      if [[ ${_cache_line} == "$2="* ]]; then
+        _cache_value=${_cache_line#"$2="}
+        break
+      fi
+    done <"$1"
+  fi
+  util::reply "${3:-}" "${_cache_value}"
 }
 
-# cache::get ENTRY KEY: one value of ENTRY's sidecar.
-cache::get() { cache::sidecar_get "$(cache::sidecar "$1")" "$2"; }
+# cache::get ENTRY KEY [VAR]: one value of ENTRY's sidecar; printed, or into VAR.
+cache::get() {
+  local _cache_sidecar
+  cache::sidecar "$1" _cache_sidecar
+  cache::sidecar_get "${_cache_sidecar}" "$2" "${3:-}"
+}
 
 # cache::sidecar_write SIDECAR KEY=VALUE...: the sidecar, one line a pair, whole or not at all.
 cache::sidecar_write() {
@@ -94,7 +108,9 @@ cache::commit() {
   fi
   mv -f "${CACHE_TMP}" "${CACHE_ENTRY}" || return 1
   CACHE_TMP=
-  cache::sidecar_write "$(cache::sidecar "${CACHE_ENTRY}")" "id=${id}" "image=${SM_IMAGE}" "fingerprint=${fp}" \
+  local sidecar
+  cache::sidecar "${CACHE_ENTRY}" sidecar
+  cache::sidecar_write "${sidecar}" "id=${id}" "image=${SM_IMAGE}" "fingerprint=${fp}" \
     "bytes=${bytes}" "cksum=${crc}" "${by}=$(hostname) job ${SLURM_JOB_ID:-}" "$@"
 }
 
@@ -115,15 +131,16 @@ cache::end() {
 # image's but not at the sidecar's size (one stat; with `cksum` also not of its cksum, one read):
 # cut, padded or overwritten in place. A reader holds the lock (shared) while it decides.
 cache::holds() {
-  local entry=$1 want=${2:-} sidecar id bytes sum
-  sidecar=$(cache::sidecar "${entry}")
-  id=$(cache::sidecar_get "${sidecar}" id)
+  local entry=$1 want=${2:-} sidecar id bytes sum recorded
+  cache::sidecar "${entry}" sidecar
+  cache::sidecar_get "${sidecar}" id id
   [[ -s ${entry} && -n ${id} && (-z ${want} || ${id} == "${want}") ]] || return 1
-  bytes=$(cache::sidecar_get "${sidecar}" bytes)
+  cache::sidecar_get "${sidecar}" bytes bytes
   [[ -n ${bytes} && $(stat -c %s "${entry}") == "${bytes}" ]] || return 2
   [[ ${3:-} == cksum ]] || return 0
   sum=$(cksum <"${entry}") || return 2
-  [[ ${sum} == "$(cache::sidecar_get "${sidecar}" cksum) ${bytes}" ]] || return 2
+  cache::sidecar_get "${sidecar}" cksum recorded
+  [[ ${sum} == "${recorded} ${bytes}" ]] || return 2
 }
 
 # cache::mismatch ENTRY: how ENTRY differs from its sidecar, for a log line.

@@ -237,7 +237,7 @@ node::start_fitness() {
   [[ ${SM_FITNESS} != off && ${SLURM_LOCALID:-0} == 0 ]] || return 0
   local hosts=() nnodes=1 rank=0 image=${SM_IMAGE:-${JOB_IMAGE:-}}
   if ((!NODE_FROM_JOB)) && ((NNODES > 1)); then
-    read -r -d '' -a hosts <<<"$(slurm::hostnames)" || true
+    slurm::hostnames_into hosts
     nnodes=${#hosts[@]} rank=${SLURM_NODEID:-0}
   fi
   ((${#hosts[@]})) || hosts=("$(hostname)")
@@ -250,7 +250,7 @@ node::start_fitness() {
       if [[ -n ${SM_IMAGE_CACHE:-} && -n ${image} ]]; then
         local bytes
         image::key_into "${image}"
-        bytes=$(cache::get "${SM_IMAGE_CACHE}/${IMAGE_KEY}.tar" bytes)
+        cache::get "${SM_IMAGE_CACHE}/${IMAGE_KEY}.tar" bytes bytes
         [[ -z ${bytes} ]] || argv+=(--image-bytes "${bytes}")
       fi
       ;;
@@ -559,7 +559,8 @@ node::join_image_phase() {
   fi
   # Not util::py: the process substitution must BE the helper (exec), so SIGUSR1 reaches Python.
   exec {NODE_JOIN_FD}< <(
-    if [[ -n ${tar} ]] && cache::holds "${tar}"; then argv+=(--cache-holds "$(cache::get "${tar}" id)"); fi
+    local held
+    if [[ -n ${tar} ]] && cache::holds "${tar}"; then cache::get "${tar}" id held && argv+=(--cache-holds "${held}"); fi
     log::cmd image "${SM_HOME}/bin/slurm-multi" "${argv[@]}"
     log::info image "(its stdout is a pipe to this task; SIGUSR1 from this task starts its start phase)"
     SM_ERROR_FILE=${SM_SCRATCH}/join.error PYTHONPATH="${SM_HOME}/py${PYTHONPATH:+:${PYTHONPATH}}" \

@@ -42,6 +42,20 @@ slurm::hostnames() {
   fi
 }
 
+# slurm::hostnames_into ARRAY [LIST]: slurm::hostnames into ARRAY, one host an element; without a
+# process when LIST is the job's own (the batch step expanded it: every node's task asks at its start).
+slurm::hostnames_into() {
+  local -n _slurm_into=$1
+  local _slurm_list=${2-${SLURM_JOB_NODELIST:-${SLURM_NODELIST:-}}}
+  _slurm_into=()
+  [[ -n ${_slurm_list} ]] || return 0
+  if slurm::expanded "${_slurm_list}"; then
+    read -r -a _slurm_into <<<"${SM_JOB_HOSTS}"
+  else
+    read -r -d '' -a _slurm_into <<<"$(slurm::hostnames "${_slurm_list}")" || true
+  fi
+}
+
 # slurm::expanded LIST: LIST is the job's own node list, which the batch step expanded already.
 slurm::expanded() { [[ -n ${SM_JOB_HOSTS:-} && $1 == "${SM_JOB_HOSTS_OF:-}" ]]; }
 

@@ -99,6 +99,32 @@ hold_lock() {
 
 # ---- rank 0 obtains the image --------------------------------------------------------------------
 
+@test "a sidecar's value: its first KEY= line, read without a process, printed or into a variable" {
+  local dir=${BATS_TEST_TMPDIR}/cache
+  mkdir -p "${dir}"
+  printf 'id=sha256:aa\nimage=toy/model:local\nidx=1\nbytes=4096\nid=sha256:bb\nargs=a=b c\ncksum=77' >"${dir}/k.id"
+  run bash -c '
+    for lib in log util cache; do source "${REPO_ROOT}/lib/${lib}.sh"; done
+    PATH= # no sed, no head: a process would fail here
+    cache::get "$1/k.tar" id; echo
+    cache::get "$1/k.tar" args; echo
+    cache::get "$1/k.tar" cksum; echo   # (the last line, without a newline)
+    cache::get "$1/k.tar" missing; echo "[missing]"
+    cache::sidecar_get "$1/none.id" id; echo "[no file]"
+    v=stale; cache::get "$1/k.tar" bytes v; echo "v=${v}"
+    v=stale; cache::get "$1/k.tar" missing v; echo "v=${v}"
+    cache::sidecar "$1/k.tar" s; cache::sidecar "$1/k.sqsh"; echo " s=${s}"' _ "${dir}"
+  assert_success
+  assert_output "sha256:aa
+a=b c
+77
+[missing]
+[no file]
+v=4096
+v=
+${dir}/k.sqsh.id s=${dir}/k.id"
+}
+
 @test "a cache entry's name is the reference with every other byte made _, then 8 hex of its sha256 (existing caches keep their names)" {
   local ref want
   for ref in toy/model:local 'rocm/pytorch:rocm6.2_ubuntu22.04_py3.10' 'réf/ü:1' 'x*y[z] w' ''; do

@@ -82,3 +82,20 @@ printf "%s\n" "42.extern|extern|node[1-3]" "42.batch|batch|node1" "42.0|sm-node|
   assert_output 'gpu[01-02]'
   [[ $(wc -l <"${BATS_TEST_TMPDIR}/calls") == 1 ]]
 }
+
+@test "slurm::hostnames_into fills an array: the job's own list without a process, another through scontrol" {
+  shim scontrol 'echo called >>"${BATS_TEST_TMPDIR}/calls"; printf "gpu01\ngpu02\n"'
+  export SLURM_JOB_NODELIST='gpu[07-09]'
+  slurm::export_hostnames gpu07 gpu08 gpu09
+  # No process: with an empty PATH, a subshell's command would fail, a fork would not be counted.
+  run bash -c "source '${REPO_ROOT}/lib/util.sh'; PATH=; hosts=(stale); slurm::hostnames_into hosts; echo \"\${#hosts[@]}:\${hosts[*]}\""
+  assert_success
+  assert_output '3:gpu07 gpu08 gpu09'
+  [[ ! -e ${BATS_TEST_TMPDIR}/calls ]]
+  local hosts=(stale)
+  slurm::hostnames_into hosts 'gpu[01-02]'
+  assert_equal "${#hosts[@]}:${hosts[*]}" '2:gpu01 gpu02'
+  [[ $(wc -l <"${BATS_TEST_TMPDIR}/calls") == 1 ]]
+  SLURM_JOB_NODELIST='' slurm::hostnames_into hosts
+  assert_equal "${#hosts[@]}" 0
+}
