@@ -53,6 +53,11 @@ IMAGE_KEY='' IMAGE_KEY_REF='' # (a key is never "": it ends in -<8 hex>)
 image::key_into() {
   local ref=$1 sum LC_ALL=C # byte by byte, as tr does: a multibyte character is several `_`
   if [[ -n ${IMAGE_KEY} && ${IMAGE_KEY_REF} == "${ref}" ]]; then return 0; fi
+  # The job's image's key, which the batch step worked out (job::run) and every task inherits.
+  if [[ -n ${SM_JOB_IMAGE_KEY:-} && ${ref} == "${JOB_IMAGE:-}" && ${SM_JOB_IMAGE_KEY} == "${ref//[^A-Za-z0-9._-]/_}-"???????? ]]; then
+    IMAGE_KEY=${SM_JOB_IMAGE_KEY} IMAGE_KEY_REF=${ref}
+    return 0
+  fi
   sum=$(printf '%s' "${ref}" | sha256sum)
   IMAGE_KEY="${ref//[^A-Za-z0-9._-]/_}-${sum:0:8}" IMAGE_KEY_REF=${ref}
 }

@@ -48,6 +48,12 @@ job::run() {
   # JOB_IMAGE (the plan's image): a worker's barrier tells rank 0 which ID of it the node holds
   # before prepare has resolved SM_IMAGE again on the node.
   export SM_JOBDIR SM_BATCH_LOG=${SM_JOBDIR}/batch.log JOB_IMAGE
+  # Its cache key too, worked out once here (a process) instead of on every node at its start, while
+  # the nodes' helpers compete for the cores (image::key_into takes it when the ref is JOB_IMAGE).
+  if [[ -n ${JOB_IMAGE:-} ]]; then
+    image::key_into "${JOB_IMAGE}"
+    export SM_JOB_IMAGE_KEY=${IMAGE_KEY}
+  fi
   util::log_to "${SM_BATCH_LOG}"
   log::enable_debug
   log::info multi "job ${SLURM_JOB_ID}: ${SLURM_JOB_NUM_NODES} nodes (${SLURM_JOB_NODELIST}), outputs in ${SM_JOBDIR}$(job::attempt_note)"

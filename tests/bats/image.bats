@@ -140,6 +140,19 @@ ${dir}/k.sqsh.id s=${dir}/k.id"
   assert_line --index 1 "a_b-$(printf %s 'a b' | sha256sum | cut -c1-8)"
 }
 
+@test "a node takes the job image's cache key from the batch step; another ref, or a key not of that ref, is worked out" {
+  # The batch step exports it (job::run): no process on the node (an empty PATH would fail one).
+  JOB_IMAGE=toy/model:local SM_JOB_IMAGE_KEY=${KEY} run on node1 'PATH= image::key_into toy/model:local; echo "${IMAGE_KEY}"'
+  assert_output "${KEY}"
+  JOB_IMAGE=toy/model:local SM_JOB_IMAGE_KEY=${KEY} run on node1 'image::key_into other:1; echo "${IMAGE_KEY}"'
+  assert_output "other_1-$(printf %s other:1 | sha256sum | cut -c1-8)"
+  # Inherited from somewhere else (a stale or foreign value): not that ref's shape, not taken.
+  JOB_IMAGE=toy/model:local SM_JOB_IMAGE_KEY=toy_model_local-zz run on node1 'image::key_into toy/model:local; echo "${IMAGE_KEY}"'
+  assert_output "${KEY}"
+  JOB_IMAGE=toy/model:local SM_JOB_IMAGE_KEY=other_1-12345678 run on node1 'image::key_into toy/model:local; echo "${IMAGE_KEY}"'
+  assert_output "${KEY}"
+}
+
 @test "rank 0 without the image and nothing to build it from pulls the manifest's registry_image, tagged as the image" {
   export SM_REGISTRY_IMAGE=registry.example/toy:1
   run --separate-stderr on node1 image::ensure_on_rank0
