@@ -2124,7 +2124,7 @@ def run_stage(opts: Options, env: Mapping[str, str]) -> dict[str, Any]:
         _signal.signal(_signal.SIGTERM, previous)
         sel.unregister(wake_in)  # a check finishing late must not spin the last flush
         if mesh is not None:
-            mesh.close()
+            mesh.close(0.0 if stopped else 0.5)  # stopped: the task is ending, nothing is waited for
         sel.close()
         wake_in.close()
         wake_out.close()
