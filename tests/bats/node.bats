@@ -371,15 +371,28 @@ EOF
   assert_equal "${rc}" 143
 }
 
+# hanging_engine ANSWERED: a docker CLI that records each call in calls, answers the calls whose
+# first word is ANSWERED at once, and blocks on every other (a SIGSTOPped dockerd accepts and never
+# answers).
+hanging_engine() {
+  # shellcheck disable=SC2016 # the shim expands them
+  printf '#!/bin/sh\necho "$*" >>"%s/calls"\n[ "$1" = %s ] && exit 0\nexec sleep 30\n' \
+    "${BATS_TEST_TMPDIR}" "$1" >"${BATS_TEST_TMPDIR}/shim/docker"
+}
+
+# with_run_lib SCRIPT: `run` SCRIPT in bash with lib/run.sh and what it needs loaded.
+with_run_lib() {
+  run bash -c 'for lib in log util run; do source "${REPO_ROOT}/lib/${lib}.sh"; done
+    '"$1"
+}
+
 @test "run::engine bounds every docker control call: a hung engine gets 124 and one warning" {
   # A SIGSTOPped dockerd accepts and never answers: its CLI blocks. Every control call on the exit
   # and TERM paths (inspect, stop, kill, cp, rm, logs) goes through run::engine. (No clock here: an
   # unbounded call would end after the shim's 30 s with status 0, and the stop would follow.)
-  # shellcheck disable=SC2016 # the shim expands them
-  printf '#!/bin/sh\necho "$*" >>"%s/calls"\n[ "$1" = rm ] && exit 0\nexec sleep 30\n' \
-    "${BATS_TEST_TMPDIR}" >"${BATS_TEST_TMPDIR}/shim/docker"
-  run bash -c '
-    for lib in log util run; do source "${REPO_ROOT}/lib/${lib}.sh"; done
+  hanging_engine rm
+  # shellcheck disable=SC2016 # the script expands them
+  with_run_lib '
     RUN_ENGINE_TIMEOUT=1 SM_STOP_GRACE=0
     rc=0; run::engine -q container inspect sm-1-r0 >/dev/null || rc=$?
     echo "inspect rc=${rc}"
@@ -399,11 +412,8 @@ EOF
 
 @test "run::stop_container bounds docker stop by the grace plus the engine's bound" {
   # The engine answers the inspect; the stop hangs (SIGSTOPped dockerd after the inspect).
-  # shellcheck disable=SC2016 # the shim expands them
-  printf '#!/bin/sh\necho "$*" >>"%s/calls"\n[ "$1" = container ] && exit 0\nexec sleep 30\n' \
-    "${BATS_TEST_TMPDIR}" >"${BATS_TEST_TMPDIR}/shim/docker"
-  run bash -c '
-    for lib in log util run; do source "${REPO_ROOT}/lib/${lib}.sh"; done
+  hanging_engine container
+  with_run_lib '
     RUN_ENGINE_TIMEOUT=1 SM_STOP_GRACE=1
     run::stop_container sm-1-r0; echo "stop_container rc=$?"'
   assert_success
