@@ -12,6 +12,7 @@ from slurm_multi.secret_rule import (  # noqa: F401 - re-exported for the helper
     MIN_SECRET_LEN,
     SECRET_NAME_PATTERNS,
     Redactor,
+    filter_stdio,
     filter_stream,
     is_secret_name,
     read_secrets_file,
@@ -34,4 +35,5 @@ def cli(secrets_file: str | None) -> None:
 
     Example: docker logs job-1-r0 2>&1 | slurm-multi redact >node.log
     """
-    filter_stream(sys.stdin, sys.stdout, os.environ, secrets_file)
+    sys.stdout.flush()
+    filter_stdio(os.environ, secrets_file, sys.stdin.buffer, sys.stdout.buffer)

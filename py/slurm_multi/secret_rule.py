@@ -13,6 +13,10 @@ import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 
+TYPE_CHECKING = False  # (typing's own flag, without typing's import)
+if TYPE_CHECKING:
+    from typing import BinaryIO
+
 # Shell-style patterns of `*` and literal text only (glob_match's rule: no `?`, no `[...]`).
 SECRET_NAME_PATTERNS = ("*TOKEN*", "*SECRET*", "*PASSWORD*", "*PASSWD*", "MAD_SECRETS*", "*API_KEY*")
 MASK = "***"
@@ -133,14 +137,29 @@ def main(argv: Sequence[str]) -> int:
             "slurm-multi: usage: python -S -m slurm_multi.secret_rule [--secrets-file FILE]", file=sys.stderr
         )
         return 2
-    # Undecodable bytes pass through unchanged (a workload may print anything).
-    source = open(sys.stdin.fileno(), encoding="utf-8", errors="surrogateescape", closefd=False)  # noqa: SIM115
-    sink = open(sys.stdout.fileno(), "w", encoding="utf-8", errors="surrogateescape", closefd=False)  # noqa: SIM115
     try:
-        filter_stream(source, sink, os.environ, secrets_file)
+        filter_stdio(os.environ, secrets_file)
     except BrokenPipeError:
         return 0
     return 0
+
+
+def filter_stdio(
+    env: Mapping[str, str],
+    secrets_file: str | None,
+    stdin: BinaryIO | None = None,
+    stdout: BinaryIO | None = None,
+) -> None:
+    """filter_stream from stdin to stdout (fds 0 and 1 unless given), byte for byte but for the
+    masks: undecodable bytes pass through (a workload may print anything), and so do `\r` and
+    `\r\n` (a progress bar's carriage returns stay carriage returns; only `\n` ends a line)."""
+    stdin = stdin or open(sys.stdin.fileno(), "rb", closefd=False)  # noqa: SIM115
+    stdout = stdout or open(sys.stdout.fileno(), "wb", closefd=False)  # noqa: SIM115
+    source = io.TextIOWrapper(stdin, "utf-8", "surrogateescape", newline="\n")
+    sink = io.TextIOWrapper(stdout, "utf-8", "surrogateescape", newline="\n")
+    filter_stream(source, sink, env, secrets_file)
+    source.detach()  # (given streams stay open for their owner)
+    sink.detach()
 
 
 if __name__ == "__main__":

@@ -100,3 +100,25 @@ def test_the_log_filter_starts_without_regular_expressions_or_typing(tmp_path) -
     }
     assert done.stdout == "hi\n"
     assert not modules & {"re", "fnmatch", "typing"}, modules & {"re", "fnmatch", "typing"}
+
+
+def test_both_entries_of_the_log_filter_keep_carriage_returns_and_odd_bytes_as_they_came(tmp_path) -> None:  # noqa: ANN001
+    """A progress bar's `\\r` and a `\\r\\n` line end reach the log as the workload printed them (the
+    fast entry once turned each into `\\n`, the click entry did not): only the masks change bytes."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(root / "py"), "HF_TOKEN": "hf_secret_value"}
+    given = b"step 1/3\rstep 2/3 hf_secret_value\rstep 3/3\r\nwindows line\r\n\xff\xfe raw\rtail"
+    wanted = b"step 1/3\rstep 2/3 ***\rstep 3/3\r\nwindows line\r\n\xff\xfe raw\rtail"
+    entries = {
+        "python -S -m slurm_multi.secret_rule": [sys.executable, "-S", "-m", "slurm_multi.secret_rule"],
+        "slurm-multi redact": [sys.executable, "-m", "slurm_multi", "redact"],
+    }
+    for what, argv in entries.items():
+        proc = subprocess.run(argv, input=given, env=env, capture_output=True, check=False, cwd=tmp_path)
+        assert (proc.returncode, proc.stderr) == (0, b""), what
+        assert proc.stdout == wanted, (what, proc.stdout)
