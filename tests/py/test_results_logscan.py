@@ -209,6 +209,30 @@ def test_the_chunk_prefilter_never_rules_out_a_line_a_default_pattern_matches(li
         assert prefilter.may_hit(f"before\n{line}\r\nafter")
 
 
+ASCII_ALPHABET = st.sampled_from(
+    ["RuntimeError", "CUDA error", "HIP error", "hipErrorX", "NCCL error", "ncclSystemError",
+     "Segmentation fault", "SIGSEGV", "OOM", "oom", "oUT oF MeMoRy", "OutOfMemoryError",
+     "ModuleNotFoundError", "core dumped", "CORE DUMPED", "Traceback (most recent call last):", "TRACEBACK",
+     "ERROR", "Error", "rror", "x", " ", "\n", "\r", "my_marker", "MY_MARKER"]
+)  # fmt: skip
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(ASCII_ALPHABET, max_size=8).map("".join))
+def test_the_prefilter_over_ascii_bytes_says_what_it_says_over_the_text(text: str):
+    """scan_log_file asks may_hit_ascii of an all-ASCII file, without decoding it: it must answer as
+    may_hit over the decoded text does, for the default patterns, a user's literal pattern (matched
+    as given or lower-cased) and a user's regex (every text a possible hit)."""
+    sets = [
+        logscan.DEFAULT_ERROR_PATTERNS,
+        logscan.compile_patterns(["my_marker"], defaults=logscan.DEFAULT_ERROR_PATTERNS),
+        logscan.compile_patterns([r"^fatal\b"], defaults=()),
+    ]
+    for patterns in sets:
+        prefilter = logscan._prefilter(tuple(p.regex for p in patterns))
+        assert prefilter.may_hit_ascii(text.encode()) == prefilter.may_hit(text), (text, patterns)
+
+
 def test_every_default_pattern_has_literals_so_clean_logs_skip_the_regexes():
     for pattern in logscan.DEFAULT_ERROR_PATTERNS:
         if pattern.regex is not None:

@@ -15,6 +15,7 @@ field of the wrong type is a warning and counts as absent.
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -177,6 +178,10 @@ def read_hang_entry(path: str, name: str, node: NodeReport, warnings: list[str])
 
     The rank and node come from the node directory and status.json, like every other reason's.
     """
+    # Only a rank the watch judged hung has one: asked first (a failed open costs collect twice
+    # what access() does, once per node).
+    if not os.access(path, os.F_OK):
+        return None
     data = _read_object(path, name, warnings)
     if data is None:
         return None

@@ -18,7 +18,7 @@ from slurm_multi.results.shared import AREA, READ_BLOCK, read_bytes, short
 
 TYPE_CHECKING = False  # (typing's own flag, without typing's import: ~10 ms of every start)
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, AnyStr
 
     from slurm_multi.readfile import PathLike
 
@@ -270,17 +270,36 @@ class _ChunkPrefilter:
             if needle not in needles:
                 needles.append(needle)
         self.needles = tuple(n for n in needles if not any(o != n and o in n for o in needles))
+        # The same, as bytes, for a text that is all ASCII: bytes.lower() is str.lower() there, and a
+        # literal with a non-ASCII character is in neither form of it.
+        self.needles_ascii = tuple(n.encode() for n in self.needles)
+        self.exact_ascii = tuple(t.encode() for t in self.exact)
+        self.lowered_ascii = tuple(t.encode() for t in self.lowered)
 
     def may_hit(self, text: str) -> bool:
         if self.always:
             return True
-        folded = text.lower()
-        if any(needle in folded for needle in self.needles):
-            if any(literal in text for literal in self.exact):
-                return True
-            if any(literal in folded for literal in self.lowered):
-                return True
-        return any(regex.search(text) for regex in self.regexes)
+        return _holds_literal(text, text.lower(), self.needles, self.exact, self.lowered) or any(
+            regex.search(text) for regex in self.regexes
+        )
+
+    def may_hit_ascii(self, data: bytes) -> bool:
+        """may_hit(data.decode()) for bytes that are all ASCII, without decoding them: most of every
+        log holds no needle (and lower-casing bytes is several times cheaper than a str)."""
+        if self.always:
+            return True
+        ascii_literals = (self.needles_ascii, self.exact_ascii, self.lowered_ascii)
+        if _holds_literal(data, data.lower(), *ascii_literals):
+            return True
+        return bool(self.regexes) and any(regex.search(data.decode("ascii")) for regex in self.regexes)
+
+
+def _holds_literal(text: AnyStr, folded: AnyStr, needles: Sequence[AnyStr], exact: Sequence[AnyStr],
+                   lowered: Sequence[AnyStr]) -> bool:  # fmt: skip
+    """A needle in the lower-cased text, then a literal: as given in the text, or lower-cased."""
+    if not any(needle in folded for needle in needles):
+        return False
+    return any(literal in text for literal in exact) or any(literal in folded for literal in lowered)
 
 
 @functools.lru_cache(maxsize=64)
@@ -309,9 +328,14 @@ def scan_log_file(path: PathLike, patterns: Sequence[ErrorPattern], limit: int =
     scanner = _LogScanner(_as_patterns(patterns), limit)
     data = read_bytes(path, READ_BLOCK)
     if len(data) < READ_BLOCK:  # the whole file (read(n) is short only at its end)
-        text = data.decode("utf-8", "replace")  # what the text layer below decodes, in one go
-        if not scanner.prefilter.may_hit(text):
-            return []
+        if data.isascii():
+            if not scanner.prefilter.may_hit_ascii(data):
+                return []
+            text = data.decode("ascii")
+        else:
+            text = data.decode("utf-8", "replace")  # what the text layer below decodes, in one go
+            if not scanner.prefilter.may_hit(text):
+                return []
         scanner.feed_text(text, last=True)
         return scanner.finish()
     with open(path, encoding="utf-8", errors="replace", newline="") as handle:
