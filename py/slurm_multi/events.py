@@ -213,6 +213,7 @@ def parse_line(raw: bytes) -> dict[str, Any] | None:
 
 
 _SHORTENED: dict[tuple[str, int], str] = {}  # (text, limit) -> short(text, limit); as _DECODED
+_TEXT_VALUES: dict[bytes, str] = {}  # a value token that reads as text -> its event value; as _DECODED
 
 
 def _short(text: str, limit: int) -> str:
@@ -242,8 +243,10 @@ def _event_of_words(words: list[bytes]) -> dict[str, Any] | None:
     1,000-node job: no fields dict in between). A key given twice counts once, its last value."""
     if len(words) < 2 or not _number(words[0]):
         return None
-    t, name = finite(_typed(words[0])), _decode(words[1])
-    if t is None or not 0 < t <= MAX_EPOCH or not name.strip():
+    # A plain JSON number (matched above): float() reads it as _typed and finite would, and one too
+    # large for a float is inf, past MAX_EPOCH like any time after the year 9999.
+    t, name = float(words[0]), _decode(words[1])
+    if not 0 < t <= MAX_EPOCH or not name.strip():
         return None
     event: dict[str, Any] = {"t": t, "event": _short(name, 80)}
     for word in words[2:]:
@@ -253,13 +256,17 @@ def _event_of_words(words: list[bytes]) -> dict[str, Any] | None:
         name = _decode(key)
         if name in RESERVED_KEYS:
             continue
-        value = _typed(token)
-        if isinstance(value, str):
-            event[name] = _short(value, MAX_VALUE_CHARS)
-        elif finite(value) is not None:
-            event[name] = value
-        else:
-            event.pop(name, None)  # as the fields dict would hold it: this last value, left out
+        value = _TEXT_VALUES.get(token)  # a host, a stage, a status: the same few in every file
+        if value is None:
+            value = _typed(token)
+            if isinstance(value, str):
+                value = _short(value, MAX_VALUE_CHARS)
+                if len(_TEXT_VALUES) < MAX_DECODED:
+                    _TEXT_VALUES[token] = value
+            elif finite(value) is None:
+                event.pop(name, None)  # as the fields dict would hold it: this last value, left out
+                continue
+        event[name] = value
     return event
 
 
