@@ -22,6 +22,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Callable
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "py"))
+from slurm_multi.shell import write_atomic  # noqa: E402 - the one atomic writer
+
 TARGET_RE = re.compile(r"\s*<=\s*([0-9]+(?:\.[0-9]+)?)\s*x\s*")
 ROW_KEYS = (
     "row", "what", "baseline", "median_s", "spread_s", "baseline_median_s", "baseline_spread_s",
@@ -151,10 +154,7 @@ def write_rows(rows: list[dict[str, Any]], out: str | None) -> None:
     if out in (None, "-"):
         sys.stdout.write(text)
         return
-    path = Path(out)
-    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temp.write_text(text)
-    os.replace(temp, path)
+    write_atomic(out, text, mode=None)  # (/dev/null or a pipe is written through, never replaced)
 
 
 def repo_root() -> Path:

@@ -8,6 +8,7 @@ empty, successful context.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterable, Mapping
 
 from slurm_multi import jsontext
@@ -62,8 +63,22 @@ def write_atomic(
     text: UTF-8 (surrogates written back as the bytes they stand for); bytes as they are.
     mode: the new file's permission bits, whatever the umask; None: 0666 less the umask.
     durable: fsync before the rename (a verdict must survive a crash; a derived file need not).
+
+    A path that is there and is neither a regular file nor a directory (`/dev/null`, `/dev/stdout`,
+    a FIFO) is written through, as a shell's `>` writes it: a rename would replace the device or
+    the pipe with a regular file (and `/dev/null` with one only root can open).
     """
     path = os.fspath(path)
+    if _is_stream(path):
+        data = text.encode("utf-8", "surrogateescape") if isinstance(text, str) else text
+        fd = os.open(path, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+        finally:
+            os.close(fd)
+        return
     directory = os.path.dirname(path) or "."
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     for _ in range(100):
@@ -91,6 +106,15 @@ def write_atomic(
         except OSError:
             pass
         raise
+
+
+def _is_stream(path: str) -> bool:
+    """There, and neither a regular file nor a directory (what it names, through symlinks)."""
+    try:
+        kind = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return False
+    return not stat.S_ISREG(kind) and not stat.S_ISDIR(kind)
 
 
 def write_private(path: str, text: str) -> None:

@@ -49,6 +49,29 @@ def test_a_failed_write_leaves_the_old_file_and_no_temp_file(
     assert target.read_text() == "old\n" and sorted(os.listdir(tmp_path)) == ["summary.json"]
 
 
+def test_a_pipe_or_device_given_as_the_path_is_written_through_never_replaced(tmp_path: Path) -> None:
+    """`--out /dev/null` once turned /dev/null into a root-only regular file (a rename over it),
+    and every later open of it by another user failed. A FIFO stands in for the device here."""
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a reader, so the writer's open returns
+    try:
+        shell.write_atomic(fifo, "rows\n", durable=True)
+        assert stat.S_ISFIFO(os.stat(fifo).st_mode), "the pipe was replaced by a file"
+        assert os.read(reader, 100) == b"rows\n"
+    finally:
+        os.close(reader)
+    link = tmp_path / "stdout"
+    link.symlink_to(fifo)  # as /dev/stdout names the caller's pipe
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        shell.write_atomic(link, b"more")
+        assert link.is_symlink() and os.read(reader, 100) == b"more"
+    finally:
+        os.close(reader)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.fifo", "stdout"]  # no temp file
+
+
 def test_collect_writes_through_the_same_writer_with_its_own_wording(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
