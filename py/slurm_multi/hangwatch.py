@@ -22,10 +22,12 @@ deadlocked on a lock while a helper polls look alike; collect makes it a waiter 
 is clearly the cause, and names it a suspect otherwise. It then writes hang.json into the
 node dir, snapshots diagnostics (processes with state and wait channel, kernel stacks where
 readable, open sockets, py-spy dumps when the image has py-spy), and exits 3. The caller stops the
-workload. A cause first holds that stop (up to --hold seconds) until every other rank is accounted
-for: stopping it ends the others' wait (their sockets close, they fail), and a waiter whose own watch
-had not yet looked would be missing from the job's summary. While watching it writes progress.json
-every --progress-every seconds: when this rank last printed and last used CPU.
+workload. Every rank that speaks (a cause, a waiter, an unclear one) first holds that stop (up to
+--hold seconds) until every other rank is accounted for: stopping any rank ends the others' wait
+(their sockets close, they fail), and a waiter whose own watch had not yet looked would be missing
+from the job's summary. Only a cause announces itself (hang-cause.json), so that the others speak.
+While watching it writes progress.json every --progress-every seconds: when this rank last printed
+and last used CPU.
 
 Exit: 0 the workload ended (or never started), 3 hung, 2 bad arguments.
 """
@@ -586,8 +588,12 @@ def _watch_loop(
             write_json(os.path.join(node_dir, "progress.json"), progress_document(state, rank, node, now))
             if diagnostics:
                 snapshot(target, hang, diagnostics)
-            if peers and peers.ranks > 1 and peers.hold > 0 and hang["role"] == "cause" and not cause:
-                peers.announce(hang)
+            if peers and peers.ranks > 1 and peers.hold > 0:
+                if hang["role"] == "cause" and not cause:
+                    peers.announce(hang)
+                # Any rank's stop ends the others' wait (its sockets close, theirs fail and use
+                # CPU): a waiter stopped at once made a quiet rank that had not looked yet move,
+                # and it went unlisted. Nobody stops before the others are accounted for.
                 held = clock()
                 hang["peers_unaccounted"] = peers.hold_stop(rank, now, poll, clock)
                 hang["held_seconds"] = round(clock() - held, 1)
@@ -758,7 +764,8 @@ def _parser() -> Any:
             options.Option("--ranks", metavar="N", convert=options.integer, default=1,
                            help="ranks in the job (node_0 … node_<n-1>)"),
             options.Option("--hold", metavar="SECONDS", convert=number, default=0.0,
-                           help="a cause waits up to this long for the other ranks' watches"),
+                           help="a rank found hung or waiting holds its stop up to this long for the other "
+                                "ranks' watches"),
         ],
     )  # fmt: skip
 
