@@ -7,6 +7,7 @@ empty, successful context.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from collections.abc import Iterable, Mapping
@@ -52,7 +53,11 @@ def render(
 
 
 def write_atomic(
-    path: str | os.PathLike[str], text: str | bytes, mode: int | None = 0o644, durable: bool = False
+    path: str | os.PathLike[str],
+    text: str | bytes,
+    mode: int | None = 0o644,
+    durable: bool = False,
+    through: bool = True,
 ) -> None:
     """Write `text` to `path` atomically: a sibling temp file, then a rename. A reader sees the old
     file or the new one. The temp file is made as mkstemp makes one (O_CREAT|O_EXCL|O_NOFOLLOW, a
@@ -66,10 +71,14 @@ def write_atomic(
 
     A path that is there and is neither a regular file nor a directory (`/dev/null`, `/dev/stdout`,
     a FIFO) is written through, as a shell's `>` writes it: a rename would replace the device or
-    the pipe with a regular file (and `/dev/null` with one only root can open).
+    the pipe with a regular file (and `/dev/null` with one only root can open). Not with `through`
+    False (a file of secrets, whose mode is the point): such a path is then an error (OSError).
+    Another user's symlink is never followed there: it is replaced, as any file is.
     """
     path = os.fspath(path)
     if _is_stream(path):
+        if not through:
+            raise OSError(errno.EINVAL, "a pipe or a device, not a file: not written there", path)
         data = text.encode("utf-8", "surrogateescape") if isinstance(text, str) else text
         fd = os.open(path, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
         try:
@@ -109,8 +118,12 @@ def write_atomic(
 
 
 def _is_stream(path: str) -> bool:
-    """There, and neither a regular file nor a directory (what it names, through symlinks)."""
+    """There, and neither a regular file nor a directory (what it names, through a symlink of root's
+    or the caller's own: /dev/stdout is one; another user's could be planted)."""
     try:
+        link = os.lstat(path)
+        if stat.S_ISLNK(link.st_mode) and link.st_uid not in (0, os.getuid()):
+            return False
         kind = os.stat(path).st_mode
     except (OSError, ValueError):
         return False
@@ -119,7 +132,7 @@ def _is_stream(path: str) -> bool:
 
 def write_private(path: str, text: str) -> None:
     """Write `text` to `path` atomically, mode 0600 (it may hold secrets)."""
-    write_atomic(path, text, 0o600)
+    write_atomic(path, text, 0o600, through=False)
 
 
 def write_json(path: str, document: object) -> None:

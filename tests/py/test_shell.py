@@ -70,6 +70,27 @@ def test_a_pipe_or_device_given_as_the_path_is_written_through_never_replaced(tm
     finally:
         os.close(reader)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.fifo", "stdout"]  # no temp file
+    # A file of secrets (0600 is its point) is never written into a pipe, nor the pipe replaced.
+    with pytest.raises(OSError, match="a pipe or a device"):
+        shell.write_private(str(fifo), "token\n")
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+
+def test_another_users_symlink_to_a_pipe_is_replaced_never_written_through(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("making a symlink another user's needs root (CI runs as root)")
+    fifo = tmp_path / "theirs.fifo"
+    os.mkfifo(fifo)
+    planted = tmp_path / "summary.json"
+    planted.symlink_to(fifo)
+    os.lchown(planted, 65534, 65534)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        shell.write_atomic(planted, "verdict\n")
+        assert os.read(reader, 100) == b""  # nothing reached the planted pipe
+    finally:
+        os.close(reader)
+    assert not planted.is_symlink() and planted.read_text() == "verdict\n"
 
 
 def test_collect_writes_through_the_same_writer_with_its_own_wording(
