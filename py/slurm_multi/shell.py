@@ -76,10 +76,10 @@ def write_atomic(
     Another user's symlink is never followed there: it is replaced, as any file is.
     """
     path = os.fspath(path)
+    data = text.encode("utf-8", "surrogateescape") if isinstance(text, str) else text
     if _is_stream(path):
         if not through:
             raise OSError(errno.EINVAL, "a pipe or a device, not a file: not written there", path)
-        data = text.encode("utf-8", "surrogateescape") if isinstance(text, str) else text
         fd = os.open(path, os.O_WRONLY | getattr(os, "O_CLOEXEC", 0))
         try:
             view = memoryview(data)
@@ -99,7 +99,6 @@ def write_atomic(
             continue
     else:
         raise FileExistsError(f"no free temp name beside {path}")
-    data = text.encode("utf-8", "surrogateescape") if isinstance(text, str) else text
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
