@@ -50,6 +50,7 @@ class RunContext:
         self.script: ModelScript | None = None  # the manifest model's script, run as madengine runs it
         self.warnings: list[str] = []
         self.ignored: list[str] = []  # manifest fields slurm-multi does not use
+        self.sources: dict[str, str] = {}  # setting -> where a value the plan resolved came from
 
     def get(self, name: str, default: str = "") -> str:
         return self.values.get(name, default)

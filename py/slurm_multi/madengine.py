@@ -35,6 +35,9 @@ RUN_DIRECTORY = f"{WORKSPACE}/run_directory"
 # (a copy on the host would fill the node's scratch with files of the container's root user).
 MODEL_MOUNT = "/sm-model"
 DEFAULT_PORT = 29500
+# The launcher of a multi-node manifest that names none (madengine's default; `--launcher none`
+# still means none).
+DEFAULT_MULTI_NODE_LAUNCHER = "torchrun"
 RDZV_TIMEOUT = "3600"
 
 # Launchers by the name we use; madengine's spellings map onto them.
@@ -44,6 +47,8 @@ LAUNCHER_ALIASES = {"megatron-lm": "megatron", "sglang_disagg": "sglang-disagg",
 # Launchers whose runner joins every node's processes into one world of nodes x nproc_per_node: a
 # rank that shows a smaller world ran alone (collect fails the job, results/worldsize.py).
 ONE_WORLD = frozenset({"torchrun", "torchtitan", "deepspeed", "megatron"})
+# Launchers that start their own servers: MAD_MULTI_NODE_RUNNER is empty, nproc_per_node is theirs.
+SERVING = frozenset({"vllm", "sglang", "sglang-disagg", "primus"})
 
 # Host variables madengine passes into the container by name when they are set (container_runner's
 # pass-through list), plus MIOPEN_USER_DB_PATH; names containing MAD_SECRETS pass too.
@@ -124,8 +129,21 @@ def resolve_distributed(
         return f"option/env {name}" if name in settings else f"manifest distributed.{manifest_field}"
 
     raw = values.get("SM_LAUNCHER", "")
-    launcher = canonical_launcher(raw, "--launcher" if "SM_LAUNCHER" in settings else "distributed.launcher")
-    source["launcher"] = origin("SM_LAUNCHER", "launcher") if raw else "default (no launcher: none)"
+    if raw.strip():
+        launcher = canonical_launcher(
+            raw, "--launcher" if "SM_LAUNCHER" in settings else "distributed.launcher"
+        )
+        source["launcher"] = origin("SM_LAUNCHER", "launcher")
+    elif nnodes > 1 and not _tasks_are_ranks(values):
+        # madengine's default (deployment/slurm.py: `launcher_type or "torchrun"`): a multi-node
+        # manifest that names none runs one torchrun world, never one standalone run per node.
+        launcher = DEFAULT_MULTI_NODE_LAUNCHER
+        source["launcher"] = f"madengine's default for {nnodes} nodes"
+    else:
+        launcher = "none"
+        source["launcher"] = (
+            "default (one node: none)" if nnodes < 2 else "default (Slurm's tasks are the ranks: none)"
+        )
     if values.get("SM_NPROC_PER_NODE", ""):
         nproc = _whole(values["SM_NPROC_PER_NODE"], "--nproc-per-node / distributed.nproc_per_node", 1, 4096)
         source["nproc_per_node"] = origin("SM_NPROC_PER_NODE", "nproc_per_node")
@@ -141,10 +159,17 @@ def resolve_distributed(
     return Distributed(launcher, nnodes, nproc, port, source)
 
 
+def _tasks_are_ranks(values: Mapping[str, str]) -> bool:
+    """Slurm starts several ranks per node itself (--ntasks-per-node above 1 outside docker): no
+    launcher of ours starts processes on top of them."""
+    tasks = values.get("SM_NTASKS_PER_NODE", "").strip()
+    return values.get("SM_RUNTIME") != "docker" and tasks.isdigit() and int(tasks) > 1
+
+
 def runner(dist: Distributed, node_rank: int, master_addr: str, hostfile: str) -> str:
     """MAD_MULTI_NODE_RUNNER for this node ('' where madengine gives none: the serving launchers)."""
     n, p = dist.nnodes, dist.nproc
-    if dist.launcher in ("vllm", "sglang", "sglang-disagg", "primus"):
+    if dist.launcher in SERVING:
         return ""
     if dist.launcher == "deepspeed":
         if n == 1:

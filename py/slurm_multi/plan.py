@@ -153,6 +153,9 @@ def resolve_job_numbers(ctx: RunContext, env: Mapping[str, str], nnodes: int) ->
         talk("manifest", f"not used by slurm-multi (ignored): {', '.join(ctx.ignored)}")
     resolved.update(SM_LAUNCHER=dist.launcher, SM_NPROC_PER_NODE=str(dist.nproc))
     ctx.values.update(resolved)
+    if not dist.source["launcher"].startswith(("option", "manifest")):
+        # Said where the settings are shown (the dry run): madengine's default, not the manifest's.
+        ctx.sources["SM_LAUNCHER"] = dist.source["launcher"]
     return resolved
 
 
@@ -170,14 +173,18 @@ def as_number(text: str | None) -> int | None:
 
 
 def world_size(ctx: RunContext, nnodes: int) -> int | None:
-    """The one world a multi-node launcher makes (nodes x nproc_per_node), for collect's check that
-    no rank ran alone; None when the job has no such launcher."""
-    from slurm_multi.madengine import ONE_WORLD
+    """The world every process of a multi-node job should be in, for collect's check that no node
+    ran alone, whatever the launcher: a manifest's nodes x nproc_per_node (`none` too: its runner
+    starts nproc_per_node processes per node, and a multi-node job of them must still be one world),
+    the serving launchers' and a plain command's ranks (nodes x tasks per node); None on one node."""
+    from slurm_multi.madengine import SERVING
 
-    nproc = as_number(ctx.get("SM_NPROC_PER_NODE"))
-    if not ctx.manifest or ctx.get("SM_LAUNCHER") not in ONE_WORLD or nproc is None or nnodes < 2:
+    if nnodes < 2:
         return None
-    return nnodes * nproc
+    nproc = as_number(ctx.get("SM_NPROC_PER_NODE"))
+    if ctx.manifest and ctx.get("SM_LAUNCHER") not in SERVING and nproc is not None:
+        return nnodes * nproc
+    return nnodes * tasks_per_node(ctx.values)
 
 
 def _redact_tree(value: Any, secrets: Sequence[str]) -> Any:
@@ -322,7 +329,7 @@ def plan(
         },
         arrays={
             "SM_CMD": command,
-            "PLAN_SETTINGS_SHOWN": settings_shown(resolved, numbers),
+            "PLAN_SETTINGS_SHOWN": settings_shown(resolved, numbers, ctx.sources),
             "PLAN_QUARANTINED": quarantined,
         },
     )
@@ -429,7 +436,7 @@ def _node_count_source(parsed: Any, env: Mapping[str, str], dry: bool, given: in
     return "no -N given: 2 assumed; the job's is sbatch's -N"
 
 
-def settings_shown(resolved: Any, numbers: Mapping[str, str]) -> list[str]:
+def settings_shown(resolved: Any, numbers: Mapping[str, str], sources: Mapping[str, str]) -> list[str]:
     """The dry run's settings: only those set, or different from the default, each with where its value
     came from (`--timeout`, `SM_TIMEOUT`, `MAD_DOCKER_BUILDS`, `sbatch (SLURM_NTASKS_PER_NODE)`,
     `the manifest`); secrets masked."""
@@ -445,6 +452,7 @@ def settings_shown(resolved: Any, numbers: Mapping[str, str]) -> list[str]:
         if s.name in numbers and not source:
             # Resolved with the manifest: shown when the manifest changed it from the built-in value.
             source = "default" if value == built_in.get(s.name) else "the manifest"
+            source = sources.get(s.name, source)
         if not value or source == "default":
             continue
         shown = MASK if is_secret_name(s.name) else value

@@ -267,3 +267,37 @@ SH
   assert_line --regexp "^  image transport +relay: rank 0 streams its image node to node"
   assert_line --regexp "^  checks +off \(--fitness off\)"
 }
+
+# requeue::try RESTART_COUNT MAX: job::requeue_without with a recording scontrol; prints what ran.
+requeue::try() {
+  mkdir -p shim
+  printf '#!/bin/sh\necho "scontrol $*" >>%q\n' "${BATS_TEST_TMPDIR}/scontrol.calls" >shim/scontrol
+  chmod +x shim/scontrol
+  : >scontrol.calls
+  cat >batch.sh <<SCRIPT
+for lib in log util settings teardown launch job slurm; do source "${REPO_ROOT}/lib/\${lib}.sh"; done
+SM_JOBDIR=${BATS_TEST_TMPDIR}/job SLURM_JOB_ID=77 SLURM_RESTART_COUNT=$1 SM_MAX_REQUEUES=$2
+job::keep_attempt() { echo "kept attempt \$1"; }
+JOB_BAD_NODES=(\$'node2\tengine does not answer')
+job::requeue_without fitness
+echo "requeue_without returned \$?"
+SCRIPT
+  PATH="${BATS_TEST_TMPDIR}/shim:${PATH}" bash batch.sh 2>&1
+  cat scontrol.calls
+}
+
+@test "requeue: --max-requeues 2 allows the second requeue (attempt 2) and refuses the third (attempt 3)" {
+  run requeue::try 1 2
+  assert_output --partial "kept attempt 1"
+  assert_output --partial "scontrol update JobId=77 Requeue=1"
+  assert_output --partial "scontrol release 77"
+  refute_output --partial "requeue_without returned"
+  run requeue::try 2 2
+  assert_output --partial "not requeued: this is attempt 3 and --max-requeues 2 are used"
+  assert_output --partial "requeue_without returned 1"
+  refute_output --partial "scontrol update"
+  refute_output --partial "kept attempt"
+  run requeue::try 0 0
+  assert_output --partial "requeue_without returned 1"
+  refute_output --partial "scontrol update"
+}

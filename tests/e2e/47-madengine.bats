@@ -70,6 +70,37 @@ mad::checkout_untouched() {
   mad::checkout_untouched
 }
 
+@test "a manifest that names no launcher: madengine's torchrun on 2 nodes x 2 processes, one world of 4, SUCCESS" {
+  # The worst thing this tool could do: every node training alone and a SUCCESS. No launcher in
+  # deployment_config.distributed means madengine's default, torchrun across the nodes.
+  e2e::run_job -N2 -- --manifest "${MAD_DIR}/no_launcher_manifest.json" --model dummy_torchrun_multi \
+    --image-cache "${E2E_CACHE}"
+  assert_equal "${JOB_RC}" 0
+  assert_equal "$(e2e::json "${JOB_DIR}/summary.json" 'd["verdict"]')" SUCCESS
+  run mad::one_world "${JOB_DIR}" 4
+  assert_success
+  local r
+  for r in 0 1; do
+    run cat "${JOB_DIR}/node_${r}/node.log"
+    assert_output --partial "Launcher Command: torchrun --nnodes=2 --nproc_per_node=2 --node_rank=${r} --master_addr=node1 --master_port=29500"
+    refute_output --partial "Running in Standalone Mode"
+  done
+  assert_equal "$(e2e::json "${JOB_DIR}/job.json" 'd["world_size"], d["launcher"]')" "(4, 'torchrun')"
+  assert_equal "$(e2e::json "${JOB_DIR}/summary.json" 'd["world"]')" "{'expected': 4, 'seen': {'0': 4, '1': 4}, 'silent': []}"
+}
+
+@test "--launcher none on a multi-node manifest: every node runs alone and the world check fails the job" {
+  e2e::run_job -N2 -- --manifest "${MAD_DIR}/no_launcher_manifest.json" --model dummy_torchrun_multi \
+    --launcher none --image-cache "${E2E_CACHE}"
+  assert_equal "${JOB_RC}" 1
+  assert_equal "$(e2e::json "${JOB_DIR}/summary.json" 'd["verdict"]')" FAILURE
+  assert_equal "$(e2e::json "${JOB_DIR}/summary.json" '[n["status"] for n in d["nodes"]]')" "['ok', 'ok']"
+  run e2e::json "${JOB_DIR}/summary.json" '"\n".join(d["reasons"])'
+  # The job's world is still 2 nodes x 2 processes; each node's `torchrun --standalone` made its own.
+  assert_line --regexp "^node1 \(rank 0\): the workload ran in a world of 2 \(2 processes: this node alone\), not the job's 4"
+  assert_line --regexp "^node2 \(rank 1\): the workload ran in a world of 2 \(2 processes: this node alone\), not the job's 4"
+}
+
 @test "a model script that falls back to a standalone run on every node: FAILURE naming each node, exit 1" {
   e2e::run_job -N2 -- --manifest "${MAD_MANIFEST}" --model dummy_torchrun_standalone --image-cache "${E2E_CACHE}"
   assert_equal "${JOB_RC}" 1

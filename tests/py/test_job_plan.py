@@ -245,3 +245,39 @@ def test_the_plan_says_whether_click_is_there(tmp_path):
     code, _, err, values = plan(tmp_path, ["--dry-run", "-N", "2", "--image", "x"])
     assert code == 0, err
     assert values["PLAN_HAS_CLICK"] == "1"  # this interpreter has it: the batch step starts no check
+
+
+def _no_launcher_manifest(tmp_path: Path) -> Path:
+    manifest = json.loads(TOY.read_text())
+    del manifest["deployment_config"]["distributed"]["launcher"]
+    path = tmp_path / "checkout" / "build_manifest.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(manifest))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("argv", "launcher", "world"),
+    [
+        ([], "torchrun", 2),  # madengine's default: one torchrun world of 2 x 1
+        (["--nproc-per-node", "3"], "torchrun", 6),
+        (["--launcher", "none"], "none", 2),  # none still means none; the world is the job's ranks
+    ],
+)
+def test_a_manifest_naming_no_launcher_runs_one_world_and_job_json_expects_it(
+    tmp_path, argv, launcher, world
+):
+    env = {"SLURM_JOB_ID": "92", "SLURM_JOB_NUM_NODES": "2"}
+    code, _, err, v = plan(tmp_path, ["--manifest", str(_no_launcher_manifest(tmp_path)), *argv], env)
+    assert code == 0, err
+    assert v["SM_LAUNCHER"] == launcher
+    job = json.loads(Path(v["SM_JOBDIR"], "job.json").read_text())
+    assert (job["launcher"], job["world_size"]) == (launcher, world)
+
+
+@pytest.mark.parametrize(("nodes", "tasks", "world"), [("2", "1", 2), ("3", "2", 6), ("1", "4", None)])
+def test_every_multi_node_job_expects_a_world_of_its_ranks(tmp_path, nodes, tasks, world):
+    env = {"SLURM_JOB_ID": "93", "SLURM_JOB_NUM_NODES": nodes, "SLURM_NTASKS_PER_NODE": tasks}
+    code, _, err, v = plan(tmp_path, ["--runtime", "none", "--", "true"], env)
+    assert code == 0, err
+    assert json.loads(Path(v["SM_JOBDIR"], "job.json").read_text())["world_size"] == world

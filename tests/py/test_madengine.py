@@ -248,3 +248,52 @@ def test_a_node_that_ran_alone_fails_and_a_silent_one_is_said(tmp_path: Path) ->
         "it did not join the other nodes (a single-node fallback?): node.log:2: Rank: 0/2"
     ]
     assert check.silent == ["node3 (rank 2)"] and check.to_dict()["seen"] == {"0": 4, "1": 2}
+
+
+@pytest.mark.parametrize("nproc", [1, 3])
+def test_a_world_exactly_one_smaller_than_the_jobs_fails(tmp_path: Path, nproc: int) -> None:
+    # A 2-node job of one process per node whose nodes each ran alone: a world of 1, the job's 2.
+    # And a world one short of 2 x 3 = 6 (5: a rank missing from the one world).
+    expected = 2 * nproc
+    nodes = [node_dir(tmp_path, r, f"Rank: 0/{expected - 1}\n") for r in (0, 1)]
+    check = check_world(tmp_path, nodes, expected, nproc)
+    assert len(check.short) == 2
+    assert check.short[0].startswith(f"node1 (rank 0): the workload ran in a world of {expected - 1}")
+    assert check.describe() == f"world size: 2 node(s) ran in a smaller world than the job's {expected}"
+
+
+def test_standalone_mode_fails_a_node_even_beside_a_full_world_line(tmp_path: Path) -> None:
+    nodes = [
+        node_dir(tmp_path, 0, "Rank: 0/2\n"),
+        node_dir(tmp_path, 1, "Rank: 1/2\nRunning in Standalone Mode\n"),
+    ]
+    check = check_world(tmp_path, nodes, 2, 1)
+    assert len(check.short) == 1
+    assert check.short[0].startswith("node2 (rank 1): the workload ran in standalone mode")
+    assert "node.log:2: Running in Standalone Mode" in check.short[0]
+
+
+# ---- madengine's default launcher ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("values", "nnodes", "launcher", "source"),
+    [
+        ({}, 2, "torchrun", "madengine's default for 2 nodes"),
+        ({}, 16, "torchrun", "madengine's default for 16 nodes"),
+        ({}, 1, "none", "default (one node: none)"),
+        ({"SM_LAUNCHER": "none"}, 2, "none", "manifest distributed.launcher"),
+        ({"SM_LAUNCHER": "  "}, 2, "torchrun", "madengine's default for 2 nodes"),
+        ({"SM_RUNTIME": "none", "SM_NTASKS_PER_NODE": "2"}, 2, "none",
+         "default (Slurm's tasks are the ranks: none)"),
+        ({"SM_RUNTIME": "docker", "SM_NTASKS_PER_NODE": "2"}, 2, "torchrun",
+         "madengine's default for 2 nodes"),
+    ],
+)  # fmt: skip
+def test_a_manifest_without_a_launcher_gets_madengines_torchrun_on_more_than_one_node(
+    values: dict[str, str], nnodes: int, launcher: str, source: str
+) -> None:
+    d = mad.resolve_distributed(values, nnodes, 0, {})
+    assert (d.launcher, d.source["launcher"]) == (launcher, source)
+    if launcher == "torchrun":
+        assert mad.runner(d, 1, "n1", "/hf").startswith(f"torchrun --nnodes={nnodes} --nproc_per_node=1")

@@ -73,7 +73,14 @@ class WorldCheck:
 
 def largest_world(path: Path) -> tuple[int, int, str] | None:
     """(largest world size, its line number, the line) a node log shows; None when it shows none."""
+    return scan_world(path)[0]
+
+
+def scan_world(path: Path) -> tuple[tuple[int, int, str] | None, tuple[int, str] | None]:
+    """The largest world a node log shows (as largest_world) and madengine's first `Running in
+    Standalone Mode` line (line number, line), if any: that node ran alone at least once."""
     best: tuple[int, int, str] | None = None
+    standalone: tuple[int, str] | None = None
     number = 0
     with open(path, encoding="utf-8", errors="replace", newline="") as handle:
         rest = ""
@@ -89,11 +96,12 @@ def largest_world(path: Path) -> tuple[int, int, str] | None:
                 sizes = [int(m.group(1)) for p in PATTERNS for m in p.finditer(line)]
                 if STANDALONE.search(line):
                     sizes.append(1)
+                    standalone = standalone or (number, line)
                 for size in sizes:
                     if size > 0 and (best is None or size > best[0]):
                         best = (size, number, line)
             if not chunk:
-                return best
+                return best, standalone
 
 
 def check_world(root: Path, nodes: Sequence[NodeReport], expected: int, nproc: int | None) -> WorldCheck:
@@ -101,9 +109,9 @@ def check_world(root: Path, nodes: Sequence[NodeReport], expected: int, nproc: i
     for node in nodes:
         log = root / node.dirname / "node.log" if node.dirname else None
         try:
-            found = largest_world(log) if log is not None and log.is_file() else None
+            found, standalone = scan_world(log) if log is not None and log.is_file() else (None, None)
         except OSError:
-            found = None
+            found, standalone = None, None
         if found is None:
             check.silent.append(node.label)
             continue
@@ -114,5 +122,11 @@ def check_world(root: Path, nodes: Sequence[NodeReport], expected: int, nproc: i
             check.short.append(
                 f"{node.label}: the workload ran in a world of {size}{alone}, not the job's {expected}; "
                 f"it did not join the other nodes (a single-node fallback?): node.log:{line}: {short(text)}"
+            )
+        elif standalone is not None:
+            check.short.append(
+                f"{node.label}: the workload ran in standalone mode, not in the job's world of {expected}; "
+                f"it did not join the other nodes (a single-node fallback): node.log:{standalone[0]}: "
+                f"{short(standalone[1])}"
             )
     return check
