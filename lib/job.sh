@@ -274,7 +274,11 @@ job::teardown() {
     # A job to be requeued appends its rows with the attempt that counts.
     [[ ${SM_ON_BAD_NODE} != requeue ]] || { cargs+=(--no-perf-csv-on-bad-nodes); held=1; }
   fi
-  util::fast_logged multi results.collect_main "${cargs[@]}" || rc=$?
+  # collected: the last collect's exit, 0 or 1 once it has judged the job and appended its rows to
+  # --perf-csv (when it held them for a requeue, the collect below appends them); 2 or 3 when not.
+  local collected=0
+  util::fast_logged multi results.collect_main "${cargs[@]}" || collected=$?
+  rc=${collected}
   local found=0
   job::bad_nodes_from "${bad}" && found=1
   rm -f "${bad}" # before a requeue, which ends the batch step
@@ -282,10 +286,21 @@ job::teardown() {
     job::on_bad_nodes
     # Not requeued after all: this attempt is the job's, its rows go to the shared perf.csv.
     if ((held)); then
-      util::fast_logged multi results.collect_main "${SM_JOBDIR}" --no-picture --perf-csv "${SM_PERF_CSV}" || rc=$?
+      collected=0
+      util::fast_logged multi results.collect_main "${SM_JOBDIR}" --no-picture --perf-csv "${SM_PERF_CSV}" || collected=$?
+      ((collected == 0)) || rc=${collected}
     fi
   fi
   log::info multi "verdict: $( ((rc == 0)) && echo SUCCESS || echo FAILURE) (${SM_JOBDIR}/summary.json)"
+  # madengine's perf_entry.* and perf_super.* files of a manifest model, once the verdict is said:
+  # they need pandas, which collect (python -S) does without. Beside --perf-csv only where collect
+  # appended the rows. Their failure is a warning, never the job's exit.
+  if [[ -n ${JOB_MODEL_KEY:-} ]] && ((collected < 2)); then
+    local margs=(results mad-outputs "${SM_JOBDIR}")
+    [[ -z ${SM_PERF_CSV:-} ]] || margs+=(--perf-csv "${SM_PERF_CSV}")
+    util::sm_logged multi "${margs[@]}" ||
+      log::warn multi "madengine's perf_entry/perf_super files not written: ${UTIL_ERROR}"
+  fi
   util::log_drain
   exit "${rc}"
 }

@@ -339,10 +339,12 @@ def test_without_job_json_the_manifest_and_model_fill_the_metadata(tmp_path: Pat
     assert (row["model"], row["tags"], row["docker_image"], row["base_docker"]) == (
         "toy_model_toy", "toy,demo", "toy/model:local", "scratch"
     )  # fmt: skip
-    assert (row["build_duration"], row["docker_file"], row["n_gpus"]) == (
+    # The model's n_gpus -1 ("all GPUs") is not a count: 2 nodes x madengine's 1 GPU per node.
+    assert (row["build_duration"], row["docker_file"], row["n_gpus"], row["gpus_per_node"]) == (
         "4.5",
         "examples/toy/Dockerfile",
-        "-1",
+        "2",
+        "1",
     )
 
 

@@ -181,3 +181,54 @@ def test_the_flush_file_has_one_name_in_bash_and_python():
     text = (REPO / "lib" / "profile.sh").read_text()
     assert re.findall(r"^PROFILE_FLUSH_FILE=(\S+)$", text, re.MULTILINE) == [FLUSH_FILE]
     assert os.sep not in FLUSH_FILE
+
+
+# ---- a madengine manifest's profiler tools (rocprofv3, rpd, ...) ------------------------------------
+
+
+def tool_job(root: Path, tools: list[str], optional: bool = False) -> Path:
+    job = {"job_id": "78", "model": "mad_model", "nnodes": 2, "results_csv": "perf_toy.csv",
+           "nodes": ["node1", "node2"], "profiler_tools": tools,
+           "settings": {"SM_PROFILE_OPTIONAL": "true" if optional else "false"}}  # fmt: skip
+    return make_job(root, 2, csvs={1: FULL_CSV}, job=job)
+
+
+def tool_output(jobdir: Path, rank: int, folder: str, text: str = "kernel,ns\n") -> None:
+    where = jobdir / f"node_{rank}" / "tools" / folder / "run-1"
+    where.mkdir(parents=True)
+    (where / "kernel_stats.csv").write_text(text)
+
+
+def test_every_rank_with_its_tools_output_is_a_complete_tool_profile(tmp_path: Path):
+    jobdir = tool_job(tmp_path / "78", ["rocprofv3", "rpd"])
+    for rank in (0, 1):
+        tool_output(jobdir, rank, "rocprof_output")
+        tool_output(jobdir, rank, "rpd_output")
+    summary = collect(jobdir)
+    assert summary.verdict == "SUCCESS", summary.reasons
+    section = read_summary(jobdir)["profile"]
+    assert (section["type"], section["complete"], section["reports"], section["expected"]) == (
+        "rocprofv3,rpd", True, 2, 2)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("make", "reason"),
+    [
+        (None, "node2 (rank 1): rocprofv3: no rocprof_output/ in node_1/tools"),
+        ("", "node2 (rank 1): rocprofv3: empty rocprof_output/ in node_1/tools"),
+    ],
+)
+def test_a_rank_without_its_tools_output_fails_the_job_unless_optional(tmp_path: Path, make, reason):
+    for optional in (False, True):
+        jobdir = tool_job(tmp_path / str(optional) / "78", ["rocprofv3"], optional)
+        tool_output(jobdir, 0, "rocprof_output")
+        if make is not None:
+            tool_output(jobdir, 1, "rocprof_output", make)
+        result = CliRunner().invoke(group, ["results", "collect", str(jobdir)])
+        assert f"  profile: INCOMPLETE, 1 of 2: {reason}" in result.stderr
+        assert result.exit_code == (0 if optional else 1), result.output
+        assert read_summary(jobdir)["verdict"] == ("SUCCESS" if optional else "FAILURE")
+
+
+def test_a_manifest_without_profiler_tools_has_no_profile_section(tmp_path: Path):
+    assert collect(tool_job(tmp_path / "78", [])).profile is None

@@ -22,15 +22,16 @@ from slurm_multi.results.jobdir import (
     job_id_from_dir,
     load_job_json,
     load_manifest_meta,
+    log_scan_fields,
     merge_meta,
     node_dirs,
     present,
     read_node,
 )
-from slurm_multi.results.logmetrics import combine_metric, parse_perf_lines
-from slurm_multi.results.logscan import DEFAULT_ERROR_PATTERNS, ErrorPattern
+from slurm_multi.results.logmetrics import HF_MARK, HF_METRIC, combine_metric, read_perf_log
+from slurm_multi.results.logscan import DEFAULT_ERROR_PATTERNS, ErrorPattern, model_patterns
 from slurm_multi.results.pick import Candidate, choose, no_candidate_message, score_present
-from slurm_multi.results.profile import check_profile
+from slurm_multi.results.profile import check_profile, check_tool_profile
 from slurm_multi.results.rows import PERF_COLUMNS, cell, common_row, csv_perf_rows, log_perf_rows
 from slurm_multi.results.shared import AREA, is_path, os_error
 from slurm_multi.results.stragglers import find_stragglers
@@ -65,6 +66,10 @@ def collect(
     manifest: a build_manifest.json for job directories whose job.json lacks the model's metadata
     (written before job.json had it); job.json wins wherever it has a value.
 
+    error_patterns: compile_patterns' list (default: the built-in patterns); the model's
+    log_error_pattern_scan, log_error_patterns and log_error_benign_patterns in job.json apply on top
+    (logscan.model_patterns).
+
     The cyclic garbage collector is paused meanwhile: a 1,000-node job makes ~200,000 objects that
     form no cycle (reference counting frees them), and every young-generation pass of it would walk
     them again (~10% of collect's time). Re-enabled on the way out, as the caller had it.
@@ -89,9 +94,12 @@ def _collect(
     root = Path(jobdir)
     if not root.is_dir():
         raise usage_error(f"{AREA}: job directory {jobdir} does not exist; pass the directory the job wrote")
-    patterns = list(error_patterns) if error_patterns is not None else list(DEFAULT_ERROR_PATTERNS)
     warnings: list[str] = []
     job_json = load_job_json(root, warnings)
+    # The model's manifest fields (job.json) take the default patterns' place; --error-pattern stays.
+    scan, literals, benign = log_scan_fields(job_json, warnings)
+    given = list(error_patterns) if error_patterns is not None else list(DEFAULT_ERROR_PATTERNS)
+    patterns = model_patterns(given, scan, literals)
     job = known_job_facts(job_json)
     manifest_meta = load_manifest_meta(manifest, job.get("model_key"), model, warnings) if manifest else {}
     meta = merge_meta(job, model, manifest_meta)
@@ -113,14 +121,14 @@ def _collect(
     if extra and present(meta.get("nnodes")):
         warnings.append(f"{', '.join(extra)} beyond {expected} ranks: judged like the others")
     known = secret_values(os.environ)  # once per job, not once per node
-    nodes = [read_node(root, rank, found.get(rank), names, patterns, known) for rank in ranks]
+    nodes = [read_node(root, rank, found.get(rank), names, patterns, known, benign) for rank in ranks]
     hang = read_hangs(root, nodes, warnings)
     if not present(meta.get("image_id")):
         meta["image_id"] = rank0_image_id(root, found.get(0))
     results_csv = Path(cell(meta.get("results_csv"))).name or None
     summary = judge(root, meta, job_id, model_name, nnodes, results_csv, nodes, warnings, hang)
     # The profile is part of the verdict: the rows stay (the performance was measured), the job fails.
-    summary.profile = check_profile(root, job_json, nodes)
+    summary.profile = check_profile(root, job_json, nodes) or check_tool_profile(root, job_json, nodes)
     if summary.profile is not None and summary.profile.reasons():
         summary.reasons.extend(summary.profile.reasons())
         summary.verdict = "FAILURE"
@@ -262,17 +270,23 @@ def judge(
 
 
 def collect_log_metrics(jobdir: Path, nodes: Sequence[NodeReport]) -> dict[str, Any]:
-    """Per metric: the combined value, the rule and each node's last value (nodes in rank order)."""
+    """Per metric: the combined value, the rule and each node's last value (nodes in rank order).
+
+    No node printed a performance line: madengine's HuggingFace fallback, each node's first
+    `train_samples_per_second`, as the metric samples_per_second (results/logmetrics.py)."""
     per_metric: dict[str, list[dict[str, Any]]] = {}
+    hf_values: list[dict[str, Any]] = []
     for node in nodes:
         log = jobdir / node.dirname / "node.log" if node.dirname else None
         if log is None or not is_path(log, "file"):
             continue
         try:
             with open(log, encoding="utf-8", errors="replace", newline="") as handle:
-                lines = parse_perf_lines(handle)
+                lines, hf_value = read_perf_log(handle)
         except OSError:
             continue
+        if hf_value is not None:
+            hf_values.append({"rank": node.rank, "node": node.node, "value": hf_value})
         last: dict[str, float] = {}  # in order of first appearance
         for line in lines:
             last[line.metric] = line.value  # a node that prints a metric again: its last value counts
@@ -280,8 +294,12 @@ def collect_log_metrics(jobdir: Path, nodes: Sequence[NodeReport]) -> dict[str, 
             per_metric.setdefault(metric, []).append(
                 {"rank": node.rank, "node": node.node, "value": last[metric]}
             )
+    source = ""
+    if not per_metric and hf_values:
+        per_metric[HF_METRIC] = hf_values
+        source = f"; from {HF_MARK}"
     combined = {}
     for metric, values in per_metric.items():
         value, rule = combine_metric(metric, [v["value"] for v in values])
-        combined[metric] = {"rule": rule, "value": round(value, 6), "values": values}
+        combined[metric] = {"rule": rule + source, "value": round(value, 6), "values": values}
     return combined

@@ -1,15 +1,17 @@
-"""`slurm-multi results pick|collect`: thin click wrappers over pick, and `collect` a passthrough to
-slurm_multi.results.collect_main (the batch step's click-free entry: one parser, one output)."""
+"""`slurm-multi results pick|collect|mad-outputs`: thin click wrappers over pick and madoutputs, and
+`collect` a passthrough to slurm_multi.results.collect_main (the batch step's click-free entry: one
+parser, one output)."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 
 from slurm_multi import EXIT_FAILURE
 from slurm_multi.cli import passthrough
-from slurm_multi.common import HelperError
+from slurm_multi.common import HelperError, talk
 from slurm_multi.results.collect_main import talk_warnings
 from slurm_multi.results.pick import no_candidate_message, pick_best
 from slurm_multi.results.shared import AREA
@@ -59,3 +61,30 @@ cli.add_command(
         "Judge a job dir; write perf.csv and summary.json.",
     )
 )
+
+
+@cli.command("mad-outputs")
+@click.argument("jobdir", metavar="JOBDIR")
+@click.option("--perf-csv", metavar="PATH",
+              help="The shared perf.csv collect appended the job's rows to: also write perf_super.json "
+              "(cumulative), perf_super.csv, perf_entry_super.json/.csv and perf_entry.json beside it, "
+              "under its lock.")  # fmt: skip
+@click.option("--no-perf-csv-on-bad-nodes", "hold", is_flag=True,
+              help="With --perf-csv: write nothing beside it when summary.json names bad nodes (as "
+              "collect's option of the same name, which then appended nothing).")  # fmt: skip
+def mad_outputs_command(jobdir: str, perf_csv: str | None, hold: bool) -> None:
+    """Write madengine's perf_entry.json/.csv, perf_super.json/.csv and perf_entry_super.json/.csv into
+    a collected JOBDIR, from its perf.csv, summary.json and job.json.
+
+    Each result row carries the row of the `--config` file (named in the model's args) that matches
+    its model, and the chosen CSV's other columns as `multi_results`. A job without a manifest model
+    is said in one line and exits 0. Needs pandas. Run after `results collect` (the batch step does,
+    after the verdict).
+
+    Example: slurm-multi results mad-outputs /shared/jobs/4711 --perf-csv /shared/perf.csv
+    """
+    from slurm_multi.results.madoutputs import write_mad_outputs
+
+    done = write_mad_outputs(Path(jobdir), perf_csv, hold)
+    talk_warnings(done.warnings)
+    talk(AREA, done.describe())

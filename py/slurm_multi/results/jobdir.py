@@ -32,13 +32,14 @@ if TYPE_CHECKING:
 
     from slurm_multi.readfile import PathLike
 
-# The job.json keys collect reads (lib/job.sh writes them). `settings` and `manifest_values` (objects)
-# and any key not listed are ignored, except one named like a perf.csv column (e.g. `git_commit`),
-# which fills that column.
+# The job.json keys collect reads (the job plan writes them: slurm_multi.plan.job_document).
+# `settings` and `manifest_values` (objects) and any key not listed are ignored, except one named like
+# a perf.csv column (e.g. `git_commit`, `gpu_architecture`), which fills that column.
 JOB_JSON_KEYS = (
     "job_id", "model_key", "model", "nnodes", "nodes", "results_csv", "image", "image_id", "args", "tags",
     "dockerfile", "base_docker", "n_gpus", "gpus_per_node", "launcher", "build_duration",
     "additional_docker_run_options", "tasks_per_node", "nproc_per_node", "world_size",
+    "training_precision", "pipeline", "build_number", "gpu_architecture",
 )  # fmt: skip
 MAX_ERRORS_KEPT = 20  # per node, in summary.json
 
@@ -90,6 +91,30 @@ def load_job_json(jobdir: Path, warnings: list[str]) -> dict[str, Any]:
         warnings.append("job.json is not a JSON object; ignored")
         return {}
     return data
+
+
+def log_scan_fields(job: dict[str, Any], warnings: list[str]) -> tuple[bool, list[str], list[str]]:
+    """job.json's log_error_pattern_scan (default true), log_error_patterns and
+    log_error_benign_patterns (lists of literal substrings; the plan checked them). A value of
+    another shape (a job.json edited by hand) is left out with a warning."""
+    scan = job.get("log_error_pattern_scan")
+    if scan is None:
+        scan = True
+    elif not isinstance(scan, bool):
+        warnings.append(f"job.json log_error_pattern_scan {scan!r} is not true or false; the scan stays on")
+        scan = True
+    patterns = _text_list(job, "log_error_patterns", warnings)
+    return scan, patterns, _text_list(job, "log_error_benign_patterns", warnings)
+
+
+def _text_list(job: dict[str, Any], key: str, warnings: list[str]) -> list[str]:
+    value = job.get(key)
+    if value is None:
+        return []
+    if not (isinstance(value, list) and all(isinstance(item, str) and item for item in value)):
+        warnings.append(f"job.json {key} is not a list of non-empty strings; ignored")
+        return []
+    return value
 
 
 def present(value: Any) -> bool:
@@ -239,10 +264,12 @@ def read_node(
     names: Sequence[Any],
     patterns: Sequence[ErrorPattern],
     known_secrets: Sequence[str] | None = None,
+    benign: Sequence[str] = (),
 ) -> NodeReport:
     """One node's status.json and node.log, judged; never raises on what the node left behind.
 
     known_secrets: the values to mask in log excerpts (default: secret_values(os.environ)).
+    benign: literal texts that keep a node.log line from counting (log_error_benign_patterns).
     """
     fallback = names[rank] if rank < len(names) and isinstance(names[rank], str) and names[rank] else None
     report = NodeReport(rank, fallback or f"node_{rank}", dirname=dirname)
@@ -261,7 +288,7 @@ def read_node(
     else:
         _judge_status(status, report)
     try:  # read, not stat'ed first: the read says whether it is there
-        hits = scan_log_file(f"{node_dir}/node.log", patterns)
+        hits = scan_log_file(f"{node_dir}/node.log", patterns, benign=benign)
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         pass  # no node.log: nothing to scan (the status says how the node ended)
     except OSError as exc:

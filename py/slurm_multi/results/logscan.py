@@ -58,20 +58,47 @@ DEFAULT_ERROR_PATTERNS: tuple[ErrorPattern, ...] = (
 
 TRACEBACK_HEADER = "Traceback (most recent call last):"
 EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?::|$)")
+# madengine's own benign lines (its log error scan, container_runner.py): the metrics agent's
+# connection noise, FutureWarning, and ROCProf / rocpd / rpd tracer output (glog E/W lines are log
+# levels, not errors). A line that holds one never counts, whatever pattern it matches.
+MADENGINE_BENIGN_TEXT = (
+    "Failed to establish connection to the metrics exporter agent",
+    "RpcError: Running out of retries to initialize the metrics agent",
+    "Metrics will not be exported",
+    "FutureWarning",
+    "Opened result file:",
+    "SQLite3 generation ::",
+    "rocpd_op:",
+    "rpd_tracer:",
+)
+MADENGINE_BENIGN_REGEX = (
+    r"^[EW][0-9]{8}.*generateRocpd\.cpp",
+    r"^W[0-9]{8}.*simple_timer\.cpp",
+    r"^E[0-9]{8}.*tool\.cpp",
+    r"\[rocprofv3\]",
+)
 # torchrun's own cleanup when it gets SIGTERM (scancel, the end of a step, our teardown): the agent
 # logs "Received 15 death signal, shutting down workers", "Sending process N closing signal SIGTERM"
 # and exits through a traceback ending in `...api.SignalException: Process N got signal: 15`.
 # That is the launcher being stopped, not the workload failing; exit codes judge that case.
+# BENIGN_LINE: those lines and madengine's.
 BENIGN_LINE = re.compile(
-    r"SignalException"
-    r"|death signal, shutting down workers"
-    r"|Sending process \d+ closing signal SIG\w+"
-    r"|Unable to shutdown process \d+ via \S+, forcefully exiting via"
+    "|".join(
+        [
+            r"SignalException",
+            r"death signal, shutting down workers",
+            r"Sending process \d+ closing signal SIG\w+",
+            r"Unable to shutdown process \d+ via \S+, forcefully exiting via",
+            *map(re.escape, MADENGINE_BENIGN_TEXT),
+            *MADENGINE_BENIGN_REGEX,
+        ]
+    )
 )
 
 
 def compile_patterns(extra: Sequence[str] = (), defaults: bool = True) -> list[ErrorPattern]:
-    """Default patterns plus user regexes (named by their text); a bad regex is a usage error."""
+    """Default patterns plus user regexes (named by their text); a bad regex is a usage error.
+    (A model's log_error_patterns take the default patterns' place later: model_patterns.)"""
     patterns = list(DEFAULT_ERROR_PATTERNS) if defaults else []
     for text in extra:
         try:
@@ -79,6 +106,27 @@ def compile_patterns(extra: Sequence[str] = (), defaults: bool = True) -> list[E
         except re.error as exc:
             raise usage_error(f"{AREA}: bad --error-pattern {text!r}: {exc}; fix the regex") from None
     return patterns
+
+
+def literal_patterns(texts: Sequence[str]) -> list[ErrorPattern]:
+    """madengine's patterns: literal, case-sensitive substrings, each named by its text."""
+    return [ErrorPattern(text, re.compile(re.escape(text))) for text in texts]
+
+
+def model_patterns(
+    given: Sequence[ErrorPattern], scan: bool = True, literals: Sequence[str] = ()
+) -> list[ErrorPattern]:
+    """The patterns a job's logs are scanned with: `given` (compile_patterns: the default patterns
+    unless --no-default-patterns, then the --error-pattern regexes) with the model's manifest fields
+    applied as madengine applies them. A non-empty log_error_patterns (`literals`) replaces the default
+    patterns where they are; log_error_pattern_scan false (`scan`) drops them. The --error-pattern
+    regexes stay either way: a person asked collect for them."""
+    extra = [pattern for pattern in given if pattern not in DEFAULT_ERROR_PATTERNS]
+    if not scan:
+        return extra
+    if not literals or len(extra) == len(given):  # no model patterns, or --no-default-patterns
+        return list(given)
+    return literal_patterns(literals) + extra
 
 
 def _as_patterns(patterns: Sequence[ErrorPattern | str] | None) -> list[ErrorPattern]:
@@ -91,7 +139,8 @@ def _as_patterns(patterns: Sequence[ErrorPattern | str] | None) -> list[ErrorPat
 
 @dataclass
 class _Traceback:
-    """A traceback being read: its header's prefix (e.g. `[rank0]: `) and the lines so far."""
+    """A traceback being read: its header's prefix (e.g. `[rank0]: `) and its lines so far (the header
+    line first)."""
 
     prefix: str
     lines: list[tuple[int, str]]
@@ -110,26 +159,32 @@ def _first_match(line: str, regexes: Sequence[ErrorPattern]) -> str | None:
     return None
 
 
-def _plain_line_hit(number: int, line: str, patterns: Sequence[ErrorPattern]) -> ErrorHit | None:
-    if BENIGN_LINE.search(line):
-        return None
+def _plain_line_hit(
+    number: int, line: str, patterns: Sequence[ErrorPattern], benign: Sequence[str] = ()
+) -> ErrorHit | None:
+    """A hit when the line matches a pattern and holds no benign text (ours, madengine's, the
+    model's log_error_benign_patterns: literal substrings)."""
     name = _first_match(line, patterns)
-    return ErrorHit(number, name, short(line)) if name else None
+    if not name or BENIGN_LINE.search(line) or any(text in line for text in benign):
+        return None
+    return ErrorHit(number, name, short(line))
 
 
 def _traceback_hit(
-    block: _Traceback, number: int, line: str, patterns: Sequence[ErrorPattern]
+    block: _Traceback, number: int, line: str, patterns: Sequence[ErrorPattern], benign: Sequence[str] = ()
 ) -> ErrorHit | None:
-    """One hit per finished traceback: at its exception line, named by the pattern it matches."""
-    if "SignalException" in line:
+    """One hit per finished traceback: at its exception line, named by the pattern it matches. A
+    traceback whose exception line is benign (torchrun's SignalException, the model's benign text)
+    counts nothing."""
+    if "SignalException" in line or any(text in line for text in benign):
         return None
     name = _first_match(line, patterns)
     if name:
         return ErrorHit(number, name, short(line))
     if any(p.regex is None for p in patterns):
         return ErrorHit(number, "Traceback", short(line))
-    for frame_number, frame in block.lines:
-        hit = _plain_line_hit(frame_number, frame, patterns)
+    for frame_number, frame in block.lines:  # the header first: a literal pattern may name it
+        hit = _plain_line_hit(frame_number, frame, patterns, benign)
         if hit:
             return hit
     return None
@@ -139,8 +194,9 @@ class _LogScanner:
     """The line-by-line judgement behind scan_log_errors, fed in pieces so that a file can be read
     in large chunks and a chunk that cannot hold a hit skips the per-line work (see feed_text)."""
 
-    def __init__(self, patterns: Sequence[ErrorPattern], limit: int) -> None:
+    def __init__(self, patterns: Sequence[ErrorPattern], limit: int, benign: Sequence[str] = ()) -> None:
         self.patterns = patterns
+        self.benign = tuple(benign)
         self.limit = limit
         self.hits: list[ErrorHit] = []
         self.block: _Traceback | None = None
@@ -153,7 +209,7 @@ class _LogScanner:
 
     def feed(self, lines: Iterable[str]) -> None:
         """Judge these lines (with or without their line endings), continuing the line count."""
-        patterns, add = self.patterns, self.add
+        patterns, benign, add = self.patterns, self.benign, self.add
         block = self.block
         number = self.number
         for raw in lines:
@@ -162,21 +218,21 @@ class _LogScanner:
             if block is None:
                 at = line.find(TRACEBACK_HEADER)
                 if at >= 0:
-                    block = _Traceback(line[:at], [])
+                    block = _Traceback(line[:at], [(number, line)])
                 else:
-                    add(_plain_line_hit(number, line, patterns))
+                    add(_plain_line_hit(number, line, patterns, benign))
                 continue
             body = block.body(line)
             if body is not None and (not body.strip() or body[0].isspace()):
                 block.lines.append((number, line))  # a frame, a source line or a ^^^^ marker
             elif body is not None and EXCEPTION_LINE.match(body):
-                add(_traceback_hit(block, number, body, patterns))
+                add(_traceback_hit(block, number, body, patterns, benign))
                 block = None
             else:
-                add(_plain_line_hit(number, line, patterns))  # interleaved output from another process
-            if block is not None and len(block.lines) > MAX_TRACEBACK_LINES:
+                add(_plain_line_hit(number, line, patterns, benign))  # output of another process
+            if block is not None and len(block.lines) > MAX_TRACEBACK_LINES + 1:  # + its header
                 for stale in block.lines:  # no exception line came: judge its lines one by one
-                    add(_plain_line_hit(*stale, patterns))
+                    add(_plain_line_hit(*stale, patterns, benign))
                 block = None
         self.block = block
         self.number = number
@@ -193,7 +249,7 @@ class _LogScanner:
 
     def finish(self) -> list[ErrorHit]:
         for stale in self.block.lines if self.block is not None else ():  # the log ends inside a traceback
-            self.add(_plain_line_hit(*stale, self.patterns))
+            self.add(_plain_line_hit(*stale, self.patterns, self.benign))
         self.block = None
         return self.hits
 
@@ -253,9 +309,12 @@ class _ChunkPrefilter:
             if regex is None:
                 continue
             known = _REQUIRED_LITERALS.get((regex.pattern, regex.flags))
+            literal = _plain_literal(regex)
             if known is not None:
                 exact += [text for text in known[0] if text not in exact]
                 lowered += [text for text in known[1] if text not in lowered]
+            elif literal is not None:
+                exact += [literal] if literal not in exact else []
             elif isinstance(regex.pattern, str) and not _CONTEXT_SENSITIVE.search(regex.pattern):
                 self.regexes.append(regex)
             else:
@@ -294,6 +353,16 @@ class _ChunkPrefilter:
         return bool(self.regexes) and any(regex.search(data.decode("ascii")) for regex in self.regexes)
 
 
+def _plain_literal(regex: re.Pattern[str]) -> str | None:
+    """The ASCII text a regex matches exactly (`FATAL`, re.escape of a manifest's literal pattern),
+    else None. Only then does "the text holds it" (as given, or lower-cased in the lower-cased text)
+    decide whether a line can match it."""
+    if not isinstance(regex.pattern, str) or regex.flags != re.UNICODE:
+        return None
+    text = re.sub(r"\\(.)", r"\1", regex.pattern, flags=re.DOTALL)
+    return text if text and text.isascii() and re.escape(text) == regex.pattern else None
+
+
 def _holds_literal(text: AnyStr, folded: AnyStr, needles: Sequence[AnyStr], exact: Sequence[AnyStr],
                    lowered: Sequence[AnyStr]) -> bool:  # fmt: skip
     """A needle in the lower-cased text, then a literal: as given in the text, or lower-cased."""
@@ -311,21 +380,25 @@ def scan_log_errors(
     log: str | Iterable[str],
     patterns: Sequence[ErrorPattern | str] | None = None,
     limit: int = 1000,
+    benign: Sequence[str] = (),
 ) -> list[ErrorHit]:
     """Error-pattern hits in a node log (text or an iterable of lines), in line order.
 
     A Python traceback counts once, at its exception line; torchrun's SIGTERM cleanup traceback
-    (ending in SignalException) and its "death signal" lines do not count.
+    (ending in SignalException) and its "death signal" lines do not count, nor does a line holding
+    one of the `benign` texts (literal substrings) or one of madengine's own benign texts.
     """
-    scanner = _LogScanner(_as_patterns(patterns), limit)
+    scanner = _LogScanner(_as_patterns(patterns), limit, benign)
     scanner.feed(log.splitlines() if isinstance(log, str) else log)
     return scanner.finish()
 
 
-def scan_log_file(path: PathLike, patterns: Sequence[ErrorPattern], limit: int = 1000) -> list[ErrorHit]:
+def scan_log_file(
+    path: PathLike, patterns: Sequence[ErrorPattern], limit: int = 1000, benign: Sequence[str] = ()
+) -> list[ErrorHit]:
     """scan_log_errors over a file's lines, read in chunks: only a chunk that may hold a hit (or
     continues a traceback) is judged line by line."""
-    scanner = _LogScanner(_as_patterns(patterns), limit)
+    scanner = _LogScanner(_as_patterns(patterns), limit, benign)
     data = read_bytes(path, READ_BLOCK)
     if len(data) < READ_BLOCK:  # the whole file (read(n) is short only at its end)
         if data.isascii():

@@ -159,6 +159,46 @@ def check_profile(root: Path, job: dict[str, Any], nodes: Sequence[NodeReport]) 
     return ProfileCheck(kind, optional, sorted(ranks.values(), key=lambda r: r.rank), flush)
 
 
+# Where each profiler tool of a madengine manifest leaves its output in node_<rank>/tools/ (its
+# post-script collects it there: madengine's trace.sh, rtl_trace_wrapper.sh; slurm_multi.madrun
+# stages it).
+TOOL_OUTPUT_DIRS = {"rpd": "rpd_output", "rocm_trace_lite": "rocm_trace_lite_output",
+                    "rocm_trace_lite_default": "rocm_trace_lite_output"}  # fmt: skip
+
+
+def tool_output_dir(tool: str) -> str:
+    return TOOL_OUTPUT_DIRS.get(tool, "rocprof_output")  # the rocprof family
+
+
+def check_tool_profile(root: Path, job: dict[str, Any], nodes: Sequence[NodeReport]) -> ProfileCheck | None:
+    """The profile section of a job whose manifest ran profiler tools (rocprof, rocprofv3, rpd, ...):
+    every rank must leave each tool's output, non-empty, in node_<rank>/tools/ (None: no such tool)."""
+    tools = job.get("profiler_tools")
+    if not isinstance(tools, list) or not tools:
+        return None
+    settings = job.get("settings") if isinstance(job.get("settings"), dict) else {}
+    optional = str(settings.get("SM_PROFILE_OPTIONAL", "")).lower() in TRUE_WORDS
+    ranks = []
+    for node in nodes:
+        entry = RankProfile(node.rank, node.node)
+        missing = []
+        for tool in (str(t) for t in tools):
+            where = root / (node.dirname or f"node_{node.rank}") / "tools" / tool_output_dir(tool)
+            files = [p for p in where.rglob("*") if p.is_file()] if where.is_dir() else []
+            size = sum(p.stat().st_size for p in files)
+            if size:
+                entry.reports.append(str(where.relative_to(root)))
+                entry.bytes += size
+            else:
+                missing.append(
+                    f"{tool}: {'empty' if files else 'no'} {where.name}/ in {where.parent.relative_to(root)}"
+                )
+        entry.settled = not missing
+        entry.reason = "; ".join(missing)
+        ranks.append(entry)
+    return ProfileCheck(",".join(str(t) for t in tools), optional, ranks, "the tools' post-scripts")
+
+
 def _read_state(path: Path) -> tuple[dict[str, Any] | None, str]:
     """(the flush's state document, its summary), or (None, why there is none)."""
     from slurm_multi.reports import STATE_KIND

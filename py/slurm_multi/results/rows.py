@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 
-from slurm_multi.results.jobdir import present
+from slurm_multi.results.jobdir import as_int, present
 from slurm_multi.results.pick import Candidate
 from slurm_multi.results.values import format_number, is_result
 from slurm_multi.secret_rule import MASK, is_secret_name
@@ -58,6 +58,19 @@ def mask_secret_assignments(text: str) -> str:
     return SECRET_ASSIGNMENT.sub(_mask_one, text)
 
 
+def gpu_columns(meta: dict[str, Any], nnodes: int) -> dict[str, str]:
+    """n_gpus and gpus_per_node: job.json's, which the plan resolves (slurm_multi.plan.job_document:
+    n_gpus = nnodes x gpus_per_node). An older job.json held the model's own n_gpus there, often -1
+    ("all GPUs"), which is not a count: then nnodes x gpus_per_node, with madengine's 1 GPU per node
+    when nothing says (its GPU resolver's default; its multi-node rows count 1 per node too)."""
+    per_node = as_int(meta.get("gpus_per_node"))
+    total = as_int(meta.get("n_gpus"))
+    if total is not None and total >= 0:
+        return {"n_gpus": str(total), "gpus_per_node": cell(meta.get("gpus_per_node"))}
+    per_node = per_node if per_node is not None and per_node >= 0 else 1
+    return {"n_gpus": str(nnodes * per_node), "gpus_per_node": str(per_node)}
+
+
 def common_row(meta: dict[str, Any], job_id: str, nnodes: int, test_duration: str) -> dict[str, str]:
     """The per-job columns every perf.csv row shares."""
     row = {}
@@ -66,6 +79,7 @@ def common_row(meta: dict[str, Any], job_id: str, nnodes: int, test_duration: st
         if not present(value) and column in JOB_KEY_ALIASES:
             value = meta.get(JOB_KEY_ALIASES[column])
         row[column] = cell(value)
+    row.update(gpu_columns(meta, nnodes))
     row["args"] = mask_secret_assignments(row["args"])
     row["additional_docker_run_options"] = mask_secret_assignments(row["additional_docker_run_options"])
     row.update(nnodes=str(nnodes), machine_name=job_id, deployment_type="slurm", test_duration=test_duration)
