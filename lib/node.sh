@@ -668,6 +668,13 @@ node::stage_run() {
   timeline::event exit code="${RUN_EXIT}"
   # The hang watch stopped it: its reason, not the exit code the stop caused.
   [[ -z ${RUN_HUNG:-} ]] || { node::fail "${RUN_HUNG}" "$((RUN_EXIT == 0 ? 1 : RUN_EXIT))"; return $?; }
+  # A manifest's script that is neither in the model dir nor in the image: madengine's wrapper
+  # (slurm_multi.madrun) wrote the reason, naming the script, the model dir and --model-dir.
+  local missing=${SM_SCRATCH}/output/.sm-script-missing reason
+  if ((RUN_EXIT != 0)) && [[ -s ${missing} ]] && IFS= read -r reason <"${missing}"; then
+    node::fail "${reason}" "${RUN_EXIT}"
+    return $?
+  fi
   case ${RUN_EXIT} in
     0) return 0 ;;
     124) node::fail "workload timed out after ${SM_TIMEOUT} s" 124 ;;
@@ -716,6 +723,10 @@ node::stage_save_outputs() {
   fi
   if [[ -d ${SM_SCRATCH}/diagnostics ]]; then
     cp -rf "${SM_SCRATCH}/diagnostics" "${SM_NODE_DIR}/"
+  fi
+  # madengine's tools' outputs (rocprof_output/, *_env.csv, traces), staged by its wrapper.
+  if [[ -d ${SM_SCRATCH}/output/tools ]]; then
+    cp -rf "${SM_SCRATCH}/output/tools" "${SM_NODE_DIR}/" && log::info save-outputs "saved the tools' outputs: $(cd "${SM_SCRATCH}/output/tools" && echo *)"
   fi
   local f
   for f in "${SM_SCRATCH}"/output/*; do

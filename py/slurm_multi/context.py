@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 
 from slurm_multi.common import usage_error
 from slurm_multi.madengine import ModelScript, script_command, split_args
+from slurm_multi.madrun import MadParts, MadRun, read_parts
 from slurm_multi.manifest import load_manifest, printable, restore_context
 from slurm_multi.secret_rule import MASK, MIN_SECRET_LEN, is_secret_name
 from slurm_multi.settings import BY_NAME as SETTINGS
@@ -51,6 +52,9 @@ class RunContext:
         self.warnings: list[str] = []
         self.ignored: list[str] = []  # manifest fields slurm-multi does not use
         self.sources: dict[str, str] = {}  # setting -> where a value the plan resolved came from
+        self.checkout: str | None = None  # the model checkout (--model-dir, else the manifest's dir)
+        self.mad_parts = MadParts()  # the manifest's tools, pre/post scripts, encapsulate_script, data
+        self.mad_run: MadRun | None = None  # those resolved for this job (the plan) or node (prepare)
 
     def get(self, name: str, default: str = "") -> str:
         return self.values.get(name, default)
@@ -79,7 +83,7 @@ class RunContext:
         return {n: (MASK if n in self.secret_names else v) for n, v in self.docker_env.items()}
 
 
-DEFAULT_TIMEOUT = "3600"
+DEFAULT_TIMEOUT = "7200"  # madengine run's --timeout default (its -1 means 7200 s)
 DEFAULT_MASTER_PORT = "29500"
 
 
@@ -89,16 +93,19 @@ def _script(values: Mapping[str, str], manifest: str | None, where: str) -> Mode
     script = values.get("SM_MODEL_SCRIPTS", "")
     if not script:
         return None
-    model_dir = values.get("SM_MODEL_DIR") or (
-        os.path.dirname(os.path.abspath(manifest)) if manifest else None
-    )
+    model_dir = checkout_dir(values, manifest)
     if values.get("SM_MODEL_DIR") and not os.path.isdir(model_dir or ""):
         raise usage_error(f"{AREA}: --model-dir {printable(values['SM_MODEL_DIR'])}: no such directory")
     return script_command(script, split_args(values.get("SM_MODEL_ARGS", ""), where), model_dir)
 
 
+def checkout_dir(values: Mapping[str, str], manifest: str | None) -> str | None:
+    """The model checkout: --model-dir, else the manifest's directory (madengine's cwd)."""
+    return values.get("SM_MODEL_DIR") or (os.path.dirname(os.path.abspath(manifest)) if manifest else None)
+
+
 def _resolved_numbers(values: dict[str, str], settings: Mapping[str, str]) -> None:
-    """--timeout: ours, else the model's timeout (madengine's rule: when it is above 0), else 3600.
+    """--timeout: ours, else the model's timeout (madengine's rule: when it is above 0), else 7200.
     --master-port: ours, else the manifest's distributed.port, else 29500."""
     if not settings.get("SM_TIMEOUT"):
         model = values.get("SM_MODEL_TIMEOUT", "").strip()
@@ -153,8 +160,10 @@ def resolve(
             if is_secret_name(container):
                 ctx.secret_names.add(container)
         ctx.ignored = list(resolved["ignored"])
+        ctx.mad_parts = read_parts(manifest, ctx.model_key)
     _resolved_numbers(values, ctx.settings)
     ctx.values = values
+    ctx.checkout = checkout_dir(values, manifest_path)
     if command:
         ctx.workload = list(command)
     else:

@@ -525,9 +525,15 @@ def _amd_device_args(gpus: dict[int, dict[str, Any]], indexes: list[int], node: 
 
 
 def docker_gpu_args(
-    detected: dict[str, Any], vendor: str | None, docker_gpus: str | None, node: str
+    detected: dict[str, Any],
+    vendor: str | None,
+    docker_gpus: str | None,
+    node: str,
+    n_gpus: int | None = None,
 ) -> list[str]:
-    """The complete `docker run` GPU arguments for this node; see the module docstring."""
+    """The complete `docker run` GPU arguments for this node; see the module docstring. `n_gpus`
+    (the manifest model's, above 0): the container gets the first n of them, as madengine gives
+    (execution/container_runner.py get_gpu_arg); more than there are is an error naming both."""
     found = normalise_vendor(str(detected.get("vendor", "none")))
     gpus = {gpu["index"]: gpu for gpu in detected.get("gpus") or []}
     indexes = sorted(gpus)
@@ -539,6 +545,14 @@ def docker_gpu_args(
         indexes = asked
     if found == "none":
         return []
+    if n_gpus is not None and n_gpus > 0:
+        if n_gpus > len(indexes):
+            given = ", ".join(str(i) for i in indexes) or "none"
+            raise usage_error(
+                f"{AREA}: the model's n_gpus is {n_gpus} but {node} has {len(indexes)} GPU(s) for its "
+                f"container ({given}); run it on nodes with {n_gpus} GPUs, or lower n_gpus"
+            )
+        indexes = indexes[:n_gpus]
     if found == "NVIDIA":
         # One argv element, double quotes included: docker's --gpus value is CSV, so the quotes keep
         # the commas inside a single `device=` field.

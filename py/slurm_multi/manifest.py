@@ -55,6 +55,7 @@ SCALAR_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("SM_MODEL_SCRIPTS", "model", "scripts"),
     ("SM_MODEL_ARGS", "model", "args"),
     ("SM_N_GPUS", "model", "n_gpus"),
+    ("SM_SKIP_GPU_ARCH", "model", "skip_gpu_arch"),
     ("SM_MODEL_TIMEOUT", "model", "timeout"),
     ("SM_MODEL_TAGS", "model", "tags"),
     ("SM_RESULTS_CSV", "model", "multiple_results"),
@@ -74,14 +75,26 @@ SCALAR_FIELDS: tuple[tuple[str, str, str], ...] = (
     ("SM_PRIMUS_BACKEND", "primus", "backend"),
     ("SM_DISAGG_PREFILL_NODES", "sglang_disagg", "prefill_nodes"),
     ("SM_DISAGG_DECODE_NODES", "sglang_disagg", "decode_nodes"),
+    ("SM_TRAINING_PRECISION", "model", "training_precision"),
+    # madengine's log error scan switch (default on); exported as "true" or "false" (scan_switch).
+    ("SM_LOG_ERROR_PATTERN_SCAN", "model", "log_error_pattern_scan"),
 )
+# Lists of literal strings (madengine's log error scan: the patterns that replace its default ones,
+# and the texts that keep a line from counting), exported as JSON text: a pattern may hold a comma.
+LIST_FIELDS: tuple[tuple[str, str, str], ...] = (
+    ("SM_LOG_ERROR_PATTERNS", "model", "log_error_patterns"),
+    ("SM_LOG_ERROR_BENIGN_PATTERNS", "model", "log_error_benign_patterns"),
+)
+SWITCH_FIELDS = ("log_error_pattern_scan",)  # scalars that must read as true or false
 # Scalars of deployment_config.<part> (and of distributed.<part>) that validate_manifest type-checks.
 DEPLOYMENT_SCALARS = tuple(
     (s, f) for _, s, f in SCALAR_FIELDS if s in ("distributed", "slurm", "primus", "sglang_disagg")
 )
+# Fields of a built_models entry that may also be a list (joined with commas, as madengine reads them).
+LIST_OK = ("tags", "skip_gpu_arch")
 # Fields of a built_models/built_images entry that we read as scalars (others are ignored).
 ENTRY_SCALARS = tuple(
-    sorted({key for _, section, key in SCALAR_FIELDS if section in ("model", "image") and key != "tags"})
+    sorted({key for _, section, key in SCALAR_FIELDS if section in ("model", "image") and key not in LIST_OK})
 ) + ("additional_docker_run_options",)
 ARRAY_NAMES = ("SM_BUILD_ARGS", "SM_MOUNTS", "SM_DOCKER_OPTS", "SM_DOCKER_ENV_NAMES")
 
@@ -171,6 +184,58 @@ def _check_scalar(value: Any, where: str) -> None:
     raise ShapeError(f"{where} must be a string, number or boolean, got {_type_name(value)}")
 
 
+def _check_text_list(value: Any, where: str) -> None:
+    """A list of non-empty strings, or absent (an empty string would match, or excuse, every line)."""
+    if value is None:
+        return
+    if not isinstance(value, list):
+        raise ShapeError(f"{where} must be a list of strings, got {_type_name(value)}")
+    for i, item in enumerate(value):
+        _check_text(item, f"{where}[{i}]")
+        if not item:
+            raise ShapeError(f"{where}[{i}] is empty (it would match every line); remove it")
+
+
+def scan_switch(value: Any) -> bool | None:
+    """A switch as madengine reads one: a JSON boolean, a number (0 is off), or the text true/false,
+    yes/no, on/off, 1/0 (any case; "" is off); None when the value is none of these."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, (int, float)):
+        return value != 0
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in ("0", "false", "no", "off", ""):
+            return False
+        if text in ("1", "true", "yes", "on"):
+            return True
+    return None
+
+
+def log_scan_values(values: Mapping[str, str]) -> dict[str, Any]:
+    """The model's log error scan for job.json, from the SM_* values restore_context exported (or the
+    environment gave): {"log_error_pattern_scan": bool, "log_error_patterns": [str],
+    "log_error_benign_patterns": [str]}. A value of another shape is a one-line usage error."""
+    switch = values.get("SM_LOG_ERROR_PATTERN_SCAN")
+    scan = True if switch is None else scan_switch(switch)
+    if scan is None:
+        raise usage_error(
+            f"{AREA}: SM_LOG_ERROR_PATTERN_SCAN={printable(switch or '')!r} (log_error_pattern_scan) "
+            "must be true or false; unset it to use the manifest's"
+        )
+    result: dict[str, Any] = {"log_error_pattern_scan": scan}
+    for name, _, field in LIST_FIELDS:
+        text = values.get(name)
+        try:
+            items = jsontext.loads(text) if text else []
+            _check_text_list(items, field)
+        except (jsontext.JSONDecodeError, ShapeError, RecursionError) as exc:
+            why = str(exc) if isinstance(exc, ShapeError) else "not a JSON list of strings"
+            raise usage_error(f"{AREA}: {name} ({field}): {why}; unset it to use the manifest's") from None
+        result[field] = items
+    return result
+
+
 def _check_string_map(value: Any, where: str) -> None:
     for key, item in _expect_object(value, where).items():
         _check_text(key, f"{where} key")
@@ -192,9 +257,20 @@ def validate_manifest(manifest: Any) -> None:
             fields = _expect_object(entry, where, optional=False)
             for field in ENTRY_SCALARS:
                 _check_scalar(fields.get(field), f"{where}.{field}")
-            tags = fields.get("tags")
-            for i, tag in enumerate(tags if isinstance(tags, list) else [tags]):
-                _check_scalar(tag, f"{where}.tags[{i}]" if isinstance(tags, list) else f"{where}.tags")
+            for name in LIST_OK:
+                items = fields.get(name)
+                for i, item in enumerate(items if isinstance(items, list) else [items]):
+                    _check_scalar(
+                        item, f"{where}.{name}[{i}]" if isinstance(items, list) else f"{where}.{name}"
+                    )
+            for field in SWITCH_FIELDS:
+                if fields.get(field) is not None and scan_switch(fields[field]) is None:
+                    raise ShapeError(
+                        f"{where}.{field} must be true or false (or 1/0, yes/no, on/off), "
+                        f"got {printable(repr(fields[field]))}"
+                    )
+            for _, _, field in LIST_FIELDS:
+                _check_text_list(fields.get(field), f"{where}.{field}")
     context = _expect_object(manifest.get("context"), "context")
     for field in ("docker_env_vars", "docker_mounts", "docker_build_arg"):
         _check_string_map(context.get(field), f"context.{field}")
@@ -291,9 +367,16 @@ def _field(sections: Mapping[str, Mapping[str, Any]], section: str, key: str) ->
     value = sections[section].get(key)
     if value is None:
         return None
-    if isinstance(value, list):  # tags
+    if key in SWITCH_FIELDS:
+        return "true" if scan_switch(value) else "false"
+    if isinstance(value, list):  # tags, skip_gpu_arch
         return ",".join(scalar_text(item) for item in value if item is not None)
     return scalar_text(value)
+
+
+def _list_field(sections: Mapping[str, Mapping[str, Any]], section: str, key: str) -> str | None:
+    value = sections[section].get(key)
+    return None if value is None else jsontext.dumps(list(value), ensure_ascii=False)
 
 
 def restore_context(manifest: Mapping[str, Any], model: str | None, env: Mapping[str, str]) -> dict[str, Any]:
@@ -330,6 +413,7 @@ def restore_context(manifest: Mapping[str, Any], model: str | None, env: Mapping
     exports: dict[str, str] = {}
     skipped: list[str] = []
     candidates = [("SM_MODEL_KEY", key)] + [(n, _field(sections, s, k)) for n, s, k in SCALAR_FIELDS]
+    candidates += [(n, _list_field(sections, s, k)) for n, s, k in LIST_FIELDS]
     for i, (name, value) in enumerate(candidates):
         if name == "SM_DOCKERFILE" and value is None:  # the model's entry first, then the image's
             candidates[i] = (name, _field(sections, "image", "dockerfile"))

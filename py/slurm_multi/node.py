@@ -75,7 +75,36 @@ def gpu_arguments(ctx: RunContext, detected: dict[str, Any], node: str) -> list[
     from slurm_multi.gpus import docker_gpu_args
 
     vendor = ctx.get("SM_GPU_VENDOR") or None
-    return docker_gpu_args(detected, vendor, ctx.get("SM_DOCKER_GPUS") or None, node)
+    return docker_gpu_args(detected, vendor, ctx.get("SM_DOCKER_GPUS") or None, node, model_n_gpus(ctx))
+
+
+def model_n_gpus(ctx: RunContext) -> int | None:
+    """The manifest model's n_gpus as a count (None: all of them, madengine's -1, or no manifest)."""
+    text = ctx.get("SM_N_GPUS").strip() if ctx.manifest else ""
+    if not text:
+        return None
+    try:
+        number = int(float(text))
+    except ValueError:
+        raise usage_error(
+            f"{AREA}: the model's n_gpus {text!r} is not a whole number (-1: all GPUs)"
+        ) from None
+    return number if number > 0 else None
+
+
+def check_skip_gpu_arch(ctx: RunContext, details: Mapping[str, str], node: str) -> None:
+    """madengine's skip_gpu_arch: a model that does not run on this node's GPU architecture (an exact
+    name, e.g. gfx942 or A100) is refused here with one line, before anything runs on the node."""
+    skip = [a.strip() for a in ctx.get("SM_SKIP_GPU_ARCH").split(",") if a.strip()]
+    arch = details.get("MAD_SYSTEM_GPU_ARCHITECTURE", "")
+    names = {arch, arch.replace("NVIDIA ", "").split("-")[0].strip()} - {""}
+    hit = [a for a in skip if a in names]
+    if hit:
+        raise HelperError(
+            f"{AREA}: model {ctx.get('SM_MODEL_NAME') or ctx.model_key} skips GPU architecture {hit[0]} "
+            f"(its skip_gpu_arch: {', '.join(skip)}) and {node} has {arch}: nothing ran; submit it to "
+            "nodes of another architecture"
+        )
 
 
 def docker_options(ctx: RunContext, scratch: str, run: ModelRun) -> list[str]:
@@ -166,10 +195,12 @@ def model_run(
     container_gpus = _gpu_count(gpu_args, vendor) if runtime == "docker" else 0
     out = os.path.join(shown, "output") if runtime == "none" else SM_OUT_MOUNT
     nodes = _job_nodes(env) if dist.launcher in ("deepspeed", "sglang-disagg") else ()
+    details = _gpu_details(vendor, detected, env, dry_run)
+    check_skip_gpu_arch(ctx, details, env.get("SLURMD_NODENAME") or socket.gethostname())
     facts = mad.NodeFacts(
         node_rank=node_rank, nnodes=nnodes, master_addr=env.get("MASTER_ADDR", ""), nodes=tuple(nodes),
         vendor=vendor, system_gpus=int(detected.get("count") or 0), container_gpus=container_gpus,
-        details=_gpu_details(vendor, detected, env, dry_run), output_dir=out,
+        details=details, output_dir=out,
         ifname="<the node's routable interface>" if dry_run else _routable_ifname(),
     )  # fmt: skip
     ours = mad.mad_env(ctx.values, dist, facts)
@@ -183,7 +214,76 @@ def model_run(
             ctx.docker_env[name] = value
     if runtime == "docker":
         run.vendor_options = mad.vendor_options(vendor, ctx.docker_opts)
+    if script is not None:
+        wrap_model(ctx, env, runtime, scratch, shown, run, nnodes, dry_run)
     return run
+
+
+def wrap_model(ctx: RunContext, env: Mapping[str, str], runtime: str, scratch: str, shown: str, run: ModelRun,
+               nnodes: int, dry_run: bool) -> None:  # fmt: skip
+    """madengine's run around the model's script (slurm_multi.madrun): scripts/common and the other
+    scripts seen from the workspace, the data mounted, the tools' and data's variables set (the
+    user's own win), and the command run by bash when anything wraps it or its args need a shell."""
+    from slurm_multi import madengine as mad
+    from slurm_multi import madrun
+
+    script = ctx.script
+    assert script is not None
+    mad_run = madrun.plan_run(ctx.mad_parts, ctx.checkout, ctx.values, nnodes)
+    ctx.mad_run = mad_run
+    links = [(mad_run.common, madrun.COMMON)] if mad_run.common else []
+    links += mad_run.files
+    if runtime == "none":
+        for host, rel in links:
+            if not dry_run:
+                _link(host, os.path.join(scratch, rel))
+        data_env = {"MAD_DATAHOME": ",".join(d.path for d in mad_run.data)} if mad_run.data else {}
+    else:
+        mounts = [f"{host}:{mad.WORKSPACE}/{rel}:ro" for host, rel in links]
+        mounts += [f"{d.path}:{d.home}{'' if d.writable else ':ro'}" for d in mad_run.data]
+        for mount in mounts:
+            if runtime == "docker":
+                run.docker_mounts += ["-v", mount]
+            else:
+                run.pyxis_mounts.append(mount)
+        data_env = {}
+    for name, value in {**mad_run.env, **data_env}.items():
+        if name not in env and (name not in ctx.docker_env or name in data_env):
+            ctx.docker_env[name] = value
+    for note in mad_run.notes:
+        talk(AREA, note)
+    raw_args = ctx.get("SM_MODEL_ARGS")
+    missing = None
+    if script.host_dir is None:
+        where = ctx.checkout or "the manifest's directory"
+        kind = "image" if runtime != "none" else "node"
+        missing = (
+            script.shown,
+            f"model script {script.shown} is neither in the model dir {where} nor in the {kind}'s "
+            f"working directory: give --model-dir DIR, the checkout that holds {script.shown}",
+        )
+    if not (ctx.mad_parts.any() or missing or madrun.needs_shell(raw_args)):
+        return
+    line = madrun.model_line(mad_run, script.argv, raw_args)
+    ctx.workload = ["bash", "-c", madrun.wrapper(mad_run, line, missing), "sm-mad"]
+    pre = "; ".join(f"{s.path} {s.args}".strip() for s in mad_run.pre) or "-"
+    post = "; ".join(f"{s.path} {s.args}".strip() for s in mad_run.post) or "-"
+    tools = ", ".join(mad_run.tools) or "-"
+    talk(AREA, f"madengine's run of {script.shown}: tools {tools}; pre-scripts {pre}; command {line}; "
+               f"post-scripts {post}")  # fmt: skip
+
+
+def _link(host: str, path: str) -> None:
+    """The bare-metal workspace sees a script or scripts/common where madengine's would hold it."""
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        if os.path.islink(path):
+            os.unlink(path)
+        os.symlink(host, path)
+    except OSError as exc:
+        raise HelperError(
+            f"{AREA}: cannot link {host} into the workspace at {path}: {exc.strerror}"
+        ) from None
 
 
 def copy_run_directory(source: str, target: str) -> None:

@@ -91,13 +91,35 @@ def job_document(
     nnodes: int,
     command: Sequence[str],
 ) -> dict[str, Any]:
-    """job.json: the old top-level keys (results and people read them) plus every resolved setting."""
+    """job.json: the old top-level keys (results and people read them) plus every resolved setting.
+
+    The perf.csv columns madengine fills from its run: n_gpus = nnodes x gpus_per_node, the GPUs per
+    node as the launcher's process count follows them (the manifest's slurm.gpus_per_node, its
+    docker_gpus, Slurm's GPUs on this node: madengine.planned_gpus), else the model's n_gpus when it
+    is a count (0: a CPU run; -1, all of them, is MAD_SYSTEM_NGPUS when given), else madengine's
+    default of 1 (a node's detected GPUs do not reach the job dir); training_precision (the model's),
+    pipeline and build_number (this environment's `pipeline` and BUILD_NUMBER, else "0", as madengine
+    reads them), gpu_architecture (MAD_SYSTEM_GPU_ARCHITECTURE from this environment, else the
+    manifest's docker_env_vars; collect reads this key, so a node's detected one can be written here).
+    And the model's log error scan (manifest.log_scan_values), which collect applies."""
+    from slurm_multi.madengine import planned_gpus
+    from slurm_multi.manifest import log_scan_values
+
     secrets = secret_values(env) + ctx.secret_values(env)
     v = ctx.values
 
     def shown(name: str) -> str:
         return MASK if is_secret_name(name) else redact(v.get(name, ""), secrets)
 
+    def given(name: str) -> str:  # a MAD_* value the job's environment, else the manifest, gives
+        return redact(env.get(name) or ctx.docker_env.get(name) or "", secrets)
+
+    gpus_per_node = planned_gpus(v, env)
+    if gpus_per_node <= 0:
+        asked = v.get("SM_N_GPUS", "").strip()
+        asked = given("MAD_SYSTEM_NGPUS").strip() if asked == "-1" else asked
+        gpus_per_node = as_number(asked) if as_number(asked) is not None else 1
+    scan = log_scan_values(v)
     return {
         "job_id": job_id,
         "model_key": ctx.model_key,
@@ -111,13 +133,20 @@ def job_document(
         "tags": shown("SM_MODEL_TAGS"),
         "dockerfile": shown("SM_DOCKERFILE"),
         "base_docker": shown("SM_BASE_DOCKER"),
-        "n_gpus": shown("SM_N_GPUS"),
-        "gpus_per_node": shown("SM_GPUS_PER_NODE"),
+        "n_gpus": nnodes * gpus_per_node,
+        "gpus_per_node": gpus_per_node,
         "launcher": shown("SM_LAUNCHER"),
         "nproc_per_node": as_number(v.get("SM_NPROC_PER_NODE")),
         "world_size": world_size(ctx, nnodes),
         "build_duration": shown("SM_BUILD_DURATION"),
         "additional_docker_run_options": redact(" ".join(ctx.docker_opts), secrets),
+        "training_precision": shown("SM_TRAINING_PRECISION"),
+        "pipeline": redact(env.get("pipeline", ""), secrets),
+        "build_number": redact(env.get("BUILD_NUMBER") or "0", secrets),
+        "gpu_architecture": given("MAD_SYSTEM_GPU_ARCHITECTURE"),
+        "log_error_pattern_scan": scan["log_error_pattern_scan"],
+        "log_error_patterns": [redact(text, secrets) for text in scan["log_error_patterns"]],
+        "log_error_benign_patterns": [redact(text, secrets) for text in scan["log_error_benign_patterns"]],
         "manifest": ctx.manifest or "",
         "profile": v.get("SM_PROFILE", ""),
         "runtime": v.get("SM_RUNTIME", ""),
@@ -125,6 +154,7 @@ def job_document(
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "settings": {k: redact(s, secrets) for k, s in masked_settings(ctx).items()},
         "manifest_values": _redact_tree(manifest_values(ctx), secrets),
+        **(ctx.mad_run.job_facts() if ctx.mad_run else {}),
     }
 
 
@@ -151,12 +181,31 @@ def resolve_job_numbers(ctx: RunContext, env: Mapping[str, str], nnodes: int) ->
         talk("manifest", warning)
     if ctx.ignored:
         talk("manifest", f"not used by slurm-multi (ignored): {', '.join(ctx.ignored)}")
+    plan_mad_run(ctx, nnodes)
     resolved.update(SM_LAUNCHER=dist.launcher, SM_NPROC_PER_NODE=str(dist.nproc))
     ctx.values.update(resolved)
     if not dist.source["launcher"].startswith(("option", "manifest")):
         # Said where the settings are shown (the dry run): madengine's default, not the manifest's.
         ctx.sources["SM_LAUNCHER"] = dist.source["launcher"]
     return resolved
+
+
+def plan_mad_run(ctx: RunContext, nnodes: int) -> None:
+    """What the manifest asks around its script, checked before any node starts: the tools (in
+    tools.json), the pre/post scripts (in the checkout), the data (a provider we can serve), and
+    a script that is not in the model dir (then it must be in the image: said now, failed clearly
+    on the node)."""
+    from slurm_multi import madrun
+
+    if ctx.script is None:
+        return
+    ctx.mad_run = madrun.plan_run(ctx.mad_parts, ctx.checkout, ctx.values, nnodes)
+    for note in ctx.mad_run.notes:
+        talk("manifest", note)
+    if ctx.script.host_dir is None:
+        talk("manifest", f"warning: model script {ctx.script.shown} is not in the model dir "
+                         f"{ctx.checkout}: it must be in the image's working directory, else every node "
+                         "fails; give --model-dir DIR, the checkout that holds it")  # fmt: skip
 
 
 def tasks_per_node(values: Mapping[str, str]) -> int:

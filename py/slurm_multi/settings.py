@@ -61,12 +61,17 @@ TABLE: tuple[Setting, ...] = (
       core=True),
     S("SM_MODEL_DIR", "--model-dir", "DIR", "",
       "the model checkout the manifest's scripts are relative to", default_doc="the manifest's directory"),
-    S("SM_MODEL_ARGS", "--model-args", "ARGS", "", "the model script's arguments, one quoted string",
+    S("SM_MODEL_ARGS", "--model-args", "ARGS", "", "the model script's arguments, one quoted string "
+      "(bash reads them in the container, as under madengine: $VAR expands there)",
       default_doc="the manifest's args"),
+    S("SM_MAD_COMMON", "--mad-common", "DIR", "",
+      "madengine's scripts/common (tools.json, pre/post scripts, profiler wrappers) for the manifest's "
+      "tools; the model sees it as ../scripts/common", kind="abs-path",
+      default_doc="the checkout's scripts/common, else the installed madengine package's"),
     S("SM_LAUNCHER", "--launcher", "NAME", "",
       "distributed launcher for MAD_MULTI_NODE_RUNNER: torchrun, torchtitan, deepspeed, megatron, vllm, "
       "sglang, sglang-disagg, primus or none (see docs/madengine.md)",
-      default_doc="the manifest's distributed.launcher"),
+      default_doc="the manifest's distributed.launcher, else torchrun on more than one node (madengine's)"),
     S("SM_NPROC_PER_NODE", "--nproc-per-node", "N", "", "processes the launcher starts per node",
       kind="count", default_doc="the manifest's distributed.nproc_per_node, else the node's GPUs, else 1"),
     S("SM_IMAGE_CACHE", "--image-cache", "DIR", "",
@@ -81,7 +86,7 @@ TABLE: tuple[Setting, ...] = (
     S("SM_OUT", "--out", "DIR", "./slurm_output", "where job outputs go: <out>/<model>/<jobid>/", core=True,
       kind="abs-path"),
     S("SM_TIMEOUT", "--timeout", "SECONDS", "", "workload time limit per node (0 = none)", kind="seconds",
-      default_doc="the manifest model's timeout, else 3600", core=True),
+      default_doc="the manifest model's timeout, else 7200 (madengine's)", core=True),
     S("SM_HANG_TIMEOUT", "--hang-timeout", "SECONDS", "900",
       "a rank with no new output line and no CPU for this long after GO is hung: the job fails naming it "
       "(0 = off)", kind="seconds", core=True),

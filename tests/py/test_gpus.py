@@ -831,3 +831,26 @@ def test_an_inner_empty_list_is_not_no_gpus_when_the_gpu_list_follows() -> None:
     # A document whose only lists are inner empty ones has no GPU list at all: an error, not "no GPUs".
     with pytest.raises(HelperError, match="no GPU list in amd-smi output"):
         parse_amdsmi('{"cpu_data": [], "core_data": [], "version": 2}')
+
+
+def _renders(args: list[str]) -> list[str]:
+    return [a for a in args if a.startswith("/dev/dri/renderD")]
+
+
+def test_the_models_n_gpus_gives_the_container_the_first_n_gpus() -> None:
+    everything = _renders(docker_gpu_args(FOUR_AMD, "AMD", None, "node2"))
+    assert len(everything) == 4
+    assert _renders(docker_gpu_args(FOUR_AMD, "AMD", None, "node2", 2)) == everything[:2]
+    assert _renders(docker_gpu_args(FOUR_AMD, "AMD", "3,1,2", "node2", 1)) == _renders(
+        docker_gpu_args(FOUR_AMD, "AMD", "3", "node2")
+    )
+    assert _renders(docker_gpu_args(FOUR_AMD, "AMD", None, "node2", None)) == everything  # -1: all
+    nvidia = {"vendor": "NVIDIA", "count": 4, "gpus": [{"index": i} for i in range(4)]}
+    assert docker_gpu_args(nvidia, None, None, "node2", 3) == ["--gpus", '"device=0,1,2"']
+
+
+def test_more_n_gpus_than_the_container_can_have_is_one_line_naming_both() -> None:
+    with pytest.raises(
+        HelperError, match=r"the model's n_gpus is 8 but node2 has 2 GPU\(s\) for its container \(0, 1\)"
+    ):
+        docker_gpu_args(FOUR_AMD, "AMD", "0-1", "node2", 8)

@@ -45,14 +45,13 @@ CLICK_PREPARE = ("-m", "slurm_multi", "node", "prepare")
 CLICK_COLLECT = ("-m", "slurm_multi", "results", "collect")
 
 
-# What the helpers that start beside every rank's prepare and run never import: dataclasses (and the
-# inspect, ast and dis it pulls in), argparse and typing (NamedTuple: slurm_multi.record), ~10-20 ms
-# of CPU each on cores the job shares; secrets (random, base64), pathlib, subprocess and
-# urllib.parse (ipaddress), a few ms each, for what os and a line of our own do as well; shutil, whose
-# import loads bz2 and lzma (~14 ms: GPU detection finds its tool with slurm_multi.common.which).
+# What the helpers that start beside every rank's prepare and run never import: argparse (click is
+# the one command-line layer); secrets (random, base64), pathlib, subprocess and urllib.parse
+# (ipaddress), a few ms each, for what os and a line of our own do as well; shutil, whose import
+# loads bz2 and lzma. dataclasses and typing are not here: STYLE.md, "Libraries as they are" (a
+# few ms of import are judged against the seconds of a job, and these are used as they are).
 SLOW_STDLIB = {
-    "dataclasses", "inspect", "argparse", "typing", "secrets", "random", "pathlib", "subprocess",
-    "urllib.parse", "shutil", "lzma", "bz2",
+    "argparse", "secrets", "random", "pathlib", "subprocess", "urllib.parse", "shutil", "lzma", "bz2",
 }  # fmt: skip
 
 

@@ -266,11 +266,16 @@ def test_prepare_puts_our_sm_out_mount_first_so_it_always_wins(tmp_path: Path) -
 def test_prepare_output_sources_back_to_the_same_values(tmp_path: Path) -> None:
     manifest = write_manifest(tmp_path / "m.json", model={"args": "--name 'a b' \"$(touch pwned)\""})
     scratch = prepare(tmp_path, manifest)
-    script = f'source {scratch}/context.sh && printf "%s\\n" "${{RUN_WORKLOAD[@]}}"'
+    script = f'source {scratch}/context.sh && printf "%s\\0" "${{RUN_WORKLOAD[@]}}"'
     out = subprocess.run(
         ["bash", "-c", script], capture_output=True, text=True, check=True, cwd=tmp_path
     ).stdout
-    assert out.splitlines() == ["bash", "run.sh", "--name", "a b", "$(touch pwned)"]
+    # Sourcing runs nothing on the host; the args reach bash in the container as written, where they
+    # expand as under madengine (`bash -c "cd run_directory && bash run.sh <args>"`).
+    words = out.split("\0")[:-1]
+    assert words[:2] == ["bash", "-c"] and words[3:] == ["sm-mad"]
+    # (run.sh is not in this manifest's dir: the image's, checked there first.)
+    assert words[2].endswith("; exit 127; fi\nexec bash run.sh --name 'a b' \"$(touch pwned)\"")
     assert not (tmp_path / "pwned").exists()
 
 

@@ -189,11 +189,11 @@ def test_ignored_fields_are_listed_and_used_ones_are_not() -> None:
     manifest = {
         "built_models": {"k": {"name": "m", "url": "https://example.invalid/x.git", "tags": ["a"]}},
         "built_images": {"k": {"docker_image": "i", "docker_sha": "abc"}},
-        "context": {"tools": [{"name": "rocprof"}], "guest_os": "UBUNTU"},
+        "context": {"tools": [{"name": "rocprof"}], "guest_os": "UBUNTU", "gen_sys_env_details": True},
         "deployment_config": {"slurm": {"nodes": 2, "partition": "gpu"}, "distributed": {"backend": "nccl"}},
     }
     assert mad.ignored_fields(manifest, "k") == [
-        "built_images.k.docker_sha", "built_models.k.url", "context.tools",
+        "built_images.k.docker_sha", "built_models.k.url", "context.gen_sys_env_details",
         "deployment_config.slurm.partition", "deployment_config.distributed.backend",
     ]  # fmt: skip
 
@@ -297,3 +297,55 @@ def test_a_manifest_without_a_launcher_gets_madengines_torchrun_on_more_than_one
     assert (d.launcher, d.source["launcher"]) == (launcher, source)
     if launcher == "torchrun":
         assert mad.runner(d, 1, "n1", "/hf").startswith(f"torchrun --nnodes={nnodes} --nproc_per_node=1")
+
+
+# ---- n_gpus and skip_gpu_arch on a node --------------------------------------------------------
+
+
+def _ctx(tmp_path: Path, **model: object):
+    from slurm_multi.context import resolve
+
+    path = tmp_path / "m.json"
+    path.write_text(
+        json.dumps(
+            {"built_models": {"k": {"name": "m", **model}}, "built_images": {"k": {"docker_image": "i"}}}
+        )
+    )  # noqa: E501
+    return resolve({"SM_MANIFEST": str(path)}, ["true"])
+
+
+@pytest.mark.parametrize(("n_gpus", "count"), [("-1", None), ("2", 2), ("0", None), (None, None), (4, 4)])
+def test_the_models_n_gpus_as_a_count(tmp_path: Path, n_gpus: object, count: int | None) -> None:
+    from slurm_multi.node import model_n_gpus
+
+    model = {} if n_gpus is None else {"n_gpus": n_gpus}
+    assert model_n_gpus(_ctx(tmp_path, **model)) == count
+    with pytest.raises(HelperError, match="the model's n_gpus 'two' is not a whole number"):
+        model_n_gpus(_ctx(tmp_path, n_gpus="two"))
+
+
+@pytest.mark.parametrize(
+    ("skip", "arch", "refused"),
+    [
+        ("gfx908, gfx942", "gfx942", True),
+        (["gfx90a", "gfx942"], "gfx942", True),
+        ("gfx908,gfx90a", "gfx942", False),
+        ("A100", "NVIDIA A100-SXM4-40GB", True),
+        ("H100", "NVIDIA A100-SXM4-40GB", False),
+        ("gfx942", "", False),  # no GPUs detected: nothing to skip
+    ],
+)
+def test_skip_gpu_arch_refuses_a_node_of_that_architecture(
+    tmp_path: Path, skip, arch: str, refused: bool
+) -> None:
+    from slurm_multi.node import check_skip_gpu_arch
+
+    ctx = _ctx(tmp_path, skip_gpu_arch=skip)
+    details = {"MAD_SYSTEM_GPU_ARCHITECTURE": arch} if arch else {}
+    if refused:
+        with pytest.raises(
+            HelperError, match=r"model m skips GPU architecture \S+ \(its skip_gpu_arch: .*\) and node2 has"
+        ):
+            check_skip_gpu_arch(ctx, details, "node2")
+    else:
+        check_skip_gpu_arch(ctx, details, "node2")
