@@ -105,7 +105,7 @@ job::watch() {
   # The click-free entry of `slurm-multi job watch` (it starts beside every job's srun).
   local wake=()
   [[ -z ${UTIL_WARM_FD[results.collect_main]:-} ]] || wake=(--wake-fd "${UTIL_WARM_FD[results.collect_main]}")
-  util::py -S -m slurm_multi.watch --jobdir "${SM_JOBDIR}" --nodes "${JOB_NODES[*]}" \
+  util::py -m slurm_multi.watch --jobdir "${SM_JOBDIR}" --nodes "${JOB_NODES[*]}" \
     --tasks-per-node "${per_node}" --srun-pid "${JOB_SRUN_PID}" --peer-grace "${SM_PEER_GRACE}" \
     --progress-seconds "${SM_PROGRESS_SECONDS}" "${wake[@]+"${wake[@]}"}" &
   JOB_WATCH_PID=$!
@@ -293,7 +293,7 @@ job::teardown() {
   fi
   log::info multi "verdict: $( ((rc == 0)) && echo SUCCESS || echo FAILURE) (${SM_JOBDIR}/summary.json)"
   # madengine's perf_entry.* and perf_super.* files of a manifest model, once the verdict is said:
-  # they need pandas, which collect (python -S) does without. Beside --perf-csv only where collect
+  # they need pandas, which collect does without. Beside --perf-csv only where collect
   # appended the rows. Their failure is a warning, never the job's exit.
   if [[ -n ${JOB_MODEL_KEY:-} ]] && ((collected < 2)); then
     local margs=(results mad-outputs "${SM_JOBDIR}")
@@ -343,7 +343,7 @@ job::judge_fitness() {
   JOB_BAD_NODES=()
   [[ ${SM_FITNESS} != off ]] || return 1
   local out
-  if ! out=$(util::py -S -m slurm_multi.fitness judge --jobdir "${SM_JOBDIR}" --nodes "${JOB_NODES[*]}" 2>&1); then
+  if ! out=$(util::py -m slurm_multi.fitness judge --jobdir "${SM_JOBDIR}" --nodes "${JOB_NODES[*]}" 2>&1); then
     log::warn multi "cannot judge the fitness reports: ${out#slurm-multi: }"
     return 1
   fi
@@ -384,7 +384,7 @@ job::on_bad_nodes() {
   for entry in "${JOB_BAD_NODES[@]}"; do nodes+=("${entry%%$'\t'*}"); done
   if [[ -n ${SM_STATE_DIR:-} ]] && ((SM_QUARANTINE_HOURS > 0)); then
     for entry in "${JOB_BAD_NODES[@]}"; do
-      util::py -S -m slurm_multi.quarantine add --state-dir "${SM_STATE_DIR}" --job "${SLURM_JOB_ID}" \
+      util::py -m slurm_multi.quarantine add --state-dir "${SM_STATE_DIR}" --job "${SLURM_JOB_ID}" \
         --hours "${SM_QUARANTINE_HOURS}" --reason "${entry#*$'\t'}" "${entry%%$'\t'*}" ||
         log::warn multi "could not quarantine ${entry%%$'\t'*} in ${SM_STATE_DIR} (see the line above)"
     done
@@ -436,7 +436,7 @@ job::keep_attempt() {
   mkdir -p "${dir}"
   local reasons=()
   for entry in "${JOB_BAD_NODES[@]}"; do reasons+=("${entry}"); done
-  util::py -S -m slurm_multi.attempts write "${dir}/requeue.json" "$1" "$2" "${SECONDS}" "$3" "${reasons[@]}" ||
+  util::py -m slurm_multi.attempts write "${dir}/requeue.json" "$1" "$2" "${SECONDS}" "$3" "${reasons[@]}" ||
     log::warn multi "could not write ${dir}/requeue.json"
   # The profilers' outputs in the job dir go with the attempt too (a --profile-dir elsewhere keeps
   # every attempt's reports side by side: their names carry the attempt, lib/profile.sh).

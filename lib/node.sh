@@ -347,7 +347,7 @@ node::fitness_cmd() {
     NODE_IMAGE_FAILED=${why}
     log::error fitness "${why}"
   fi
-  util::py -S -m slurm_multi.fitness record-cmd "${SM_NODE_DIR}/fitness-cmd.json" "$(hostname)" "${rc}" "${why}" ||
+  util::py -m slurm_multi.fitness record-cmd "${SM_NODE_DIR}/fitness-cmd.json" "$(hostname)" "${rc}" "${why}" ||
     log::warn fitness "could not write ${SM_NODE_DIR}/fitness-cmd.json"
   ((rc == 0))
 }
@@ -564,7 +564,7 @@ node::join_image_phase() {
     log::cmd image "${SM_HOME}/bin/slurm-multi" "${argv[@]}"
     log::info image "(its stdout is a pipe to this task; SIGUSR1 from this task starts its start phase)"
     SM_ERROR_FILE=${SM_SCRATCH}/join.error PYTHONPATH="${SM_HOME}/py${PYTHONPATH:+:${PYTHONPATH}}" \
-      exec "${SM_PYTHON}" -S -m slurm_multi.barrier_main "${argv[@]:1}"
+      exec "${SM_PYTHON}" -m slurm_multi.barrier_main "${argv[@]:1}"
   )
   NODE_JOIN_PID=$!
 }

@@ -17,8 +17,8 @@ util::py() {
 util::sm() { util::py -m slurm_multi "$@"; }
 
 # util::redact [--secrets-file FILE]: the log filter (the one secret rule), stdin to stdout. It runs
-# for the whole job on every node, so it starts without click (slurm_multi.secret_rule, python -S).
-util::redact() { util::py -S -m slurm_multi.secret_rule "$@"; }
+# for the whole job on every node (slurm_multi.secret_rule).
+util::redact() { util::py -m slurm_multi.secret_rule "$@"; }
 
 # util::log_to FILE [REDACT ARGS…]: from here on, everything this shell and its children print goes
 # through the log filter (secrets masked) into FILE and on to the shell's own stdout. The filter
@@ -75,13 +75,13 @@ util::sm_logged() {
 # command substitution (the reason would stay in the subshell); redirect its stdout to a file.
 util::helper() { util::_helper util::sm "$@"; }
 
-# util::fast MODULE ARGS…: the same for a click-free helper on the hot path (`python -S -m
+# util::fast MODULE ARGS…: the same for a click-free helper on the hot path (`python -m
 # slurm_multi.MODULE ARGS…`: no site, no click; a few tens of ms less per call).
 util::fast() { util::_helper util::py_fast "$@"; }
 util::py_fast() {
   local module=$1
   shift
-  util::py -S -m "slurm_multi.${module}" "$@"
+  util::py -m "slurm_multi.${module}" "$@"
 }
 
 # util::fast_logged AREA MODULE ARGS…: log it as the bin/slurm-multi command that does the same
@@ -142,7 +142,7 @@ util::warm_start() {
   local module=$1 fd errfile=${TMPDIR:-/tmp}/.sm-error.$$.${BASHPID}.${RANDOM}
   [[ -z ${UTIL_WARM_PID[${module}]:-} ]] || return 0
   exec {fd}> >(trap '' TERM INT HUP; SM_ERROR_FILE=${errfile} PYTHONPATH="${SM_HOME}/py${PYTHONPATH:+:${PYTHONPATH}}" \
-    exec "${SM_PYTHON}" -S -m slurm_multi.warm "${module}")
+    exec "${SM_PYTHON}" -m slurm_multi.warm "${module}")
   UTIL_WARM_PID[${module}]=$! UTIL_WARM_FD[${module}]=${fd} UTIL_WARM_ERR[${module}]=${errfile}
   [[ ${2:-} == --wake-later ]] || (printf '\n' 1>&"${fd}") 2>/dev/null || true
 }

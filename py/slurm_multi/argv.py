@@ -1,4 +1,4 @@
-"""The option parser of the click-free hot helpers (`python -S -m slurm_multi.X`): no click, no argparse.
+"""The option parser of the click-free hot helpers (`python -m slurm_multi.X`): no click, no argparse.
 
 It parses as click does for the commands it serves (`job plan`, `node prepare`, `results collect`):
 `--name VALUE` and `--name=VALUE`, flags, `--x/--no-x` switches, repeatable options, the last of a
@@ -13,12 +13,9 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from slurm_multi.common import usage_error
-
-TYPE_CHECKING = False  # (typing's own flag, without typing's import: ~10 ms of every start)
-if TYPE_CHECKING:
-    from typing import Any
 
 HELP_NAMES = ("-h", "--help")
 FLAG, VALUE, MULTIPLE, SWITCH = "flag", "value", "multiple", "switch"

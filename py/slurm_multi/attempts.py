@@ -13,7 +13,7 @@ SLURM_RESTART_COUNT, 0 for the first) and this record goes beside them:
 
 The final attempt's summary.json lists them (`attempts`), oldest first.
 
-Click-free (the batch step writes it with `python -S -m slurm_multi.attempts write ...`).
+Click-free (the batch step writes it with `python -m slurm_multi.attempts write ...`).
 """
 
 from __future__ import annotations
@@ -24,10 +24,7 @@ import re
 import sys
 import time
 from collections.abc import Sequence
-
-TYPE_CHECKING = False  # (typing's own flag, without typing's import: ~10 ms of every start)
-if TYPE_CHECKING:
-    from typing import Any
+from typing import Any
 
 RECORD = "requeue.json"
 CAUSES = ("fitness", "quarantine")
@@ -98,7 +95,7 @@ def main(argv: Sequence[str]) -> int:
     args = list(argv)
     if len(args) < 6 or args[0] != "write":
         usage = "write FILE ATTEMPT CAUSE AFTER_S EXCLUDED [NODE<TAB>REASON...]"
-        print(f"slurm-multi: usage: python -S -m slurm_multi.attempts {usage}", file=sys.stderr)
+        print(f"slurm-multi: usage: python -m slurm_multi.attempts {usage}", file=sys.stderr)
         return 2
     _, path, attempt, cause, after_s, excluded, *bad = args
     try:

@@ -51,36 +51,26 @@ What OpenSSL offers to keep the key out of argv (checked against OpenSSL 3.0 and
 
 from __future__ import annotations
 
-import os
-from _operator import _compare_digest as compare_digest  # = hmac.compare_digest (C, constant time)
-
-# SHA-256 from CPython's own build (hashlib's fallback), not OpenSSL's: hashlib and hmac load
-# libcrypto, ~5 ms of CPU at every start of the helpers that start beside every rank.
-try:
-    from _sha256 import sha256  # Python <= 3.11
-except ImportError:  # pragma: no cover - the module's name in 3.12 and later, else hashlib's
-    try:
-        from _sha2 import sha256
-    except ImportError:
-        from hashlib import sha256
+import hashlib
+import hmac
+import re
+import secrets
 
 NONCE_HEX = 32  # a nonce is 16 random bytes written as 32 lowercase hex characters
 MAC_HEX = 64  # HMAC-SHA256 as lowercase hex
 SEPARATOR = "|"
-HEX_DIGITS = "0123456789abcdef"
-_BLOCK = 64  # SHA-256's block size, in bytes: HMAC's key is padded to it (RFC 2104)
-_INNER = bytes(byte ^ 0x36 for byte in range(256))  # the key XOR ipad, as a translate table
-_OUTER = bytes(byte ^ 0x5C for byte in range(256))  # the key XOR opad
+_HEX = {length: re.compile(f"[0-9a-f]{{{length}}}") for length in (NONCE_HEX, MAC_HEX)}
 
 
 def is_hex(text: object, length: int) -> bool:
-    """True for exactly `length` lowercase hex characters (ASCII only): re's `[0-9a-f]{length}`."""
-    return isinstance(text, str) and len(text) == length and not text.strip(HEX_DIGITS)
+    """True for exactly `length` lowercase hex characters (ASCII only)."""
+    pattern = _HEX.get(length) or re.compile(f"[0-9a-f]{{{length}}}")
+    return isinstance(text, str) and pattern.fullmatch(text) is not None
 
 
 def new_nonce() -> str:
     """A fresh challenge: 16 random bytes as 32 lowercase hex characters."""
-    return os.urandom(NONCE_HEX // 2).hex()  # = secrets.token_hex, without importing random
+    return secrets.token_hex(NONCE_HEX // 2)
 
 
 def is_nonce(text: str) -> bool:
@@ -91,16 +81,11 @@ def is_nonce(text: str) -> bool:
 def mac(token: str, *fields: str) -> str:
     """Lowercase hex HMAC-SHA256 keyed by `token` over `"|".join(fields)` (both UTF-8)."""
     message = SEPARATOR.join(fields).encode("utf-8")
-    key = token.encode("utf-8")  # RFC 2104, as hmac.new(key, message, hashlib.sha256) computes it
-    if len(key) > _BLOCK:
-        key = sha256(key).digest()
-    key = key.ljust(_BLOCK, b"\0")
-    inner = sha256(key.translate(_INNER) + message).digest()
-    return sha256(key.translate(_OUTER) + inner).hexdigest()
+    return hmac.new(token.encode("utf-8"), message, hashlib.sha256).hexdigest()
 
 
 def check(token: str, given: str, *fields: str) -> bool:
     """Whether `given` is `mac(token, *fields)`, compared in constant time; False when malformed."""
     if not is_hex(given, MAC_HEX):
         return False
-    return compare_digest(given.encode("ascii"), mac(token, *fields).encode("ascii"))
+    return hmac.compare_digest(given, mac(token, *fields))

@@ -26,6 +26,7 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
+from typing import NamedTuple
 
 from slurm_multi import EXIT_FAILURE, EXIT_OK, EXIT_TIMEOUT, EXIT_USAGE, auth
 from slurm_multi.common import HelperError, talk, timeout_error, usage_error
@@ -40,7 +41,6 @@ from slurm_multi.net import (
     peer,
     secs,
 )
-from slurm_multi.record import record
 from slurm_multi.wire import (
     MAX_LINE,
     PHASES,
@@ -127,8 +127,7 @@ class _Conn:
         self.close_after_flush = self.draining = self.closed = False
 
 
-@record
-class Outcome:
+class Outcome(NamedTuple):
     exit_code: int
     message: str
 

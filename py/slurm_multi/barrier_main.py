@@ -1,4 +1,4 @@
-"""`slurm-multi barrier port|serve|join|release|abort` without click: `python -S -m slurm_multi.barrier_main`.
+"""`slurm-multi barrier port|serve|join|release|abort` without click: `python -m slurm_multi.barrier_main`.
 
 Rank 0's `serve` and every worker's `join` start beside prepare on every node of every job: click's
 import alone was a tenth of a second of CPU each, on cores the job's own start-up shares. The click
@@ -422,7 +422,7 @@ COMMANDS = {
 
 
 def main(argv: Sequence[str]) -> int:
-    """`python -S -m slurm_multi.barrier_main COMMAND ARGS…` (= `slurm-multi barrier COMMAND ARGS…`)."""
+    """`python -m slurm_multi.barrier_main COMMAND ARGS…` (= `slurm-multi barrier COMMAND ARGS…`)."""
     if not argv or argv[0] not in COMMANDS:
         got = f"'{argv[0]}'" if argv else "none"
         usage_error(

@@ -85,7 +85,7 @@ class _Passthrough(click.Command):
 
 
 def passthrough(name: str, target: str, short_help: str) -> click.Command:
-    """`slurm-multi <group> NAME ARGS...` = `python -S -m <module> ARGS...`: target (`module:main`) is
+    """`slurm-multi <group> NAME ARGS...` = `python -m <module> ARGS...`: target (`module:main`) is
     the command's one parser and behaviour; its `--help` is the target's."""
     return _Passthrough(name, target, short_help)
 

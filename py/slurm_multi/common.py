@@ -1,6 +1,6 @@
 """Small shared pieces: one-line errors with documented exit codes, and stderr talk.
 
-No click here: the hot helpers import this under `python -S` (no site, so no click). Where click
+No click here: the hot helpers import this without click. Where click
 is importable (and site is on), HelperError is a click.ClickException, so click's standalone mode
 and CliRunner show it and exit with its code; otherwise it is a plain Exception with the same
 `message`, `exit_code`, `format_message()` and `show()`, and a click-free `main(argv)` shows it
@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from slurm_multi import EXIT_FAILURE, EXIT_TIMEOUT, EXIT_USAGE
 
@@ -57,16 +58,6 @@ def record_error(line: str) -> None:
         pass
 
 
-def which(name: str, path: str | None = None) -> str | None:
-    """The executable `name` on `path` (a PATH value; None: this process's PATH), as shutil.which
-    finds it. (Not shutil: its import loads bz2 and lzma, ~14 ms of CPU in every node's prepare.)"""
-    for directory in (os.environ.get("PATH", os.defpath) if path is None else path).split(os.pathsep):
-        candidate = os.path.join(directory or ".", name)
-        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-            return candidate
-    return None
-
-
 def usage_error(message: str) -> HelperError:
     return HelperError(message, EXIT_USAGE)
 
@@ -99,7 +90,3 @@ def run_main(body: Callable[[Sequence[str]], int], argv: Sequence[str]) -> int:
 
 
 from slurm_multi.logline import talk  # noqa: E402,F401 - one logger; re-exported for the helpers
-
-TYPE_CHECKING = False  # (typing's own flag, without typing's import: ~10 ms of every start)
-if TYPE_CHECKING:
-    from typing import Any

@@ -4,15 +4,11 @@ start costs a node more CPU than the answer. A tcp:// DOCKER_HOST is left to the
 
 from __future__ import annotations
 
+import json
 import socket
+import urllib.parse
 from collections.abc import Mapping
-
-from slurm_multi import jsontext
-from slurm_multi.record import record
-
-TYPE_CHECKING = False  # (typing's own flag, without typing's import: ~10 ms of every start)
-if TYPE_CHECKING:
-    from typing import Any
+from typing import Any, NamedTuple
 
 DEFAULT_HOST = "unix:///var/run/docker.sock"
 MAX_REPLY = 4 << 20  # an inspect of an image with hundreds of layers is well under this
@@ -31,8 +27,7 @@ def socket_path(env: Mapping[str, str]) -> str | None:
     return host[len("unix://") :] if host.startswith("unix://") else None
 
 
-@record
-class Reply:
+class Reply(NamedTuple):
     status: int
     line: str  # the status line, e.g. `HTTP/1.1 500 Internal Server Error`
     body: bytes
@@ -71,7 +66,7 @@ def _inspect(env: Mapping[str, str], url: str, timeout: float) -> tuple[int, Any
         return None
     try:
         reply = get(path, url, timeout)
-        return reply.status, (jsontext.loads(reply.body) if reply.status == 200 else None)
+        return reply.status, (json.loads(reply.body) if reply.status == 200 else None)
     except (EngineError, ValueError, RecursionError):
         return None
 
@@ -79,16 +74,8 @@ def _inspect(env: Mapping[str, str], url: str, timeout: float) -> tuple[int, Any
 _UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-~")
 
 
-def quote(text: str, safe: str = "") -> str:
-    """urllib.parse.quote(text, safe) for a request path, without importing urllib.parse (and the
-    ipaddress it pulls in) where prepare, the fitness check and the barrier start: RFC 3986's
-    unreserved bytes and `safe` kept, every other byte of the UTF-8 text as %XX."""
-    keep = _UNRESERVED.union(safe.encode("ascii"))
-    return "".join(chr(b) if b in keep else f"%{b:02X}" for b in text.encode("utf-8"))
-
-
 def _image_url(ref: str) -> str:
-    return f"/images/{quote(ref, safe='/:@')}/json"
+    return f"/images/{urllib.parse.quote(ref, safe='/:@')}/json"
 
 
 def image_id(env: Mapping[str, str], ref: str, timeout: float = 5.0) -> str:
@@ -123,7 +110,7 @@ def container_state(env: Mapping[str, str], name: str, timeout: float = 5.0) -> 
     """(the PID of its first process, whether it runs) of container `name`: what `docker inspect -f
     '{{.State.Pid}} {{.State.Running}}'` says; (0, False) when the engine has no such container (yet);
     None when it cannot be asked this way (the caller asks the docker CLI)."""
-    asked = _inspect(env, f"/containers/{quote(name, safe='')}/json", timeout) if name else None
+    asked = _inspect(env, f"/containers/{urllib.parse.quote(name, safe='')}/json", timeout) if name else None
     if asked is None:
         return None
     status, found = asked

@@ -23,23 +23,21 @@ Job directories of earlier versions have `events.jsonl` instead, one JSON object
 (`{"t":…,"event":…,"rank":…,"host":…,KEY:VALUE…}`): it is read too (`events_path`), and a line that
 starts with `{` is read as JSON in either file. What a reader gets is the same for both forms.
 
-    python -S -m slurm_multi.events stages JOBDIR NRANKS   ->   node_0=image node_1=barrier ...
+    python -m slurm_multi.events stages JOBDIR NRANKS   ->   node_0=image node_1=barrier ...
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import sys
 import time
+from typing import Any
 
-from slurm_multi import jsontext, statusfile
+from slurm_multi import statusfile
 from slurm_multi.logline import short
 from slurm_multi.readfile import read_bytes
-
-TYPE_CHECKING = False  # (typing's own flag, without typing's import: ~10 ms of every start)
-if TYPE_CHECKING:
-    from typing import Any
 
 EVENTS_FILE = "events.log"
 # A node task's stages in the order it runs them (= lib/node.sh NODE_STAGES, a test holds them equal).
@@ -194,7 +192,7 @@ def parse_line(raw: bytes) -> dict[str, Any] | None:
     raw = raw.strip()
     if raw.startswith(b"{"):  # an events.jsonl line (earlier versions)
         try:
-            data = jsontext.loads(raw.decode("utf-8", errors="replace"))
+            data = json.loads(raw.decode("utf-8", errors="replace"))
         except (ValueError, RecursionError):
             return None
         return data if isinstance(data, dict) else None
@@ -364,7 +362,7 @@ def node_stage(jobdir: str, rank: int) -> str:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 3 or argv[0] != "stages" or not argv[2].isdigit():
-        print("usage: python -S -m slurm_multi.events stages JOBDIR NRANKS", file=sys.stderr)
+        print("usage: python -m slurm_multi.events stages JOBDIR NRANKS", file=sys.stderr)
         return 2
     print(" ".join(f"node_{r}={node_stage(argv[1], r)}" for r in range(int(argv[2]))))
     return 0

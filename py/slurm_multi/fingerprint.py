@@ -4,7 +4,7 @@ cache's sidecar records it, so a local image or a cached tar whose fingerprint d
 something else under a reused tag, and is rebuilt.
 
 The one owner of the rule: `node prepare` computes it into context.sh (IMAGE_FINGERPRINT), and
-`python -S -m slurm_multi.fingerprint` prints it where prepare did not (lib/image.sh
+`python -m slurm_multi.fingerprint` prints it where prepare did not (lib/image.sh
 image::fingerprint). The digest is the one earlier versions took with coreutils, so the labels and
 sidecars they wrote still match:
 
@@ -29,7 +29,7 @@ import sys
 from collections.abc import Sequence
 
 BIG = 1 << 20  # bytes: from this size on a file counts by size and time, not content
-USAGE = "python -S -m slurm_multi.fingerprint DOCKERFILE CONTEXT [BUILD_ARG...]"
+USAGE = "python -m slurm_multi.fingerprint DOCKERFILE CONTEXT [BUILD_ARG...]"
 
 
 def _sum_line(digest: str, name: bytes) -> bytes:

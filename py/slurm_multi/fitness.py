@@ -4,10 +4,10 @@ One bad node (a hung docker engine, a full disk, GPUs held by a stale job, a por
 a slow link, a clock far off) is the most common reason a multi-node job fails. This stage finds it
 in seconds and names it with a one-line reason. Click-free, started on every node at once:
 
-    python -S -m slurm_multi.fitness run --rank R --nnodes N --hosts "h0 h1 ..." --master-port M \\
+    python -m slurm_multi.fitness run --rank R --nnodes N --hosts "h0 h1 ..." --master-port M \\
         --job-id J [--runtime docker|pyxis|none] [--disk PATH=BYTES]... [--gpus-needed K] \\
         [--out FILE] [options below]
-    python -S -m slurm_multi.fitness judge --jobdir DIR --nodes "h0 h1 ..." [--json]
+    python -m slurm_multi.fitness judge --jobdir DIR --nodes "h0 h1 ..." [--json]
 
 `run` options (defaults):
     --rank R               this node's rank, 0 <= R < N (required)
@@ -179,26 +179,25 @@ The report (--out, written atomically: a temp file in the same dir, then a renam
 from __future__ import annotations
 
 import errno
+import json
 import os
 import selectors
+import shutil
+import signal
 import socket
+import statistics
 import struct
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
 
-from slurm_multi import auth, dockerapi, jsontext
-from slurm_multi.common import which
+from slurm_multi import auth, dockerapi
 from slurm_multi.logline import short, talk
 from slurm_multi.net import connect_addresses, derive_ports, describe, read_local_port_range, secs
-from slurm_multi.record import record
 from slurm_multi.shell import write_json
 from slurm_multi.words import is_count, is_decimal, is_host, is_job_id, is_rank, is_token
-
-TYPE_CHECKING = False  # (typing's own flag, without typing's import: ~10 ms of every start)
-if TYPE_CHECKING:
-    from typing import Any
 
 AREA = "fitness"
 VERSION = 1
@@ -284,18 +283,11 @@ def one_line(text: str, limit: int = MAX_REASON) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def median(values: Iterable[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-
-
 # --------------------------------------------------------------------------------------------------
 # Running a tool within a bound (nvidia-smi, amd-smi, enroot)
 
 
-@record
-class ToolResult:
+class ToolResult(NamedTuple):
     code: int
     stdout: str
     stderr: str
@@ -428,7 +420,7 @@ def _docker_ping(env: Mapping[str, str], timeout: float) -> tuple[str, str, str]
 
 
 def _enroot_version(env: Mapping[str, str], timeout: float, children: list[Any]) -> tuple[str, str, str]:
-    exe = which("enroot", env.get("PATH", os.defpath))
+    exe = shutil.which("enroot", path=env.get("PATH", os.defpath))
     if exe is None:
         return "failed", "enroot not found on PATH (--runtime pyxis needs it)", ""
     try:
@@ -521,7 +513,7 @@ def docker_disk(
         return []
     try:
         reply = dockerapi.get(path, "/info", timeout)
-        root = jsontext.loads(reply.body).get("DockerRootDir") if reply.status == 200 else None
+        root = json.loads(reply.body).get("DockerRootDir") if reply.status == 200 else None
     except (dockerapi.EngineError, ValueError, AttributeError, RecursionError):
         return []
     if not isinstance(root, str) or not root.startswith("/"):
@@ -759,8 +751,8 @@ def check_gpus(
     """The GPU check (see the module docstring)."""
     started = time.monotonic()
     path = env.get("PATH", os.defpath)
-    amd = which("amd-smi", path)
-    nvidia = None if amd else which("nvidia-smi", path)
+    amd = shutil.which("amd-smi", path=path)
+    nvidia = None if amd else shutil.which("nvidia-smi", path=path)
     if amd is None and nvidia is None:
         if needed == 0:
             return _gpu_figures("skipped", "", None, needed, fraction, count=0)
@@ -917,8 +909,7 @@ def join_line(
     return f"JOIN {mac} {nonce} {' '.join(fields)}\n".encode()
 
 
-@record
-class Join:
+class Join(NamedTuple):
     nonce: str
     rank: int
     purpose: str
@@ -979,8 +970,7 @@ def parse_welcome(
         raise ProtocolError(f"rank {fields[0]} answered where rank {rank} was expected")
 
 
-@record
-class Hello:
+class Hello(NamedTuple):
     rank: int
     host: str
     sent: float  # the sender's time.time() at send
@@ -1734,7 +1724,7 @@ def slow_links(
     links = {r: rate for r, rate in rates.items() if rate is not None and rate >= 0 and 0 <= r < n}
     if n < 3 or len(links) < 3:
         return
-    mid = median(links.values())
+    mid = statistics.median(links.values())
     slow = {r for r, rate in links.items() if rate < factor * mid}
     both = {node for node in range(n) if node in slow and (node - 1) % n in slow}
     for node in sorted(both):
@@ -1767,7 +1757,7 @@ def clock_rule(offsets: Mapping[int, float], name: Callable[[int], str], bound: 
             bad.add(a, reason)
             bad.add(b, reason)
         return
-    mid = median(offsets.values())
+    mid = statistics.median(offsets.values())
     for rank, offset in sorted(offsets.items()):
         distance = offset - mid
         if abs(distance) > bound:
@@ -1963,11 +1953,11 @@ def _clock_global(views: Sequence[_Report | None], n: int, name: _Names, bound: 
     for view in views:
         if view is None or len(view.offsets) < 3:
             continue
-        mid = median(view.offsets.values())
+        mid = statistics.median(view.offsets.values())
         for rank, offset in view.offsets.items():
             distances.setdefault(rank, []).append(offset - mid)
     for rank, found in sorted(distances.items()):
-        distance = median(found)
+        distance = statistics.median(found)
         if abs(distance) > bound:
             bad.add(
                 rank,
@@ -1979,8 +1969,7 @@ def _clock_global(views: Sequence[_Report | None], n: int, name: _Names, bound: 
 # The stage
 
 
-@record
-class Options:
+class Options(NamedTuple):
     rank: int
     nnodes: int
     hosts: list[str]
@@ -2039,9 +2028,7 @@ def run_stage(opts: Options, env: Mapping[str, str]) -> dict[str, Any]:
             pass
 
     # SIGTERM (scancel, a time limit, the task ending because a peer failed first): the report is
-    # still written, marked stopped, with what was found so far. (_signal: the signal module's enum
-    # conversions are import time on every node's start.)
-    import _signal
+    # still written, marked stopped, with what was found so far.
 
     stopped: list[bool] = []
 
@@ -2049,7 +2036,7 @@ def run_stage(opts: Options, env: Mapping[str, str]) -> dict[str, Any]:
         stopped.append(True)
         wake()
 
-    previous = _signal.signal(_signal.SIGTERM, on_signal)
+    previous = signal.signal(signal.SIGTERM, on_signal)
     children: list[Any] = []
     if opts.nnodes > 1:
         raise_nofile_limit(4 * opts.nnodes + 64)
@@ -2121,7 +2108,7 @@ def run_stage(opts: Options, env: Mapping[str, str]) -> dict[str, Any]:
                 elif mesh is not None:
                     mesh.on_event(key, mask, time.monotonic())
     finally:
-        _signal.signal(_signal.SIGTERM, previous)
+        signal.signal(signal.SIGTERM, previous)
         sel.unregister(wake_in)  # a check finishing late must not spin the last flush
         if mesh is not None:
             mesh.close(0.0 if stopped else 0.5)  # stopped: the task is ending, nothing is waited for
@@ -2339,7 +2326,7 @@ def parse_command(argv: Sequence[str]) -> Any:
     if command not in ("run", "judge"):
         shown = f"{short(command, 40)!r} is not a command" if command else "no command given"
         raise UsageError(f"{shown}; use run or judge (--help says what each does)")
-    prog = f"python -S -m slurm_multi.fitness {command}"
+    prog = f"python -m slurm_multi.fitness {command}"
     parser = Parser(prog, "", "", _run_options() if command == "run" else _judge_options(), max_words=0)
     try:
         given = parser.parse(rest)
@@ -2444,7 +2431,7 @@ def read_reports(jobdir: str, nnodes: int) -> list[dict[str, Any] | None]:
     for rank in range(nnodes):
         try:
             with open(os.path.join(jobdir, f"node_{rank}", "fitness.json"), encoding="utf-8") as handle:
-                found = jsontext.loads(handle.read())
+                found = json.loads(handle.read())
         except (OSError, ValueError, RecursionError):
             found = None
         reports.append(found if isinstance(found, dict) else None)
@@ -2473,7 +2460,7 @@ def read_cmd_records(jobdir: str, nodes: Sequence[str]) -> dict[int, tuple[bool,
     for name in _node_dirs(jobdir):
         try:
             with open(os.path.join(jobdir, name, CMD_RECORD), encoding="utf-8") as handle:
-                found = jsontext.loads(handle.read())
+                found = json.loads(handle.read())
         except (OSError, ValueError, RecursionError):
             continue
         if isinstance(found, dict) and found.get("host") in nodes:
@@ -2504,7 +2491,7 @@ def judge_job(jobdir: str, nodes: Sequence[str], slow_factor: float = DEFAULT_SL
         node_dir = os.path.join(jobdir, name)
         try:
             with open(os.path.join(node_dir, "fitness.json"), encoding="utf-8") as handle:
-                found = jsontext.loads(handle.read())
+                found = json.loads(handle.read())
         except (OSError, ValueError, RecursionError):
             found = None
         if isinstance(found, dict) and isinstance(found.get("rank"), int) and 0 <= found["rank"] < nnodes:
@@ -2568,7 +2555,7 @@ def main(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int:
                 nnodes = _parse_int("--nnodes", args.nnodes, 1)
                 found = judge_reports(read_reports(args.jobdir, nnodes), nnodes, slow, bound)
             if args.json:
-                print(jsontext.dumps(found))
+                print(json.dumps(found))
             else:
                 for entry in found:
                     print(f"{entry['rank']}\t{entry['host']}\t{entry['reason']}")
@@ -2586,7 +2573,7 @@ def main(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int:
         except OSError as exc:
             return _fail(f"cannot write {opts.out} ({describe(exc)}); check --out's directory", EXIT_FAILURE)
     else:
-        print(jsontext.dumps(report, indent=2))
+        print(json.dumps(report, indent=2))
     lines = [f"{AREA}: {b['host']} (rank {b['rank']}): {b['reason']}" for b in report["bad"]]
     for line in lines:
         print(line, file=sys.stderr)

@@ -26,18 +26,14 @@ never returns fewer GPUs than were asked for.
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 import sys
-
-# (json where a tool runs or its output is read: the job plan imports this module for
-# docker_gpus alone, and json costs it CPU; shutil is never imported: slurm_multi.common.which.)
 from collections.abc import Callable
+from typing import Any
 
-from slurm_multi.common import HelperError, talk, timeout_error, usage_error, which
-
-TYPE_CHECKING = False  # (typing's own flag, without typing's import: ~10 ms of every start)
-if TYPE_CHECKING:
-    from typing import Any
+from slurm_multi.common import HelperError, talk, timeout_error, usage_error
 
 AREA = "gpus"
 VENDORS = {"amd": "AMD", "nvidia": "NVIDIA", "none": "none"}
@@ -240,7 +236,6 @@ def find_gpu_list(text: str) -> list[dict[str, Any]] | None:
     An empty list counts only at top level, so an inner `"cpu_data": []` of some other document is not
     "no GPUs".
     """
-    import json
 
     decoder = json.JSONDecoder()
     empty_seen = False
@@ -333,10 +328,10 @@ def _run_tool(executable: str, argv: tuple[str, ...], timeout_s: float) -> str:
 
 def detect_gpus(timeout_s: float = DETECT_TIMEOUT_S, path: str | None = None) -> dict[str, Any]:
     """amd-smi if on PATH, else nvidia-smi, else vendor "none" with no GPUs."""
-    amdsmi = which("amd-smi", path)
+    amdsmi = shutil.which("amd-smi", path=path)
     if amdsmi:
         return parse_amdsmi(_run_tool(amdsmi, AMDSMI_LIST, timeout_s))
-    nvidia_smi = which("nvidia-smi", path)
+    nvidia_smi = shutil.which("nvidia-smi", path=path)
     if nvidia_smi:
         return parse_nvidia_smi(_run_tool(nvidia_smi, NVIDIA_QUERY, timeout_s))
     return {"vendor": "none", "count": 0, "gpus": []}
@@ -345,7 +340,6 @@ def detect_gpus(timeout_s: float = DETECT_TIMEOUT_S, path: str | None = None) ->
 def first_gpu_list(text: str, accept: Callable[[list[Any]], bool]) -> list[Any] | None:
     """The first decodable JSON list in noisy amd-smi output (a wrapped {"gpu_data": [...]} included)
     that `accept` takes, found in linear time; None when there is none."""
-    import json
 
     decoder = json.JSONDecoder()
     for start, _ in decodable_blocks(text, decoder.scan_once):
@@ -382,7 +376,7 @@ def detect_details(
     the vendor's tool (GPU 0). A tool that fails or says nothing leaves its values out: these are
     information for the workload, never a reason to stop a job that has its GPUs."""
     details: dict[str, str] = {}
-    tool = which(TOOLS.get(vendor, ""), path) if vendor in TOOLS else None
+    tool = shutil.which(TOOLS.get(vendor, ""), path=path) if vendor in TOOLS else None
     if not tool:
         return details
     try:
@@ -562,7 +556,6 @@ def docker_gpu_args(
 
 def load_detected(text: str, source: str) -> dict[str, Any]:
     """A `gpus detect --json` / `gpus parse` document, or raw amd-smi output, from --detected."""
-    import json
 
     try:
         document = json.loads(text)

@@ -1,19 +1,16 @@
 """`slurm-multi gpus parse|detect|docker-args`: the click commands over slurm_multi.gpus (which has no
-click: every node's prepare detects its GPUs through it under `python -S`)."""
+click: every node's prepare detects its GPUs through it)."""
 
 from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 import click
 
 from slurm_multi.gpus import detect_gpus, docker_gpu_args, load_detected, parse_amdsmi, read_input
 from slurm_multi.logline import this_host
-
-TYPE_CHECKING = False  # (typing's own flag, without typing's import: ~10 ms of every start)
-if TYPE_CHECKING:
-    from typing import Any
 
 
 def _print_json(document: dict[str, Any]) -> None:

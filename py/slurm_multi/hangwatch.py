@@ -1,4 +1,4 @@
-"""The hang watch beside a node's workload, without click (`python -S -m slurm_multi.hangwatch …`).
+"""The hang watch beside a node's workload, without click (`python -m slurm_multi.hangwatch …`).
 
 A rank is hung when, for --timeout seconds after GO, its workload has printed no new output line
 AND its processes have used no CPU time. Both signals are needed: a rank that is quiet but
@@ -34,19 +34,16 @@ Exit: 0 the workload ended (or never started), 3 hung, 2 bad arguments.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any, NamedTuple
 
-from slurm_multi import jsontext, shell
+from slurm_multi import shell
 from slurm_multi.events import write_event
-from slurm_multi.record import record
 from slurm_multi.statusfile import has_status
-
-TYPE_CHECKING = False  # (typing's own flag, without typing's import: ~10 ms of every start)
-if TYPE_CHECKING:
-    from typing import Any
 
 EXIT_HUNG = 3
 CPU_BUSY_FRACTION = 0.02  # of one core, between two polls: below it, the processes are idle
@@ -440,8 +437,7 @@ def write_json(path: str, document: dict[str, Any]) -> None:
 CAUSE_FILE = "hang-cause.json"  # in the job dir: a cause's watch says it was found (its hold)
 
 
-@record
-class Peers:
+class Peers(NamedTuple):
     """The other ranks of the job, as a cause's hold reads them (`<job_dir>/node_<r>/`), and the
     cause's word to them (`<job_dir>/hang-cause.json`): a waiter then speaks at once instead of at
     its own timeout, which a CPU blip of its runtime may have pushed past the hold."""
@@ -465,7 +461,7 @@ class Peers:
         poll, which fails while no rank is hung."""
         try:
             with open(self.cause_file, encoding="utf-8") as handle:
-                record = jsontext.loads(handle.read())
+                record = json.loads(handle.read())
             other, detected = int(record["rank"]), float(record["detected_epoch"])
         except (OSError, ValueError, TypeError, KeyError, AttributeError):
             return None
@@ -481,7 +477,7 @@ class Peers:
             return True
         try:
             with open(os.path.join(node_dir, "progress.json"), encoding="utf-8") as handle:
-                record = jsontext.loads(handle.read())
+                record = json.loads(handle.read())
             moved = max(float(record["last_output_epoch"]), float(record["last_cpu_epoch"]))
         except (OSError, ValueError, TypeError, KeyError, AttributeError):
             return False
@@ -732,13 +728,13 @@ def _parser() -> Any:
 
     number = options.number_at_least(0)
     return options.Parser(
-        "python -S -m slurm_multi.hangwatch",
+        "python -m slurm_multi.hangwatch",
         "",
         """Watch one rank's workload for a hang (no output and no CPU for --timeout seconds).
 
     Give exactly one of --container, --pid, --step. The run stage starts it (lib/run.sh).
 
-    Example: python -S -m slurm_multi.hangwatch --container sm-57-r1 --timeout 900 \\
+    Example: python -m slurm_multi.hangwatch --container sm-57-r1 --timeout 900 \\
                --output node.log --node-dir node_1""",
         [
             options.Option("--container", help="docker container name (the docker runtime)"),

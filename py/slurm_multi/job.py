@@ -1,7 +1,7 @@
 """`slurm-multi job`: the batch step's click commands.
 
 `job plan` and `job watch` are passthroughs to slurm_multi.plan's and slurm_multi.watch's
-click-free `main` (the batch step runs them as `python -S -m slurm_multi.plan` and `.watch`: one
+click-free `main` (the batch step runs them as `python -m slurm_multi.plan` and `.watch`: one
 parser, one behaviour); `job mark-lost` is slurm_multi.watch's function behind click options.
 """
 

@@ -19,13 +19,9 @@ import re
 import shlex
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
+from typing import Any, NamedTuple
 
 from slurm_multi.common import usage_error
-from slurm_multi.record import record
-
-TYPE_CHECKING = False  # (typing's own flag, without typing's import: ~10 ms of every start)
-if TYPE_CHECKING:
-    from typing import Any
 
 AREA = "madengine"
 # Inside the container: madengine's workspace and the model's run directory (its cwd).
@@ -79,10 +75,8 @@ VENDOR_OPTIONS: dict[str, tuple[tuple[str, ...], ...]] = {
 _NO_SOURCES: Mapping[str, str] = MappingProxyType({})
 
 
-@record
-class Distributed:
-    """How the model's processes are laid out: the launcher and its numbers, resolved once.
-    (NamedTuples here, not dataclasses: their import costs the plan and every prepare ~12 ms.)"""
+class Distributed(NamedTuple):
+    """How the model's processes are laid out: the launcher and its numbers, resolved once."""
 
     launcher: str  # one of LAUNCHERS
     nnodes: int  # the job's nodes (the allocation's)
@@ -234,8 +228,7 @@ def hostfile_text(nodes: Sequence[str], nproc: int) -> str:
     return "".join(f"{node} slots={nproc}\n" for node in nodes)
 
 
-@record
-class NodeFacts:
+class NodeFacts(NamedTuple):
     """What the node task knows about itself when it prepares."""
 
     node_rank: int
@@ -298,8 +291,7 @@ def passed_by_name(env: Mapping[str, str], ours: Sequence[str]) -> list[str]:
 # ---- the model's script ------------------------------------------------------------------------
 
 
-@record
-class ModelScript:
+class ModelScript(NamedTuple):
     """A manifest model's script as madengine runs it."""
 
     host_dir: str | None  # the directory copied into the run directory (None: the script is in the image)

@@ -12,19 +12,16 @@ value contains. Secret values never reach stderr; in `--format json` (for displa
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import sys
 from collections.abc import Mapping
+from typing import Any
 
-from slurm_multi import jsontext
 from slurm_multi.common import usage_error
 from slurm_multi.madengine import ignored_fields
 from slurm_multi.secret_rule import MASK, is_secret_name, redact, secret_values
-
-TYPE_CHECKING = False  # (typing's own flag, without typing's import: ~10 ms of every start)
-if TYPE_CHECKING:
-    from typing import Any
 
 AREA = "manifest"
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -134,8 +131,8 @@ def load_manifest(path: str) -> dict[str, Any]:
             f"{AREA}: {printable(label)}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})"
         ) from None
     try:
-        manifest = jsontext.loads(text, object_pairs_hook=_reject_duplicate_keys)
-    except jsontext.JSONDecodeError as exc:
+        manifest = json.loads(text, object_pairs_hook=_reject_duplicate_keys)
+    except json.JSONDecodeError as exc:
         raise usage_error(
             f"{AREA}: {printable(label)}: not JSON (line {exc.lineno} column {exc.colno}: {exc.msg})"
         ) from None
@@ -227,9 +224,9 @@ def log_scan_values(values: Mapping[str, str]) -> dict[str, Any]:
     for name, _, field in LIST_FIELDS:
         text = values.get(name)
         try:
-            items = jsontext.loads(text) if text else []
+            items = json.loads(text) if text else []
             _check_text_list(items, field)
-        except (jsontext.JSONDecodeError, ShapeError, RecursionError) as exc:
+        except (json.JSONDecodeError, ShapeError, RecursionError) as exc:
             why = str(exc) if isinstance(exc, ShapeError) else "not a JSON list of strings"
             raise usage_error(f"{AREA}: {name} ({field}): {why}; unset it to use the manifest's") from None
         result[field] = items
@@ -376,7 +373,7 @@ def _field(sections: Mapping[str, Mapping[str, Any]], section: str, key: str) ->
 
 def _list_field(sections: Mapping[str, Mapping[str, Any]], section: str, key: str) -> str | None:
     value = sections[section].get(key)
-    return None if value is None else jsontext.dumps(list(value), ensure_ascii=False)
+    return None if value is None else json.dumps(list(value), ensure_ascii=False)
 
 
 def restore_context(manifest: Mapping[str, Any], model: str | None, env: Mapping[str, str]) -> dict[str, Any]:
@@ -602,7 +599,7 @@ def render_json(resolved: Mapping[str, Any], source: str, env: Mapping[str, str]
         "skipped_set": resolved["skipped_set"],
         "warnings": resolved["warnings"],
     }
-    return jsontext.dumps(document, indent=2, ensure_ascii=False) + "\n"
+    return json.dumps(document, indent=2, ensure_ascii=False) + "\n"
 
 
 __all__ = [

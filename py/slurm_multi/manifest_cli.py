@@ -1,5 +1,5 @@
 """`slurm-multi manifest restore`: the click command over slurm_multi.manifest (which has no click:
-every node's prepare reads the manifest through it under `python -S`)."""
+every node's prepare reads the manifest through it)."""
 
 from __future__ import annotations
 

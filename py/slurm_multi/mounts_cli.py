@@ -1,5 +1,5 @@
 """`slurm-multi mounts dedup`: the click command over slurm_multi.mounts (which has no click: every
-node's prepare de-duplicates its mounts through it under `python -S`)."""
+node's prepare de-duplicates its mounts through it)."""
 
 from __future__ import annotations
 

@@ -17,11 +17,12 @@ for minutes, the relay's links stream and have a stall timer in front of keepali
 from __future__ import annotations
 
 import errno
+import ipaddress
 import socket
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 from slurm_multi.common import HelperError, usage_error
-from slurm_multi.record import record
 
 LOCAL_RANGE_PATH = "/proc/sys/net/ipv4/ip_local_port_range"
 ROUTE_PATH = "/proc/net/route"
@@ -123,44 +124,39 @@ def candidate_ports(
 # Addresses
 
 
-def _ipv4_bytes(text: str) -> bytes | None:
-    """The 4 bytes of a dotted-quad IPv4 literal, None for anything else. inet_pton's rule is
-    ipaddress.IPv4Address's (4 decimal octets, no leading zero), without importing ipaddress where
-    the fitness check and the barrier start."""
+def _ipv4(text: str) -> ipaddress.IPv4Address | None:
+    """The IPv4 literal `text` is (4 decimal octets), None for anything else."""
     try:
-        return socket.inet_pton(socket.AF_INET, text)
-    except (OSError, ValueError):
+        return ipaddress.IPv4Address(text)
+    except ValueError:
         return None
 
 
 def _is_loopback(address: str) -> bool:
-    packed = _ipv4_bytes(address)
-    return packed is not None and packed[0] == 127  # 127.0.0.0/8
+    found = _ipv4(address)
+    return found is not None and found.is_loopback  # 127.0.0.0/8
 
 
 def _is_ipv4_literal(host: str) -> bool:
-    return _ipv4_bytes(host) is not None
-
-
-def wire_host(host: str) -> str | bytes:
-    """`host` as getaddrinfo (and create_connection) should get it: an ASCII name as bytes. Given a
-    str, CPython encodes it with the `idna` codec, whose first use imports encodings.idna,
-    stringprep, unicodedata and re: ~5 ms of CPU in every helper that dials a peer. For an ASCII
-    name the codec's answer is these bytes; a name the codec would refuse (an empty or a 64-byte
-    label) is then the resolver's OSError, as any other name it cannot resolve."""
-    return host.encode("ascii") if host.isascii() else host
+    return _ipv4(host) is not None
 
 
 def dial_once(address: str, port: int, left: float) -> socket.socket:
     """One TCP connection attempt to a peer's address and port (the barrier's and the relay's dial),
     given at most ATTEMPT_TIMEOUT and never more than the `left` seconds of its caller's deadline;
     OSError when it fails (the caller describes it and tries the next address or port)."""
-    return socket.create_connection((wire_host(address), port), timeout=min(ATTEMPT_TIMEOUT, left))
+    try:
+        return socket.create_connection((address, port), timeout=min(ATTEMPT_TIMEOUT, left))
+    except UnicodeError as exc:  # a name the idna codec refuses ("a..b"): as any unresolvable name
+        raise OSError(errno.EINVAL, f"bad host name {address!r} ({exc})") from None
 
 
 def resolve_ipv4(host: str) -> list[str]:
     """IPv4 addresses of `host` in resolver order (the barrier listens on IPv4 only)."""
-    infos = socket.getaddrinfo(wire_host(host), None, socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        infos = socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_STREAM)
+    except UnicodeError as exc:  # a name the idna codec refuses ("a..b"): as any unresolvable name
+        raise OSError(errno.EINVAL, f"bad host name {host!r} ({exc})") from None
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
@@ -224,13 +220,11 @@ def self_name_quirk(host: str) -> str:
     """Why `host`'s first address is one peers cannot reach (Debian's 127.0.1.1 line, an fe80::
     address first), or "" when it is fine. gloo and NCCL advertise that first address."""
     try:
-        infos = socket.getaddrinfo(wire_host(host), None, 0, socket.SOCK_STREAM)
+        infos = socket.getaddrinfo(host, None, 0, socket.SOCK_STREAM)
     except OSError:
         return ""
     if not infos:
         return ""
-    import ipaddress  # prepare's question only (IPv6 too)
-
     first = ipaddress.ip_address(str(infos[0][4][0]).split("%")[0])
     if first.is_loopback or first.is_link_local:
         kind = "loopback" if first.is_loopback else "link-local"
@@ -261,8 +255,7 @@ def bind_first_free(
     return None, busy
 
 
-@record
-class BindChoice:
+class BindChoice(NamedTuple):
     address: str
     why: str  # empty when `host` resolved to a routable address directly
 
@@ -310,8 +303,7 @@ def connect_addresses(host: str) -> list[str]:
 # Socket options and messages
 
 
-@record
-class Keepalive:
+class Keepalive(NamedTuple):
     """TCP keepalive timings (seconds, probes): a peer that vanishes without a FIN (a node powered
     off) is dropped after about idle + interval * probes seconds of silence."""
 

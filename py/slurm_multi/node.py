@@ -2,7 +2,7 @@
 slurm_multi.node_cli; status.json: slurm_multi.statusfile).
 
 `slurm-multi node prepare` is the node's one look at its settings, its GPUs and the manifest, in one
-Python start (every task runs it first, as `python -S -m slurm_multi.node prepare ...`: no click; the
+Python start (every task runs it first, as `python -m slurm_multi.node prepare ...`: no click; the
 click command is a passthrough to the same `prepare_main`): it detects the GPUs, resolves the run
 context, checks that the GPUs asked for are here (what the node detects wins; asking for more is an
 error naming both lists), de-duplicates the mounts (our /sm-out first: results are never displaced),
@@ -20,20 +20,18 @@ Any failure is one line on stderr and a non-zero exit, and then nothing is sourc
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sys
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from slurm_multi import argv as options
-from slurm_multi import jsontext, shell
+from slurm_multi import shell
 from slurm_multi.common import HelperError, run_main, talk, usage_error
 from slurm_multi.context import RunContext, resolve
 from slurm_multi.secret_rule import MASK, is_secret_name
-
-TYPE_CHECKING = False  # (typing's own flag, without typing's import: ~10 ms of every start)
-if TYPE_CHECKING:
-    from typing import Any
 
 AREA = "prepare"
 SM_OUT_MOUNT = "/sm-out"
@@ -514,7 +512,7 @@ def reachable_self_address(ctx: Any, env: Mapping[str, str], host: str) -> None:
 def _read_json(path: str, what: str) -> dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as handle:
-            data = jsontext.loads(handle.read())
+            data = json.loads(handle.read())
     except OSError as exc:
         raise usage_error(f"node from-job: cannot read {what} {path}: {exc.strerror}") from None
     except ValueError as exc:
@@ -587,7 +585,7 @@ def from_job(jobdir: str, rank: int, env: Mapping[str, str]) -> str:
     )
 
 
-# ---- `python -S -m slurm_multi.node prepare` = `slurm-multi node prepare` ------------------------
+# ---- `python -m slurm_multi.node prepare` = `slurm-multi node prepare` ------------------------
 
 PREPARE = options.Parser(
     "slurm-multi node prepare",
@@ -619,7 +617,7 @@ def _prepare_main(argv: Sequence[str]) -> int:
 
 
 def main(argv: Sequence[str]) -> int:
-    """`python -S -m slurm_multi.node prepare ...` (the only click-free node command)."""
+    """`python -m slurm_multi.node prepare ...` (the only click-free node command)."""
     if argv and argv[0] == "prepare":
         return prepare_main(argv[1:])
     return run_main(_usage, argv)
@@ -628,7 +626,7 @@ def main(argv: Sequence[str]) -> int:
 def _usage(argv: Sequence[str]) -> int:
     raise usage_error(
         f"node: {'no such command ' + repr(argv[0]) if argv else 'no command'}; "
-        "usage: python -S -m slurm_multi.node prepare --scratch DIR [--no-detect] [--node-scratch DIR] "
+        "usage: python -m slurm_multi.node prepare --scratch DIR [--no-detect] [--node-scratch DIR] "
         "[-- CMD...]"
     )
 

@@ -1,7 +1,7 @@
 """`slurm-multi node`: a node's click commands (the library is slurm_multi.node).
 
 `node prepare` is a passthrough to slurm_multi.node's click-free `prepare_main` (every task runs it as
-`python -S -m slurm_multi.node prepare`: one parser, one behaviour); `node status` writes status.json
+`python -m slurm_multi.node prepare`: one parser, one behaviour); `node status` writes status.json
 through slurm_multi.statusfile (whose click-free entry the tasks run); `node from-job` restores a
 finished job's settings for one rank.
 """

@@ -1,7 +1,7 @@
 """The batch step's one look at the settings and the manifest: validate, place the job dir, write job.json.
 
 `slurm-multi job plan` runs once per job, before any srun (and once for `--dry-run`), as
-`python -S -m slurm_multi.plan ...` (no click: it is on every job's critical path; `slurm-multi job
+`python -m slurm_multi.plan ...` (no click: it is on every job's critical path; `slurm-multi job
 plan` is the same `main`). A manifest that is not JSON, lacks a section, names no such model (or an
 ambiguous one) or has a value of the wrong type fails here with one line naming the file, the key
 and what was expected, exit 2, so no node ever starts on it. On success it prints bash
@@ -16,6 +16,7 @@ import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from slurm_multi import argv as options
 from slurm_multi import shell
@@ -29,10 +30,6 @@ from slurm_multi.context import (
     safe_component,
 )
 from slurm_multi.secret_rule import MASK, is_secret_name, redact, secret_values
-
-TYPE_CHECKING = False  # (typing's own flag, without typing's import: ~10 ms of every start)
-if TYPE_CHECKING:
-    from typing import Any
 
 AREA = "job"
 
@@ -246,7 +243,7 @@ def _redact_tree(value: Any, secrets: Sequence[str]) -> Any:
     return value
 
 
-# ---- the command: `python -S -m slurm_multi.plan` = `slurm-multi job plan` -------------------------
+# ---- the command: `python -m slurm_multi.plan` = `slurm-multi job plan` -------------------------
 
 PARSER = options.Parser(
     "slurm-multi job plan",
@@ -274,7 +271,7 @@ PARSER = options.Parser(
 
 
 def main(argv: Sequence[str]) -> int:
-    """`python -S -m slurm_multi.plan [OPTIONS] [-- ARGS...]` (and `slurm-multi job plan`)."""
+    """`python -m slurm_multi.plan [OPTIONS] [-- ARGS...]` (and `slurm-multi job plan`)."""
     return run_main(_main, argv)
 
 

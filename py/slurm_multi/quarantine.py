@@ -44,8 +44,8 @@ that), quarantine.json is written 0644.
 
 Click-free for the batch step, which runs it on every job (stdlib only):
 
-    python -S -m slurm_multi.quarantine check --state-dir DIR --nodes "node1 node2 node3"
-    python -S -m slurm_multi.quarantine add --state-dir DIR --reason TEXT [--job ID] [--hours H] NODE...
+    python -m slurm_multi.quarantine check --state-dir DIR --nodes "node1 node2 node3"
+    python -m slurm_multi.quarantine add --state-dir DIR --reason TEXT [--job ID] [--hours H] NODE...
 
 `check` prints `<node>\\t<reason>\\t<job>\\t<expires ISO>` for each quarantined node of the list
 (nothing: none) and exits 0. `add` prints nothing. `--state-dir` defaults to $SM_STATE_DIR, `--job`
@@ -66,12 +66,9 @@ import re
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from slurm_multi import EXIT_FAILURE, EXIT_USAGE, shell
-
-TYPE_CHECKING = False  # (typing's own flag, without typing's import: ~10 ms of every start)
-if TYPE_CHECKING:
-    from typing import Any
 
 AREA = "quarantine"
 FILE_NAME = "quarantine.json"
@@ -585,11 +582,11 @@ def remove_all(
     return removed, moved
 
 
-# ---- python -S -m slurm_multi.quarantine (the batch step) -------------------------------------
+# ---- python -m slurm_multi.quarantine (the batch step) -------------------------------------
 
 USAGE = (
-    "usage: python -S -m slurm_multi.quarantine check [--state-dir DIR] --nodes 'NODE NODE...'\n"
-    "       python -S -m slurm_multi.quarantine add [--state-dir DIR] --reason TEXT [--job ID] "
+    "usage: python -m slurm_multi.quarantine check [--state-dir DIR] --nodes 'NODE NODE...'\n"
+    "       python -m slurm_multi.quarantine add [--state-dir DIR] --reason TEXT [--job ID] "
     "[--hours H] [--lock-timeout SECONDS] NODE...\n"
     f"--state-dir defaults to ${STATE_DIR_ENV}, --job to $SLURM_JOB_ID or {MANUAL_JOB}, --hours to "
     f"{DEFAULT_HOURS:g}, --lock-timeout to {LOCK_TIMEOUT_S:g}.\n"
@@ -821,7 +818,7 @@ def _click_cli() -> Any:
 
 def __getattr__(name: str) -> Any:
     # `slurm_multi.quarantine:cli` (cli.py) builds the click group on first use, so that the batch
-    # step's `python -S -m slurm_multi.quarantine check` never imports click (it has none there).
+    # step's `python -m slurm_multi.quarantine check` never imports click (it has none there).
     if name == "cli":
         globals()["cli"] = command = _click_cli()
         return command

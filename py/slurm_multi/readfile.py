@@ -11,21 +11,17 @@ instead of hanging the reader.
 
 `read_json` is json.load of the file opened as UTF-8 text, with the same outcome: a file that is
 not UTF-8 is read again through the text layer so that the error is worded as before, and line ends
-are translated as universal newlines translate them (by slurm_multi.jsontext, json's own reader
-without json's import). Imported by statusfile on a node's hot path: jsontext and os only.
+are translated as universal newlines translate them.
 """
 
 from __future__ import annotations
 
+import json
 import os
+from typing import Any, Union
 
-from slurm_multi import jsontext
+PathLike = Union[str, "os.PathLike[str]"]
 
-TYPE_CHECKING = False  # (typing's own flag, without typing's import: ~10 ms of every start)
-if TYPE_CHECKING:
-    from typing import Any, Union
-
-    PathLike = Union[str, "os.PathLike[str]"]
 
 BLOCK = 64 * 1024  # past ~128 KiB a read's buffer is an mmap (~15 us): small reads, joined
 
@@ -57,7 +53,7 @@ def read_json(path: PathLike) -> Any:
         text = data.decode("utf-8")
     except UnicodeDecodeError:  # let the text layer raise (and word) it, as json.load of it does
         with open(path, encoding="utf-8") as handle:
-            return jsontext.loads(handle.read())
+            return json.loads(handle.read())
     if "\r" in text:  # what reading in text mode (universal newlines) does to line ends
         text = text.replace("\r\n", "\n").replace("\r", "\n")
-    return jsontext.loads(text)
+    return json.loads(text)

@@ -14,7 +14,7 @@ wait either.
 
 `Settler` holds that logic and is fed (path -> size) snapshots and a clock, so it is tested without
 sleeping; `Baseline` is the snapshot taken before the job; `wait_for_reports` is the polling loop
-around both. No click here (collect reads a profiled job's report states under `python -S`): the
+around both. No click here (collect reads a profiled job's report states): the
 click group (`wait`, `snapshot`, `count`) is slurm_multi.reports_cli.
 """
 

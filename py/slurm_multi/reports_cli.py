@@ -1,5 +1,5 @@
 """`slurm-multi reports wait|snapshot|count`: the click commands over slurm_multi.reports (which has no
-click: collect reads a profiled job's report states through it under `python -S`)."""
+click: collect reads a profiled job's report states through it)."""
 
 from __future__ import annotations
 

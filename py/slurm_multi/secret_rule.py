@@ -1,23 +1,21 @@
 """The one secret rule, and the log filter that applies it, without click.
 
 Every log filter of a job (the batch step's and each node's) runs this module directly
-(`python -S -m slurm_multi.secret_rule [--secrets-file F]`, ~10 ms to start instead of ~50 ms with
+(`python -m slurm_multi.secret_rule [--secrets-file F]`, ~10 ms to start instead of ~50 ms with
 click); `slurm-multi redact` is the same filter behind the CLI. Bash never decides what is secret:
 the helpers do, with is_secret_name below.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import io
 import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
+from typing import BinaryIO
 
-TYPE_CHECKING = False  # (typing's own flag, without typing's import)
-if TYPE_CHECKING:
-    from typing import BinaryIO
-
-# Shell-style patterns of `*` and literal text only (glob_match's rule: no `?`, no `[...]`).
+# Shell-style patterns (fnmatch), matched against the upper-cased name.
 SECRET_NAME_PATTERNS = ("*TOKEN*", "*SECRET*", "*PASSWORD*", "*PASSWD*", "MAD_SECRETS*", "*API_KEY*")
 MASK = "***"
 MIN_SECRET_LEN = 4  # shorter values would redact ordinary words
@@ -27,43 +25,12 @@ def is_secret_name(name: str) -> bool:
     known = _SECRET_NAMES.get(name)
     if known is None:
         upper = name.upper()
-        known = any(_match_parts(upper, parts) for parts in _SECRET_PARTS)
+        known = any(fnmatch.fnmatchcase(upper, pattern) for pattern in SECRET_NAME_PATTERNS)
         if len(_SECRET_NAMES) < MAX_KNOWN_NAMES:
             _SECRET_NAMES[name] = known
     return known
 
 
-def glob_match(text: str, pattern: str) -> bool:
-    """fnmatch.fnmatchcase(text, pattern) for a pattern of `*` and literal text, without fnmatch and
-    the regular expressions it compiles (every log filter of a job imports this module as it starts,
-    on cores the node's start shares): the literal parts in order, the first at the start, the last
-    at the end."""
-    return _match_parts(text, _parts(pattern))
-
-
-def _parts(pattern: str) -> tuple[str, ...]:
-    """A pattern's literal parts: (pattern,) without a `*`; else first, middle..., last."""
-    return tuple(pattern.split("*"))
-
-
-def _match_parts(text: str, parts: tuple[str, ...]) -> bool:
-    if len(parts) == 1:
-        return text == parts[0]
-    first, last = parts[0], parts[-1]
-    if len(text) < len(first) + len(last) or not text.startswith(first) or not text.endswith(last):
-        return False
-    at, end = len(first), len(text) - len(last)
-    for part in parts[1:-1]:
-        found = text.find(part, at, end)
-        if found < 0:
-            return False
-        at = found + len(part)
-    return True
-
-
-# The table's patterns split once; a name's answer once per process (the plan asks ~200 times for
-# a few dozen names, the environment's and the settings').
-_SECRET_PARTS = tuple(_parts(pattern) for pattern in SECRET_NAME_PATTERNS)
 _SECRET_NAMES: dict[str, bool] = {}
 MAX_KNOWN_NAMES = 4096
 
@@ -133,9 +100,7 @@ def main(argv: Sequence[str]) -> int:
     if args[:1] == ["--secrets-file"] and len(args) == 2:
         secrets_file = args[1]
     elif args:
-        print(
-            "slurm-multi: usage: python -S -m slurm_multi.secret_rule [--secrets-file FILE]", file=sys.stderr
-        )
+        print("slurm-multi: usage: python -m slurm_multi.secret_rule [--secrets-file FILE]", file=sys.stderr)
         return 2
     try:
         filter_stdio(os.environ, secrets_file)

@@ -7,7 +7,7 @@ the default), validates every value (the profiling checks included) with one lin
 the user typed, and emits the resolved values for bash to export to every node. `--help`, the dry
 run's settings, docs/options.md and job.json come from this table; tests check README.md against it.
 
-Click-free: `python -S -m slurm_multi.settings env` resolves the environment alone (a stage re-run
+Click-free: `python -m slurm_multi.settings env` resolves the environment alone (a stage re-run
 by hand on a node), fast.
 """
 
@@ -18,8 +18,7 @@ import re
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
-
-from slurm_multi.record import record
+from typing import NamedTuple
 
 # Exit status of a usage error (slurm_multi.EXIT_USAGE; not imported: this module starts with -S).
 EXIT_USAGE = 2
@@ -29,8 +28,7 @@ class SettingsError(Exception):
     """A value the user gave that cannot work: one line, exit 2."""
 
 
-@record
-class Setting:
+class Setting(NamedTuple):
     """One setting (a NamedTuple, not a dataclass: dataclasses cost the plan ~12 ms of imports)."""
 
     name: str  # SM_*
@@ -646,7 +644,7 @@ def env_exports(r: Resolved) -> str:
 
 
 def main(argv: Sequence[str]) -> int:
-    """`python -S -m slurm_multi.settings env FILE`: resolve the environment alone (a node stage run
+    """`python -m slurm_multi.settings env FILE`: resolve the environment alone (a node stage run
     by hand), validated, into FILE as bash to source. `markdown [--core]`: the option table."""
     try:
         if len(argv) == 2 and argv[0] == "env":
@@ -664,7 +662,7 @@ def main(argv: Sequence[str]) -> int:
     except SettingsError as exc:
         print(f"slurm-multi: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    print("usage: python -S -m slurm_multi.settings env FILE | markdown [--core]", file=sys.stderr)
+    print("usage: python -m slurm_multi.settings env FILE | markdown [--core]", file=sys.stderr)
     return EXIT_USAGE
 
 

@@ -8,14 +8,12 @@ empty, successful context.
 from __future__ import annotations
 
 import errno
+import json
 import os
+import shlex
 import stat
+import tempfile
 from collections.abc import Iterable, Mapping
-
-from slurm_multi import jsontext
-
-# shlex (and the `re` it imports, ~9 ms of CPU) only where bash text is written: the helpers that
-# write JSON through this module alone (the fitness check, the hang watch) start without them.
 
 
 def _check_name(name: str) -> str:
@@ -26,16 +24,12 @@ def _check_name(name: str) -> str:
 
 def scalar(name: str, value: str, export: bool = False) -> str:
     """`declare -g[x] NAME=VALUE` (global, so sourcing inside a function still sets it)."""
-    from shlex import quote
-
-    return f"declare -g{'x' if export else ''} {_check_name(name)}={quote(value)}"
+    return f"declare -g{'x' if export else ''} {_check_name(name)}={shlex.quote(value)}"
 
 
 def array(name: str, values: Iterable[str]) -> str:
     """`declare -ga NAME=(…)`."""
-    from shlex import quote
-
-    words = " ".join(quote(value) for value in values)
+    words = " ".join(shlex.quote(value) for value in values)
     return f"declare -ga {_check_name(name)}=({words})"
 
 
@@ -60,9 +54,9 @@ def write_atomic(
     through: bool = True,
 ) -> None:
     """Write `text` to `path` atomically: a sibling temp file, then a rename. A reader sees the old
-    file or the new one. The temp file is made as mkstemp makes one (O_CREAT|O_EXCL|O_NOFOLLOW, a
-    random name, 0600 while written; without importing tempfile on the nodes' hot path): a name
-    another user planted, or a symlink, can never redirect the write. The one atomic writer of the
+    file or the new one. The temp file is tempfile.mkstemp's (O_CREAT|O_EXCL|O_NOFOLLOW, a random
+    name, 0600 while written): a name another user planted, or a symlink, can never redirect the
+    write. The one atomic writer of the
     project (results.shared.write_atomic words its errors for collect).
 
     text: UTF-8 (surrogates written back as the bytes they stand for); bytes as they are.
@@ -89,21 +83,14 @@ def write_atomic(
             os.close(fd)
         return
     directory = os.path.dirname(path) or "."
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    for _ in range(100):
-        tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.urandom(6).hex()}.tmp")
-        try:
-            fd = os.open(tmp, flags, 0o600 if mode is not None else 0o666)
-            break
-        except FileExistsError:
-            continue
-    else:
-        raise FileExistsError(f"no free temp name beside {path}")
+    # mkstemp: O_CREAT|O_EXCL|O_NOFOLLOW, a random name, 0600 while written.
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    if mode is None:
+        mode = 0o666 & ~_umask()
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
-            if mode is not None:
-                os.fchmod(handle.fileno(), mode)  # whatever the umask
+            os.fchmod(handle.fileno(), mode)  # whatever the umask
             if durable:
                 handle.flush()
                 os.fsync(handle.fileno())
@@ -114,6 +101,18 @@ def write_atomic(
         except OSError:
             pass
         raise
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it (os.umask sets it: not safe beside threads)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
 
 
 def _is_stream(path: str) -> bool:
@@ -137,4 +136,4 @@ def write_private(path: str, text: str) -> None:
 def write_json(path: str, document: object) -> None:
     """Write a JSON document atomically, mode 0644."""
 
-    write_atomic(path, jsontext.dumps(document, indent=2, ensure_ascii=False) + "\n")
+    write_atomic(path, json.dumps(document, indent=2, ensure_ascii=False) + "\n")

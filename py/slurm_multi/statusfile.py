@@ -1,12 +1,12 @@
 """A node's status.json, the verdict's input: written and read here, nowhere else.
 
 The one helper at the end of every node task writes it, so this module starts without click
-(`python -S -m slurm_multi.statusfile …`, ~10 ms instead of ~50 ms on a node's hot path).
+(`python -m slurm_multi.statusfile …`, ~10 ms instead of ~50 ms on a node's hot path).
 `slurm-multi node status` is the same function behind the click CLI; the batch step's watch writes
 a "lost" status for the ranks of a dead node with it; collect, the watch, the hang watch, the
 events' progress line and `node from-job` read it with `read_status` / `has_status`.
 
-    python -S -m slurm_multi.statusfile FILE RANK NODE EXIT_CODE REASON IMAGE_ID TERMINATED STAGE…
+    python -m slurm_multi.statusfile FILE RANK NODE EXIT_CODE REASON IMAGE_ID TERMINATED STAGE…
 
 STAGE is NAME:SECONDS:STATUS[:EXIT]; TERMINATED is 0 or 1. Exit 0 written, 2 bad arguments, 1 I/O.
 
@@ -25,12 +25,9 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from slurm_multi.readfile import read_json
-
-TYPE_CHECKING = False  # (typing's own flag, without typing's import: ~10 ms of every start)
-if TYPE_CHECKING:
-    from typing import Any
 
 STATUS_FILE = "status.json"  # in the node dir, JOBDIR/node_<rank>/
 
@@ -46,7 +43,7 @@ SECONDS = "seconds"
 STAGE_STATUS = "status"
 
 
-USAGE = "python -S -m slurm_multi.statusfile FILE RANK NODE EXIT_CODE REASON IMAGE_ID TERMINATED STAGE…"
+USAGE = "python -m slurm_multi.statusfile FILE RANK NODE EXIT_CODE REASON IMAGE_ID TERMINATED STAGE…"
 
 
 class StatusError(ValueError):

@@ -1,7 +1,7 @@
 """A helper started before its moment: its interpreter and imports are paid while the job runs, its
 work when bash hands it its arguments.
 
-    python -S -m slurm_multi.warm MODULE
+    python -m slurm_multi.warm MODULE
     stdin: an empty line (wake: import MODULE now), then "<N>\n" and MODULE's N words, each
            NUL-terminated (run it)
 
@@ -9,7 +9,7 @@ bash starts it on a pipe (`util::warm_start`); the wake comes at once, or from w
 the busy moment is over (the batch step's watch, once every rank runs its workload: the imports
 then do not compete with the nodes' start). When its moment comes, bash writes the argv
 (`util::warm_run`); the exit status is then `MODULE.main(argv)`'s, exactly as
-`python -S -m slurm_multi.MODULE ARGV...` would have ended. The words a helper logs and pastes back
+`python -m slurm_multi.MODULE ARGV...` would have ended. The words a helper logs and pastes back
 are that command's: this module only moves its start. An argv without a wake before it imports
 first, as a cold start would. The count says where the argv ends, so the helper never waits for an
 end of file that a background process which inherited the pipe could hold back.
@@ -77,7 +77,7 @@ def read_argv(fd: int, data: bytes = b"") -> list[str] | None:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1 or argv[0] not in WARM_MODULES:
-        usage = f"python -S -m slurm_multi.warm {{{','.join(WARM_MODULES)}}}"
+        usage = f"python -m slurm_multi.warm {{{','.join(WARM_MODULES)}}}"
         print(f"slurm-multi: warm: usage: {usage}", file=sys.stderr)
         return EXIT_USAGE
     try:

@@ -1,5 +1,5 @@
 """The batch step's watch over its node tasks, without click or argparse (it starts beside every
-job's srun, while the nodes start: `python -S -m slurm_multi.watch …`). `slurm-multi job watch` is
+job's srun, while the nodes start: `python -m slurm_multi.watch …`). `slurm-multi job watch` is
 a passthrough to this `main` (one parser); `job mark-lost` is `mark_lost` behind click.
 
 It reads what the nodes write (status.json, their stage events) and what Slurm says of the nodes
@@ -255,7 +255,7 @@ PARSER = options.Parser(
 
 
 def main(argv: Sequence[str]) -> int:
-    """`python -S -m slurm_multi.watch OPTIONS` (= `slurm-multi job watch`)."""
+    """`python -m slurm_multi.watch OPTIONS` (= `slurm-multi job watch`)."""
     return run_main(_main, argv)
 
 

@@ -39,10 +39,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from slurm_multi import auth
 from slurm_multi.common import usage_error
-from slurm_multi.record import record
 from slurm_multi.words import is_cache_seen, is_held_id, is_image_id, is_rank, is_token
 
 MAX_LINE = 256  # bytes per protocol line, newline included
@@ -67,8 +67,7 @@ class ProtocolError(ValueError):
     """A line that breaks the protocol; str() is the short reason sent back as `ERR <reason>`."""
 
 
-@record
-class Message:
+class Message(NamedTuple):
     """A parsed request line (immutable: a NamedTuple, not a dataclass, which costs every helper
     that speaks the protocol ~12 ms of imports)."""
 
@@ -82,8 +81,7 @@ class Message:
     cache: str = ""  # an image READY's: the 16 hex digits of the cache tar's image ID it sees, if any
 
 
-@record
-class Reply:
+class Reply(NamedTuple):
     """A parsed reply line."""
 
     kind: str  # GO | ABORT | ERR | OK | WAIT

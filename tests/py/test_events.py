@@ -72,10 +72,10 @@ def test_the_watch_and_the_demo_read_the_same_stages(tmp_path: Path):
         (tmp_path / f"node_{rank}" / "events.log").write_text(event("stage_start", stage=stage))
     assert watch.node_stage is events.node_stage
     env = dict(os.environ, PYTHONPATH=str(Path(events.__file__).parents[1]))
-    done = subprocess.run([sys.executable, "-S", "-m", "slurm_multi.events", "stages", str(tmp_path), "3"],
+    done = subprocess.run([sys.executable, "-m", "slurm_multi.events", "stages", str(tmp_path), "3"],
                           capture_output=True, text=True, env=env, check=False)  # fmt: skip
     assert (done.returncode, done.stdout) == (0, "node_0=barrier node_1=image node_2=starting\n")
-    bad = subprocess.run([sys.executable, "-S", "-m", "slurm_multi.events", "stages", str(tmp_path)],
+    bad = subprocess.run([sys.executable, "-m", "slurm_multi.events", "stages", str(tmp_path)],
                          capture_output=True, text=True, env=env, check=False)  # fmt: skip
     assert bad.returncode == 2 and bad.stderr.startswith("usage:")
 

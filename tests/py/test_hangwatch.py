@@ -170,15 +170,15 @@ def test_the_module_runs_without_click_and_refuses_bad_arguments(tmp_path: Path)
     env = {"PYTHONPATH": str(REPO / "py"), "PATH": os.environ["PATH"]}
     code = "import sys; from slurm_multi import hangwatch; "
     code += "assert not {'click', 'dataclasses', 'argparse'} & set(sys.modules), sys.modules.keys()"
-    assert subprocess.run([sys.executable, "-S", "-c", code], env=env, check=False).returncode == 0
+    assert subprocess.run([sys.executable, "-c", code], env=env, check=False).returncode == 0
     proc = subprocess.run(
-        [sys.executable, "-S", "-m", "slurm_multi.hangwatch", "--pid", "1", "--timeout", "0", "--output", "x",
+        [sys.executable, "-m", "slurm_multi.hangwatch", "--pid", "1", "--timeout", "0", "--output", "x",
          "--node-dir", str(tmp_path)],
         env=env, capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert proc.returncode == 2 and "must be positive" in proc.stderr and "Traceback" not in proc.stderr
     proc = subprocess.run(
-        [sys.executable, "-S", "-m", "slurm_multi.hangwatch", "--timeout", "5"],
+        [sys.executable, "-m", "slurm_multi.hangwatch", "--timeout", "5"],
         env=env, capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
@@ -524,7 +524,7 @@ def test_a_pyxis_rank_that_computes_quietly_is_not_hung_and_its_end_ends_the_wat
 
 def test_step_must_be_job_dot_step(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-S", "-m", "slurm_multi.hangwatch", "--step", "sm-rank0", "--timeout", "5",
+        [sys.executable, "-m", "slurm_multi.hangwatch", "--step", "sm-rank0", "--timeout", "5",
          "--output", str(tmp_path / "log"), "--node-dir", str(tmp_path)],
         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO / "py")}, check=False,
     )  # fmt: skip
@@ -538,7 +538,7 @@ def test_sigterm_from_the_run_stage_ends_the_watch_quietly_with_exit_0(tmp_path:
     workload = subprocess.Popen(["sleep", "60"])
     try:
         watch = subprocess.Popen(
-            [sys.executable, "-S", "-m", "slurm_multi.hangwatch", "--pid", str(workload.pid),
+            [sys.executable, "-m", "slurm_multi.hangwatch", "--pid", str(workload.pid),
              "--timeout", "60", "--output", str(tmp_path / "log"), "--node-dir", str(tmp_path),
              "--poll", "0.1", "--progress-every", "0.1"],
             env={**os.environ, "PYTHONPATH": str(REPO / "py")}, stderr=subprocess.PIPE, text=True,

@@ -520,13 +520,13 @@ def test_the_status_writer_runs_without_click_and_refuses_bad_stages(tmp_path: P
     code += "assert 'click' not in sys.modules; sys.exit(rc)"
     args = [str(path), "0", "node1", "143", "terminated by a signal", "sha256:ab", "1", "run:1.5:failed:143"]
     env = {"PYTHONPATH": str(REPO / "py"), "PATH": os.environ["PATH"]}
-    proc = subprocess.run([sys.executable, "-S", "-c", code, *args], env=env, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(path.read_text())
     assert doc["status"] == "failed" and doc["exit_code"] == 143
     assert doc["stages"] == {"run": {"seconds": 1.5, "status": "failed", "exit_code": 143}}
     proc = subprocess.run(
-        [sys.executable, "-S", "-c", code, *args[:-1], "run"], env=env, capture_output=True, text=True
+        [sys.executable, "-c", code, *args[:-1], "run"], env=env, capture_output=True, text=True
     )
     assert proc.returncode == 2 and "expected NAME:SECONDS:STATUS" in proc.stderr
 

@@ -113,7 +113,7 @@ def _quarantine_plan(tmp_path: Path, state: Path, *more: str) -> tuple[int, list
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SM_", "SLURM_", "MAD_"))}
     env.update(PYTHONPATH=str(ROOT / "py"), SLURM_JOB_ID="4711")
     proc = subprocess.run(
-        [sys.executable, "-S", "-m", "slurm_multi.plan", "--batch-args", "--emit", str(emit), "--submit-dir",
+        [sys.executable, "-m", "slurm_multi.plan", "--batch-args", "--emit", str(emit), "--submit-dir",
          str(tmp_path), "--nodes", "node1 node2 node3", "--", "--image", "x", "--state-dir", str(state),
          "--out", str(tmp_path / "out"), *more],
         env=env, capture_output=True, text=True, cwd=tmp_path,
@@ -135,9 +135,9 @@ def test_the_plan_reads_the_quarantine_for_the_jobs_nodes_so_no_helper_starts_fo
     env = {**os.environ, "PYTHONPATH": str(ROOT / "py")}
     for node, reason in (("node2", "disk full"), ("node9", "not in this job")):
         add = ["add", "--state-dir", str(state), "--job", "7", "--reason", reason, node]
-        subprocess.run([sys.executable, "-S", "-m", "slurm_multi.quarantine", *add], env=env, check=True)
+        subprocess.run([sys.executable, "-m", "slurm_multi.quarantine", *add], env=env, check=True)
     checked = subprocess.run(
-        [sys.executable, "-S", "-m", "slurm_multi.quarantine", "check", "--state-dir", str(state),
+        [sys.executable, "-m", "slurm_multi.quarantine", "check", "--state-dir", str(state),
          "--nodes", "node1 node2 node3"], env=env, capture_output=True, text=True, check=True,
     )  # fmt: skip
     _, quarantined, error = _quarantine_plan(tmp_path, state)

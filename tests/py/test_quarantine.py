@@ -1,6 +1,6 @@
 """slurm_multi.quarantine: the shared list of nodes later jobs avoid, <state-dir>/quarantine.json.
 
-Real files and real processes: the batch step's click-free entry (`python -S -m
+Real files and real processes: the batch step's click-free entry (`python -m
 slurm_multi.quarantine check|add`) and the people's CLI (`python -m slurm_multi quarantine
 list|add|remove`) run as subprocesses; concurrent writers and a held lock are other processes.
 """
@@ -32,7 +32,7 @@ def env(**extra: str) -> dict[str, str]:
 
 def batch_step(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
     """The click-free entry, as the batch step starts it (no site: no click)."""
-    argv = [sys.executable, "-S", "-m", "slurm_multi.quarantine", *args]
+    argv = [sys.executable, "-m", "slurm_multi.quarantine", *args]
     return subprocess.run(argv, capture_output=True, text=True, env=env(**extra), check=False)
 
 
@@ -211,7 +211,7 @@ for k in range(12):
 def test_writers_adding_at_once_from_many_processes_lose_nothing(tmp_path: Path):
     state = tmp_path / "state"
     workers = [
-        subprocess.Popen([sys.executable, "-S", "-c", ADDER, str(i), str(state)], stdin=subprocess.PIPE,
+        subprocess.Popen([sys.executable, "-c", ADDER, str(i), str(state)], stdin=subprocess.PIPE,
                          stderr=subprocess.PIPE, env=env(), text=True)
         for i in range(8)
     ]  # fmt: skip
@@ -237,7 +237,7 @@ sys.stdin.read()  # until the test closes our stdin
 
 def test_a_writer_gives_up_with_one_line_naming_the_lock_when_another_process_holds_it(tmp_path: Path):
     lock = tmp_path / "quarantine.lock"
-    holder = subprocess.Popen([sys.executable, "-S", "-c", HOLDER, str(lock)], stdin=subprocess.PIPE,
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(lock)], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)  # fmt: skip
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "held\n"

@@ -203,12 +203,3 @@ def test_the_primus_fixture_names_the_slow_image_pull_not_the_barrier_wait(tmp_p
     assert [s.describe() for s in summary.stragglers] == [
         "gpu-a01 (rank 0) image 41.7 s, 3.2x the median of the others (12.9 s)"
     ]
-
-
-@pytest.mark.parametrize("values", [[3.0], [1.0, 9.0], [5.0, 1.0, 3.0], [4.0, 4.0, 1.0, 100.0], [0.5, 0.25]])
-def test_the_median_is_statistics_median(values: list[float]) -> None:
-    import statistics
-
-    from slurm_multi.results.stragglers import _median
-
-    assert _median(values) == statistics.median(values)

@@ -118,12 +118,12 @@ def test_the_writer_runs_without_click_and_says_how_to_call_it(tmp_path: Path):
     code += "assert 'click' not in sys.modules and 'dataclasses' not in sys.modules; sys.exit(rc)"
     path = tmp_path / "node_0" / "status.json"
     args = [str(path), "0", "node1", "0", "", "sha256:ab", "0", "run:1.5:ok:0"]
-    proc = subprocess.run([sys.executable, "-S", "-c", code, *args], env=env, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert read_status(str(path)) == Status(
         status_document(0, "node1", 0, "", "sha256:ab", ["run:1.5:ok:0"], False)
     )
-    proc = subprocess.run([sys.executable, "-S", "-c", code, "x"], env=env, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-c", code, "x"], env=env, capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr == f"slurm-multi: node status: usage: {statusfile.USAGE}\n"
 

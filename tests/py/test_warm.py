@@ -29,12 +29,12 @@ def argv_bytes(words: list[str], wake: bool = True) -> bytes:
 
 
 def warm_run(module: str, stdin: bytes, cwd: Path, **extra: str) -> subprocess.CompletedProcess[bytes]:
-    argv = [sys.executable, "-S", "-m", "slurm_multi.warm", module]
+    argv = [sys.executable, "-m", "slurm_multi.warm", module]
     return subprocess.run(argv, input=stdin, env=env(**extra), cwd=cwd, capture_output=True, check=False)
 
 
 def cold_run(module: str, words: list[str], cwd: Path, **extra: str) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run([sys.executable, "-S", "-m", f"slurm_multi.{module}", *words], env=env(**extra),
+    return subprocess.run([sys.executable, "-m", f"slurm_multi.{module}", *words], env=env(**extra),
                           cwd=cwd, capture_output=True, check=False)  # fmt: skip
 
 
@@ -119,7 +119,7 @@ def test_a_torn_or_garbled_argv_is_one_line_and_exit_2(tmp_path: Path, stdin: by
 
 @pytest.mark.parametrize("argv", [[], ["os"], ["statusfile", "x"], ["plan"]])
 def test_only_the_helpers_meant_to_start_warm_can(tmp_path: Path, argv: list[str]) -> None:
-    done = subprocess.run([sys.executable, "-S", "-m", "slurm_multi.warm", *argv], input=b"", env=env(),
+    done = subprocess.run([sys.executable, "-m", "slurm_multi.warm", *argv], input=b"", env=env(),
                           cwd=tmp_path, capture_output=True, check=False)  # fmt: skip
     assert done.returncode == 2 and len(done.stderr.splitlines()) == 1 and b"usage" in done.stderr
 
@@ -152,7 +152,7 @@ def test_the_argv_is_read_without_waiting_for_the_pipe_to_close() -> None:
 
 def test_a_warm_helper_imports_its_module_only_once_woken(tmp_path: Path) -> None:
     def imports(stdin: bytes) -> bytes:
-        argv = [sys.executable, "-S", "-X", "importtime", "-m", "slurm_multi.warm", "statusfile"]
+        argv = [sys.executable, "-X", "importtime", "-m", "slurm_multi.warm", "statusfile"]
         done = subprocess.run(argv, input=stdin, env=env(), cwd=tmp_path, capture_output=True, check=False)
         assert done.returncode == 0
         return done.stderr

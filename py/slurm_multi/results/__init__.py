@@ -21,7 +21,7 @@ One module per concern (docs/results.md has the rules):
 - collect     the whole job: candidates, aggregate, verdict -> Summary
 - summary     Summary, JOBDIR/perf.csv, summary.json and the stderr table
 - perfcsv     appending to a shared perf.csv under a lock, relative_change
-- collect_main  `results collect`'s one parser and output, click-free (`python -S -m
+- collect_main  `results collect`'s one parser and output, click-free (`python -m
               slurm_multi.results.collect_main`: the batch step runs it after every job)
 - commands    the click group (`cli`), thin wrappers over the above (`collect`: a passthrough)
 

@@ -12,8 +12,10 @@ import gc
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from slurm_multi.common import HelperError, usage_error
+from slurm_multi.readfile import PathLike
 from slurm_multi.results.hangs import Hang, hang_reasons, read_hangs
 from slurm_multi.results.jobdir import (
     JOB_JSON_KEYS,
@@ -42,12 +44,6 @@ from slurm_multi.results.values import format_number
 from slurm_multi.results.worldsize import check_world
 from slurm_multi.secret_rule import secret_values
 from slurm_multi.statusfile import read_status, status_path
-
-TYPE_CHECKING = False  # (typing's own flag, without typing's import: ~10 ms of every start)
-if TYPE_CHECKING:
-    from typing import Any
-
-    from slurm_multi.readfile import PathLike
 
 MAX_NODES = 100_000  # a larger nnodes is a typo, not a job: derive it from the node dirs
 

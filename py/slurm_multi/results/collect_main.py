@@ -1,4 +1,4 @@
-"""`results collect` without click: `python -S -m slurm_multi.results.collect_main JOBDIR [OPTIONS]`.
+"""`results collect` without click: `python -m slurm_multi.results.collect_main JOBDIR [OPTIONS]`.
 
 The batch step runs it once the last rank is done, before the job's verdict is known: every
 millisecond it starts in is the job's. `slurm-multi results collect` is a passthrough to this
@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from slurm_multi import EXIT_FAILURE, EXIT_OK
 from slurm_multi import argv as options
@@ -22,10 +23,6 @@ from slurm_multi.results.collect import collect
 from slurm_multi.results.logscan import compile_patterns
 from slurm_multi.results.shared import AREA, write_atomic
 from slurm_multi.results.summary import MAX_TABLE_REASONS, summary_json_text, summary_table
-
-TYPE_CHECKING = False  # (typing's own flag, without typing's import: ~10 ms of every start)
-if TYPE_CHECKING:
-    from typing import Any
 
 PARSER = options.Parser(
     "slurm-multi results collect",
@@ -87,7 +84,7 @@ def write_bad_nodes(path: str, bad: Sequence[Mapping[str, Any]]) -> None:
 
 
 def main(argv: Sequence[str]) -> int:
-    """`python -S -m slurm_multi.results.collect_main JOBDIR [OPTIONS]` (= `slurm-multi results collect`)."""
+    """`python -m slurm_multi.results.collect_main JOBDIR [OPTIONS]` (= `slurm-multi results collect`)."""
     return run_main(_main, argv)
 
 

@@ -20,13 +20,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from slurm_multi.results.jobdir import NodeReport
 from slurm_multi.results.shared import json_error, rank_label, read_json, short, utc_iso
-
-TYPE_CHECKING = False  # (typing's own flag, without typing's import: ~10 ms of every start)
-if TYPE_CHECKING:
-    from typing import Any
 
 PROGRESS_FILE = "progress.json"
 HANG_FILE = "hang.json"

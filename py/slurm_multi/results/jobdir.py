@@ -10,10 +10,12 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from slurm_multi import statusfile
 from slurm_multi.common import usage_error
 from slurm_multi.events import STAGE_ORDER
+from slurm_multi.readfile import PathLike
 from slurm_multi.results.logscan import ErrorHit, ErrorPattern, scan_log_file
 from slurm_multi.results.shared import (
     AREA,
@@ -25,12 +27,6 @@ from slurm_multi.results.shared import (
     utc_iso,
 )
 from slurm_multi.secret_rule import redact, secret_values
-
-TYPE_CHECKING = False  # (typing's own flag, without typing's import: ~10 ms of every start)
-if TYPE_CHECKING:
-    from typing import Any
-
-    from slurm_multi.readfile import PathLike
 
 # The job.json keys collect reads (the job plan writes them: slurm_multi.plan.job_document).
 # `settings` and `manifest_values` (objects) and any key not listed are ignored, except one named like

@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
 from slurm_multi.results.jobdir import as_int, present
 from slurm_multi.results.pick import Candidate
 from slurm_multi.results.values import format_number, is_result
 from slurm_multi.secret_rule import MASK, is_secret_name
-
-TYPE_CHECKING = False  # (typing's own flag, without typing's import: ~10 ms of every start)
-if TYPE_CHECKING:
-    from typing import Any
 
 # madengine's perf.csv header, in its order (FORMATS.md).
 PERF_COLUMNS: tuple[str, ...] = (

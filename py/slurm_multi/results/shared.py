@@ -9,17 +9,12 @@ import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, BinaryIO
 
 from slurm_multi import shell
 from slurm_multi.common import HelperError
 from slurm_multi.logline import short  # noqa: F401 (results import it from here)
-from slurm_multi.readfile import read_bytes, read_json  # noqa: F401 (results import them from here)
-
-TYPE_CHECKING = False  # (typing's own flag, without typing's import: ~10 ms of every start)
-if TYPE_CHECKING:
-    from typing import Any, BinaryIO
-
-    from slurm_multi.readfile import PathLike
+from slurm_multi.readfile import PathLike, read_bytes, read_json  # noqa: F401 (results import them from here)
 
 AREA = "results"
 READ_BLOCK = 64 * 1024  # a read(n) allocates n bytes first: past ~128 KiB that is an mmap, ~15 us

@@ -8,6 +8,7 @@ import csv
 import io
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from slurm_multi.results.hangs import Hang
 from slurm_multi.results.jobdir import NodeReport, stage_order
@@ -15,14 +16,9 @@ from slurm_multi.results.pick import Candidate
 from slurm_multi.results.profile import ProfileCheck
 from slurm_multi.results.shared import AREA, document_text, write_atomic
 from slurm_multi.results.stragglers import Straggler
+from slurm_multi.results.timeline import Timeline
 from slurm_multi.results.values import format_number
 from slurm_multi.results.worldsize import WorldCheck
-
-TYPE_CHECKING = False  # (typing's own flag, without typing's import: ~10 ms of every start)
-if TYPE_CHECKING:
-    from typing import Any
-
-    from slurm_multi.results.timeline import Timeline
 
 MAX_TABLE_REASONS = 20  # reasons printed on stderr; summary.json keeps them all
 

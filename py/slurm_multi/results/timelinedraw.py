@@ -8,16 +8,13 @@ import io
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from slurm_multi.common import HelperError
 from slurm_multi.results.jobdir import stage_order
 from slurm_multi.results.shared import short, utc_iso, write_atomic
 from slurm_multi.results.timeline import Lane, Segment, Timeline, timeline_json_text
 from slurm_multi.results.values import format_number
-
-TYPE_CHECKING = False  # (typing's own flag, without typing's import: ~10 ms of every start)
-if TYPE_CHECKING:
-    from typing import Any
 
 TIMELINE_JSON, TIMELINE_TXT, TIMELINE_PNG = "timeline.json", "timeline.txt", "timeline.png"
 MAX_PNG_LANES = 256  # beyond this a lane is a pixel high: timeline.txt and timeline.json say more

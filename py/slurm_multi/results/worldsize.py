@@ -19,13 +19,10 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from slurm_multi.results.jobdir import NodeReport
 from slurm_multi.results.shared import short
-
-TYPE_CHECKING = False  # (typing's own flag, without typing's import: ~10 ms of every start)
-if TYPE_CHECKING:
-    from typing import Any
 
 CHUNK = 1 << 20
 # Lines our own tools write into node.log (time, host, rank, area): never the workload's evidence.
