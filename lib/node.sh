@@ -695,7 +695,7 @@ node::remove_container() {
 # node::stage_save_outputs: copy what the workload left (result CSV, other outputs, diagnostics)
 # into <jobdir>/node_<rank>/, and remove the container. Always runs, also after a failure.
 node::stage_save_outputs() {
-  local name csv src='' copy_out=0
+  local name csv src='' copy_out=0 copy_csv=0 copy_tools=0
   run::container_name name
   [[ -d ${SM_NODE_DIR} ]] || mkdir -p "${SM_NODE_DIR}"
   csv=${SM_RESULTS_CSV:-}
@@ -703,12 +703,15 @@ node::stage_save_outputs() {
   # A CSV the workload left in its working dir is copied out of the container first; otherwise the
   # container is not needed any more and goes now, while the outputs are copied and status.json
   # written (the last rank's exit path no longer waits for a docker CLI started at its very end).
-  [[ -z ${src} || -f ${src} ]] || ! node::may_have_container || copy_out=1
+  [[ -z ${src} || -f ${src} ]] || ! node::may_have_container || copy_csv=1
+  # madengine's tools' outputs staged inside the container (slurm_multi.madrun) are copied out too.
+  [[ -z ${RUN_MAD_TOOLS_DIR:-} ]] || ! node::may_have_container || copy_tools=1
+  ((copy_csv || copy_tools)) && copy_out=1
   ((copy_out)) || node::remove_container "${name}"
   if [[ -n ${csv} ]]; then
     # (Bounded, as every docker call on the way out: a hung engine must not hold the task.)
     local workdir
-    if ((copy_out)) && workdir=$(run::engine -q container inspect -f '{{.Config.WorkingDir}}' "${name}"); then
+    if ((copy_csv)) && workdir=$(run::engine -q container inspect -f '{{.Config.WorkingDir}}' "${name}"); then
       run::engine -q cp "${name}:${workdir:-/}/${csv}" "${src}" >/dev/null || true
     fi
     # A manifest model writes it in its run directory (madengine's rule), as our -- CMD writes it in
@@ -724,10 +727,16 @@ node::stage_save_outputs() {
   if [[ -d ${SM_SCRATCH}/diagnostics ]]; then
     cp -rf "${SM_SCRATCH}/diagnostics" "${SM_NODE_DIR}/"
   fi
-  # madengine's tools' outputs (rocprof_output/, *_env.csv, traces), staged by its wrapper.
-  if [[ -d ${SM_SCRATCH}/output/tools ]]; then
-    cp -rf "${SM_SCRATCH}/output/tools" "${SM_NODE_DIR}/" && log::info save-outputs "saved the tools' outputs: $(cd "${SM_SCRATCH}/output/tools" && echo *)"
+  # madengine's tools' outputs (rocprof_output/, *_env.csv, traces), staged by its wrapper: docker
+  # inside the container (copied out as this user), pyxis and bare metal in the output dir.
+  if ((copy_tools)); then
+    mkdir -p "${SM_NODE_DIR}/tools"
+    run::engine -q cp "${name}:${RUN_MAD_TOOLS_DIR}/." "${SM_NODE_DIR}/tools" >/dev/null 2>&1 ||
+      log::info save-outputs "no tool outputs in ${name}:${RUN_MAD_TOOLS_DIR}"
+  elif [[ -d ${SM_SCRATCH}/output/tools ]]; then
+    cp -rf "${SM_SCRATCH}/output/tools" "${SM_NODE_DIR}/"
   fi
+  [[ ! -d ${SM_NODE_DIR}/tools ]] || log::info save-outputs "saved the tools' outputs: $(cd "${SM_NODE_DIR}/tools" && echo *)"
   local f
   for f in "${SM_SCRATCH}"/output/*; do
     if [[ -f ${f} && ${f##*/} != "${csv}" ]]; then cp -f "${f}" "${SM_NODE_DIR}/" 2>/dev/null || true; fi

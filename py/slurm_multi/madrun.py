@@ -45,6 +45,8 @@ PROFILER_TOOLS = frozenset({"rocprof", "rocprof_hip_only", "rocprof_sys", "rpd",
 TOOL_OUTPUTS = ("rocprof_output", "rpd_output", "rocm_trace_lite_output", "*_env.csv", "gpu_info_*.csv",
                 "library_trace.csv", "*_profiler_output.csv", "*_trace.csv")  # fmt: skip
 MISSING_MARKER = ".sm-script-missing"
+# docker: where the wrapper stages the tools' outputs inside the container (the node copies them out).
+CONTAINER_TOOLS_DIR = "/myworkspace/sm-tools"
 DATA_HOME = "/data_dlm"
 DATA_PROVIDERS = ("custom", "local", "minio", "nas", "aws")  # madengine's order of trying (DP 648-675)
 MOUNTED_PROVIDERS = ("local", "nas")
@@ -395,10 +397,14 @@ def wrapper(run: MadRun, line: str, missing: tuple[str, str] | None = None) -> s
     out.append("sm_rc=$?; fi")
     out += [_call("sm_post", script) for script in run.post]
     if run.tools or run.pre or run.post:
+        # Staged where the node collects them: $SM_MAD_TOOLS_DIR (docker: a directory inside the
+        # container, copied out by the node as its own user; root's files in the mounted output
+        # dir would outlive the job's scratch), else $SM_OUTPUT_DIR/tools.
         patterns = " ".join(p for name in TOOL_OUTPUTS for p in (name, f"../{name}"))
         out.append(
-            'if [ -n "${SM_OUTPUT_DIR:-}" ]; then mkdir -p "$SM_OUTPUT_DIR/tools"; '
-            f'for sm_f in {patterns}; do [ -e "$sm_f" ] && cp -LR "$sm_f" "$SM_OUTPUT_DIR/tools/"; done; fi'
+            'sm_tools=${SM_MAD_TOOLS_DIR:-${SM_OUTPUT_DIR:+$SM_OUTPUT_DIR/tools}}; '
+            'if [ -n "$sm_tools" ]; then mkdir -p "$sm_tools"; '
+            f'for sm_f in {patterns}; do [ -e "$sm_f" ] && cp -LR "$sm_f" "$sm_tools/"; done; fi'
         )
     out.append('exit "$sm_rc"')
     return "\n".join(out)

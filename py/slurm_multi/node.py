@@ -147,6 +147,7 @@ class ModelRun:
         self.pyxis_mounts: list[str] = []
         self.vendor_options: list[str] = []
         self.passed: list[str] = []  # env names the job's environment gives
+        self.tools_dir = ""  # docker: the container's dir of staged tool outputs (save-outputs copies it)
 
 
 def model_run(
@@ -262,6 +263,9 @@ def wrap_model(ctx: RunContext, env: Mapping[str, str], runtime: str, scratch: s
         )
     if not (ctx.mad_parts.any() or missing or madrun.needs_shell(raw_args)):
         return
+    if runtime == "docker" and (mad_run.tools or mad_run.pre or mad_run.post):
+        run.tools_dir = madrun.CONTAINER_TOOLS_DIR
+        ctx.docker_env["SM_MAD_TOOLS_DIR"] = run.tools_dir
     line = madrun.model_line(mad_run, script.argv, raw_args)
     ctx.workload = ["bash", "-c", madrun.wrapper(mad_run, line, missing), "sm-mad"]
     pre = "; ".join(f"{s.path} {s.args}".strip() for s in mad_run.pre) or "-"
@@ -467,7 +471,11 @@ def prepare(
         "RUN_SETUP": run.setup,
         "RUN_WORKLOAD": ctx.workload,
     }
-    scalars = {"SM_GPU_DETECTED": f"{detected['vendor']} x{detected['count']}", "RUN_WORKDIR": run.workdir}
+    scalars = {
+        "SM_GPU_DETECTED": f"{detected['vendor']} x{detected['count']}",
+        "RUN_WORKDIR": run.workdir,
+        "RUN_MAD_TOOLS_DIR": run.tools_dir,
+    }
     if detect and shown_scratch is None:
         scalars.update(image_facts(ctx, env, runtime, rank0=env.get("SM_RANK", "0") == "0"))
     shell.write_private(

@@ -44,6 +44,12 @@ setup() {
     assert_file_exists "${JOB_DIR}/node_${r}/tools/rocprof_output/results.csv"
     assert_file_exists "${JOB_DIR}/node_${r}/tools/dummy_tools_env.csv"
   done
+  # Copied out of the container by the node as the job's user: no file of the container's root is
+  # left in the scratch dirs (the next job's clean-up would trip over them), and they are gone.
+  run find "${JOB_DIR}" -user root
+  assert_output ""
+  run compgen -G "${TMPDIR:-/tmp}/slurm-multi.${JOB_ID}.r*"
+  assert_failure
 }
 
 @test "a local data provider: MAD_DATAHOME mounted read-only on every node, perf.csv's data columns filled" {

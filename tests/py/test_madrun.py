@@ -270,3 +270,16 @@ def test_the_tools_outputs_are_staged_from_the_run_directory_and_the_workspace(t
                                              ("--glob *.csv", True), ("a; b", True), ("`id`", True)])  # fmt: skip # noqa: E501
 def test_args_that_need_a_shell(args: str, shell: bool) -> None:
     assert madrun.needs_shell(args) is shell
+
+
+def test_with_a_tools_dir_the_outputs_are_staged_there_not_in_the_output_dir(tmp_path: Path) -> None:
+    root = checkout(tmp_path)
+    (root / "scripts" / "common" / "trace.sh").write_text(
+        "mkdir -p rocprof_output && echo t >rocprof_output/r.csv\n"
+    )
+    context = {"tools": [{"name": "A"}], "post_scripts": [{"path": "scripts/common/trace.sh"}]}
+    inside = tmp_path / "in-container"
+    done, _ = run_wrapper(tmp_path, root, context, SM_MAD_TOOLS_DIR=str(inside))
+    assert done.returncode == 0, done.stderr
+    assert (inside / "rocprof_output" / "r.csv").read_text() == "t\n"
+    assert not (tmp_path / "out" / "tools").exists()

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_multi.common import HelperError, usage_error
-from slurm_multi.results.perfcsv import LOCK_SUFFIX, LOCK_TIMEOUT_S, _locked, check_target
+from slurm_multi.results.perfcsv import LOCK_SUFFIX, LOCK_TIMEOUT_S, check_target, locked
 from slurm_multi.results.pick import CsvProblem, column_index, read_table
 from slurm_multi.results.rows import PERF_COLUMNS
 from slurm_multi.results.shared import AREA, is_path, json_error, os_error, read_json, write_atomic
@@ -446,7 +446,7 @@ def write_shared_files(target: Path, records: Records, lock_timeout: float = LOC
     job's. Returns how many records perf_super.json holds. An existing perf_super.json that is not a
     JSON list of objects: a one-line error, nothing written."""
     hint = f"is {os.path.abspath(target.parent)} writable?"
-    with _locked(target.with_name(target.name + LOCK_SUFFIX), lock_timeout):
+    with locked(target.with_name(target.name + LOCK_SUFFIX), lock_timeout):
         cumulative = read_super_json(target.with_name(SUPER_JSON)) + list(records.supers)
         texts = {  # all made before the first write: a failure leaves the files as they were
             SUPER_JSON: json_text(cumulative),

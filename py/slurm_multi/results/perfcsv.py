@@ -77,7 +77,7 @@ def append_perf_csv(
     relative_change; write them to perf_entry.csv beside it. HelperError on any bad input."""
     target = check_target(path)
     new = [dict(zip(header, row)) for row in rows]
-    with _locked(target.with_name(target.name + LOCK_SUFFIX), lock_timeout):
+    with locked(target.with_name(target.name + LOCK_SUFFIX), lock_timeout):
         existing = _read_existing(target)
         if existing is None:
             names = list(PERF_COLUMNS) + [name for name in header if name not in PERF_COLUMNS]
@@ -121,7 +121,7 @@ def check_target(path: PathLike) -> Path:
 
 
 @contextmanager
-def _locked(lock_path: Path, timeout: float) -> Iterator[None]:
+def locked(lock_path: Path, timeout: float) -> Iterator[None]:
     """Hold an exclusive flock on lock_path (created if absent, never removed: removing a lock file
     lets two writers lock two different files)."""
     try:
