@@ -402,7 +402,7 @@ def wrapper(run: MadRun, line: str, missing: tuple[str, str] | None = None) -> s
         # dir would outlive the job's scratch), else $SM_OUTPUT_DIR/tools.
         patterns = " ".join(p for name in TOOL_OUTPUTS for p in (name, f"../{name}"))
         out.append(
-            'sm_tools=${SM_MAD_TOOLS_DIR:-${SM_OUTPUT_DIR:+$SM_OUTPUT_DIR/tools}}; '
+            "sm_tools=${SM_MAD_TOOLS_DIR:-${SM_OUTPUT_DIR:+$SM_OUTPUT_DIR/tools}}; "
             'if [ -n "$sm_tools" ]; then mkdir -p "$sm_tools"; '
             f'for sm_f in {patterns}; do [ -e "$sm_f" ] && cp -LR "$sm_f" "$sm_tools/"; done; fi'
         )
