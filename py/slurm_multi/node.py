@@ -259,7 +259,7 @@ def wrap_model(ctx: RunContext, env: Mapping[str, str], runtime: str, scratch: s
         missing = (
             script.shown,
             f"model script {script.shown} is neither in the model dir {where} nor in the {kind}'s "
-            f"working directory: give --model-dir DIR, the checkout that holds {script.shown}",
+            "working directory: give --model-dir DIR (the checkout holding it)",
         )
     if not (ctx.mad_parts.any() or missing or madrun.needs_shell(raw_args)):
         return
