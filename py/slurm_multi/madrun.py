@@ -50,6 +50,9 @@ CONTAINER_TOOLS_DIR = "/myworkspace/sm-tools"
 DATA_HOME = "/data_dlm"
 DATA_PROVIDERS = ("custom", "local", "minio", "nas", "aws")  # madengine's order of trying (DP 648-675)
 MOUNTED_PROVIDERS = ("local", "nas")
+# Providers that download with madengine's own tools (awscli installed at run time, its
+# credentials): not run here; the plan says so (docs/madengine.md).
+DOWNLOADERS = ("minio", "aws")
 
 
 def is_profiler(name: str) -> bool:
@@ -71,9 +74,15 @@ class DataSource:
 
     name: str
     provider: str
-    path: str  # on the host (the node)
+    path: str  # on the host (the node): the data (local, nas) or the custom provider's script
     home: str  # MAD_DATAHOME: where the container sees it
     writable: bool
+    script: str = ""  # custom: the script, relative to the workspace (madengine's /myworkspace)
+    args: str = ""  # custom: its args
+
+    @property
+    def mounted(self) -> bool:
+        return self.provider in MOUNTED_PROVIDERS
 
 
 @dataclass
@@ -278,16 +287,34 @@ def resolve_data(names: Sequence[str], checkout: str | None) -> list[DataSource]
             config = providers.get(provider)
             if not isinstance(config, dict):
                 continue
-            if provider not in MOUNTED_PROVIDERS:
+            if provider in DOWNLOADERS or provider not in (*MOUNTED_PROVIDERS, "custom"):
                 tried.append(f"{provider}: slurm-multi cannot run madengine's {provider} downloader")
                 continue
+            home = str(config.get("home") or f"{DATA_HOME}_{index}")
+            if provider == "custom":
+                # madengine: `mkdir -p <home>; cd <home>; bash /myworkspace/<path> <args>` in the
+                # container, the script's path relative to its cwd (the checkout).
+                script = os.path.normpath(str(config.get("path") or ""))
+                host = os.path.join(checkout or ".", script)
+                if (
+                    not config.get("path")
+                    or os.path.isabs(script)
+                    or script.startswith("..")
+                    or not os.path.isfile(host)
+                ):
+                    tried.append(
+                        f"custom: script {config.get('path') or '(none)'} is not a file in the checkout"
+                    )
+                    continue
+                args = str(config.get("args") or "")
+                found.append(DataSource(name, provider, os.path.abspath(host), home, True, script, args))
+                break
             source = str(config.get("path") or "")
             if source and not os.path.isabs(source):  # ours: relative to the checkout, as data.json is
                 source = os.path.join(checkout or ".", source)
             if not source or not os.path.isdir(source):
                 tried.append(f"{provider}: path {source or '(none)'} is not a directory on this node")
                 continue
-            home = str(config.get("home") or f"{DATA_HOME}_{index}")
             writable = str(config.get("readwrite", "")).lower() == "true"
             found.append(DataSource(name, provider, os.path.abspath(source), home, writable))
             break
@@ -331,6 +358,7 @@ def plan_run(parts: MadParts, checkout: str | None, values: Mapping[str, str], n
         if (os.path.abspath(host), script.path) not in run.files:
             run.files.append((os.path.abspath(host), script.path))
     run.data = resolve_data(parts.data, checkout)
+    run.files += [(d.path, d.script) for d in run.data if d.script and (d.path, d.script) not in run.files]
     if run.data:
         run.env["MAD_DATAHOME"] = ",".join(d.home for d in run.data)
         run.env["MAD_DATANAME"] = ",".join(parts.data)
@@ -387,11 +415,22 @@ def wrapper(run: MadRun, line: str, missing: tuple[str, str] | None = None) -> s
             f'[ -z "${{SM_OUTPUT_DIR:-}}" ] || printf \'%s\\n\' {reason} >"$SM_OUTPUT_DIR/{MISSING_MARKER}"; '
             "exit 127; fi"
         )
-    if not (run.pre or run.post or run.prefix or run.tools):
+    fetch = [d for d in run.data if d.script]
+    if not (run.pre or run.post or run.prefix or run.tools or fetch):
         # Only the script and its args: bash becomes the model (signals reach it as without us).
         return "\n".join([*out, f"exec {line}"])
     out.append(_HELPERS if run.pre or run.post else "sm_rc=0")
     out += [_call("sm_pre", script) for script in run.pre]
+    for data in fetch:  # madengine's data prepare: after the pre-scripts, before the model
+        what = f"data {data.name} ({data.provider}): {data.script} {data.args}".strip()
+        home, script = shlex.quote(data.home), shlex.quote(data.script)
+        out.append(
+            f"if [ \"$sm_rc\" = 0 ]; then printf 'mad: %s into %s\\n' {shlex.quote(what)} {home}; "
+            f'mkdir -p {home} && (sm_ws=$(cd .. && pwd) && cd {home} && bash "$sm_ws/"{script}'
+            f"{' ' + data.args if data.args else ''}) || {{ sm_rc=$?; "
+            f"printf 'mad: %s failed (exit %s): the model does not run\\n' {shlex.quote(what)} "
+            '"$sm_rc" >&2; }; fi'
+        )
     out.append(f"if [ \"$sm_rc\" = 0 ]; then printf 'mad: model: %s\\n' {shlex.quote(line)}")
     out.append(line)
     out.append("sm_rc=$?; fi")

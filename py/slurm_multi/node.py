@@ -20,6 +20,7 @@ Any failure is one line on stderr and a non-zero exit, and then nothing is sourc
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -236,10 +237,19 @@ def wrap_model(ctx: RunContext, env: Mapping[str, str], runtime: str, scratch: s
         for host, rel in links:
             if not dry_run:
                 _link(host, os.path.join(scratch, rel))
-        data_env = {"MAD_DATAHOME": ",".join(d.path for d in mad_run.data)} if mad_run.data else {}
+        # No container to mount into: the data itself, or a custom provider's download in scratch.
+        mad_run.data = [
+            d if d.mounted else dataclasses.replace(d, home=os.path.join(shown, d.home.strip("/")))
+            for d in mad_run.data
+        ]
+        data_env = (
+            {"MAD_DATAHOME": ",".join(d.path if d.mounted else d.home for d in mad_run.data)}
+            if mad_run.data
+            else {}
+        )
     else:
         mounts = [f"{host}:{mad.WORKSPACE}/{rel}:ro" for host, rel in links]
-        mounts += [f"{d.path}:{d.home}{'' if d.writable else ':ro'}" for d in mad_run.data]
+        mounts += [f"{d.path}:{d.home}{'' if d.writable else ':ro'}" for d in mad_run.data if d.mounted]
         for mount in mounts:
             if runtime == "docker":
                 run.docker_mounts += ["-v", mount]

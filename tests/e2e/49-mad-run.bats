@@ -71,6 +71,19 @@ setup() {
   assert_output 0
 }
 
+@test "a custom data provider: its script makes the data in MAD_DATAHOME before the model runs, on every node" {
+  e2e::run_job -N2 -- --manifest "${MAD_DIR}/whole_run_manifest.json" --model dummy_data_custom
+  assert_equal "${JOB_RC}" 0
+  assert_equal "$(e2e::json "${JOB_DIR}/summary.json" 'd["verdict"]')" SUCCESS
+  local r
+  for r in 0 1; do
+    run grep -hE "^(make_data|data): " "${JOB_DIR}/node_${r}/node.log"
+    assert_output "$(printf '%s\n' 'make_data: 3 samples in /data_dlm_0' 'data: sm_data_custom at /data_dlm_0: 3 samples')"
+  done
+  run e2e::perf_column "${JOB_DIR}/perf.csv" data_provider_type
+  assert_output custom
+}
+
 @test "a superset model: perf_super.json carries each row's own config and its extra columns" {
   e2e::run_job -N2 -- --manifest "${MAD_DIR}/whole_run_manifest.json" --model dummy_superset
   assert_equal "${JOB_RC}" 0

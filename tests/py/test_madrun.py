@@ -3,6 +3,7 @@ encapsulate_script, scripts/common, data providers, and the bash that runs them,
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -283,3 +284,34 @@ def test_with_a_tools_dir_the_outputs_are_staged_there_not_in_the_output_dir(tmp
     assert done.returncode == 0, done.stderr
     assert (inside / "rocprof_output" / "r.csv").read_text() == "t\n"
     assert not (tmp_path / "out" / "tools").exists()
+
+
+def test_a_custom_provider_runs_its_script_in_datahome_before_the_model(tmp_path: Path) -> None:
+    root = data_checkout(tmp_path, {"d": {"custom": {"path": "scripts/m/make.sh", "args": "2 $X"}}})
+    (root / "scripts" / "m" / "make.sh").write_text('echo "made $1 $2 in $(pwd)" >made.txt; echo made\n')
+    run = plan(root, model={"data": "d"})
+    assert [(d.provider, d.script, d.args, d.home, d.mounted) for d in run.data] == [
+        ("custom", "scripts/m/make.sh", "2 $X", "/data_dlm_0", False)
+    ]
+    assert (str(root / "scripts" / "m" / "make.sh"), "scripts/m/make.sh") in run.files
+    home = tmp_path / "home"
+    run.data = [dataclasses.replace(run.data[0], home=str(home))]
+    work = tmp_path / "ws" / "run_directory"
+    work.mkdir(parents=True)
+    os.symlink(root / "scripts", tmp_path / "ws" / "scripts")
+    (work / "run.sh").write_text('cat "$H/made.txt"\n')
+    text = madrun.wrapper(run, madrun.model_line(run, ["bash", "run.sh"], ""))
+    done = subprocess.run(["bash", "-c", text], cwd=work, capture_output=True, text=True,
+                          env={**os.environ, "H": str(home), "X": "x"}, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert f"made 2 x in {home}" in done.stdout
+    # A script that fails: the model does not run.
+    (root / "scripts" / "m" / "make.sh").write_text("exit 4\n")
+    done = subprocess.run(["bash", "-c", text], cwd=work, capture_output=True, text=True, check=False)
+    assert done.returncode == 4 and "the model does not run" in done.stderr and "made" not in done.stdout
+
+
+def test_a_custom_provider_whose_script_is_not_in_the_checkout_is_one_line(tmp_path: Path) -> None:
+    root = data_checkout(tmp_path, {"d": {"custom": {"path": "scripts/none.sh"}}})
+    with pytest.raises(HelperError, match="custom: script scripts/none.sh is not a file in the checkout"):
+        plan(root, model={"data": "d"})
