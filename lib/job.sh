@@ -74,6 +74,8 @@ job::run() {
   # Collect's interpreter and imports are paid while the workload runs, not after the last rank's
   # exit (the watch wakes it once every rank runs, not while the nodes start).
   ! settings::truthy "${SM_COLLECT}" || util::warm_start results.collect_main --wake-later
+  # madengine's record files after the verdict need pandas (~0.3 s of CPU): imported meanwhile too.
+  [[ -z ${JOB_MODEL_KEY:-} ]] || ! settings::truthy "${SM_COLLECT}" || util::warm_start results.madoutputs --wake-later
   job::watch
   local rc=0
   wait "${JOB_SRUN_PID}" 2>/dev/null || rc=$?
@@ -104,7 +106,10 @@ job::watch() {
   per_node=$(launch::tasks_per_node)
   # The click-free entry of `slurm-multi job watch` (it starts beside every job's srun).
   local wake=()
-  [[ -z ${UTIL_WARM_FD[results.collect_main]:-} ]] || wake=(--wake-fd "${UTIL_WARM_FD[results.collect_main]}")
+  local module
+  for module in results.collect_main results.madoutputs; do
+    [[ -z ${UTIL_WARM_FD[${module}]:-} ]] || wake+=(--wake-fd "${UTIL_WARM_FD[${module}]}")
+  done
   util::py -m slurm_multi.watch --jobdir "${SM_JOBDIR}" --nodes "${JOB_NODES[*]}" \
     --tasks-per-node "${per_node}" --srun-pid "${JOB_SRUN_PID}" --peer-grace "${SM_PEER_GRACE}" \
     --progress-seconds "${SM_PROGRESS_SECONDS}" "${wake[@]+"${wake[@]}"}" &
@@ -296,9 +301,9 @@ job::teardown() {
   # they need pandas, which collect does without. Beside --perf-csv only where collect
   # appended the rows. Their failure is a warning, never the job's exit.
   if [[ -n ${JOB_MODEL_KEY:-} ]] && ((collected < 2)); then
-    local margs=(results mad-outputs "${SM_JOBDIR}")
+    local margs=("${SM_JOBDIR}")
     [[ -z ${SM_PERF_CSV:-} ]] || margs+=(--perf-csv "${SM_PERF_CSV}")
-    util::sm_logged multi "${margs[@]}" ||
+    util::fast_logged multi results.madoutputs "${margs[@]}" ||
       log::warn multi "madengine's perf_entry/perf_super files not written: ${UTIL_ERROR}"
   fi
   util::log_drain

@@ -93,6 +93,7 @@ util::fast_logged() {
   case ${module} in
     plan) words=(job plan) ;;
     results.collect_main) words=(results collect) ;;
+    results.madoutputs) words=(results mad-outputs) ;;
     *) words=("${module}") ;;
   esac
   log::cmd "${area}" "${SM_HOME}/bin/slurm-multi" "${words[@]}" "$@"

@@ -28,7 +28,7 @@ import sys
 from slurm_multi import EXIT_USAGE
 
 # Which helpers may be started warm: their `main(argv)` is the click-free entry bash runs cold.
-WARM_MODULES = ("statusfile", "results.collect_main")
+WARM_MODULES = ("statusfile", "results.collect_main", "results.madoutputs")
 EXIT_NOT_GIVEN = 0  # the pipe closed empty: nothing asked of us
 MAX_ARGV_BYTES = 1 << 20  # a status line or a collect command line; never more
 
@@ -87,6 +87,10 @@ def main(argv: list[str]) -> int:
         name = f"slurm_multi.{argv[0]}"
         __import__(name)
         helper = sys.modules[name]
+        # A helper whose work needs a dear import pays it now, while the job runs (madoutputs: pandas).
+        warm_up = getattr(helper, "warm_up", None)
+        if warm_up is not None:
+            warm_up()
         words = read_argv(0, data)
     except (OSError, ValueError) as exc:
         print(f"slurm-multi: warm {argv[0]}: {exc}", file=sys.stderr)

@@ -115,15 +115,16 @@ def _exit_waiter(pid: int):  # noqa: ANN202 - a callable taking seconds
 
 
 class Waker:
-    """Writes one empty line to `fd` (then closes it) once every rank's workload has started
+    """Writes one empty line to each of `fds` (then closes them) once every rank's workload has started
     (events.workload_started). Ranks are read in order from the first not yet started, so each look
     reads one events file until that rank's workload runs, not every rank's."""
 
-    def __init__(self, fd: int | None, jobdir: str, ranks: int) -> None:
-        self.fd, self.jobdir, self.ranks, self.first, self.next_at = fd, jobdir, ranks, 0, 0.0
+    def __init__(self, fds: int | Sequence[int] | None, jobdir: str, ranks: int) -> None:
+        self.fds = [fds] if isinstance(fds, int) else list(fds or ())
+        self.jobdir, self.ranks, self.first, self.next_at = jobdir, ranks, 0, 0.0
 
     def look(self, now: float) -> None:
-        if self.fd is None or now < self.next_at:
+        if not self.fds or now < self.next_at:
             return
         self.next_at = now + WAKE_EVERY
         while self.first < self.ranks and workload_started(self.jobdir, self.first):
@@ -132,18 +133,17 @@ class Waker:
             self.close(b"\n")
 
     def close(self, line: bytes = b"") -> None:
-        if self.fd is None:
-            return
-        try:
-            if line:
-                os.write(self.fd, line)
-        except OSError:  # the woken helper is gone: the batch step starts it cold
-            pass
-        try:
-            os.close(self.fd)
-        except OSError:
-            pass
-        self.fd = None
+        for fd in self.fds:
+            try:
+                if line:
+                    os.write(fd, line)
+            except OSError:  # the woken helper is gone: the batch step starts it cold
+                pass
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.fds = []
 
 
 def watch(
@@ -155,7 +155,7 @@ def watch(
     progress_every: float,
     check_every: float = 1.0,
     node_check_every: float = 2.0,
-    wake_fd: int | None = None,
+    wake_fd: int | Sequence[int] | None = None,
 ) -> int:
     """Wait for the worker step; 0 when it ended, EXIT_STOP when a rank failed `peer_grace` ago."""
     ranks = len(nodes) * tasks_per_node
@@ -246,9 +246,9 @@ PARSER = options.Parser(
                        default=30.0, help="[default: 30; x>=0]"),
         options.Option("--progress-seconds", metavar="FLOAT RANGE", convert=options.number_at_least(1),
                        default=15.0, help="[default: 15; x>=1]"),
-        options.Option("--wake-fd", metavar="FD", convert=options.whole_number(0),
+        options.Option("--wake-fd", options.MULTIPLE, metavar="FD", convert=options.whole_number(0),
                        help="An open pipe: one empty line is written to it once every rank's workload "
-                       "has printed its first line (the batch step's warm collect)."),
+                       "has printed its first line (the batch step's warm helpers; repeatable)."),
     ],
     max_words=0,
 )  # fmt: skip

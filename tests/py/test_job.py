@@ -599,3 +599,19 @@ def test_prepare_copies_the_scripts_for_pyxis_and_a_users_own_value_wins(tmp_pat
     context = (scratch / "context.sh").read_text()
     assert f"{scratch}/run_directory:/myworkspace/run_directory" in context
     assert "declare -g RUN_WORKDIR=/myworkspace/run_directory" in context
+
+
+def test_the_watch_wakes_every_warm_helper_it_was_given_once(tmp_path: Path) -> None:
+    # The batch step's warm collect and warm mad-outputs: `--wake-fd` twice, one line each.
+    pipes = [os.pipe(), os.pipe()]
+    waker = watch.Waker([w for _, w in pipes], str(tmp_path), 2)
+    _run_stage(tmp_path, 0, first_output=True)
+    _run_stage(tmp_path, 1, first_output=False)
+    waker.look(1.0)
+    assert waker.fds  # rank 1 printed nothing yet
+    _run_stage(tmp_path, 1, first_output=True)
+    waker.look(1.0 + watch.WAKE_EVERY)
+    assert waker.fds == [] and [os.read(r, 10) for r, _ in pipes] == [b"\n", b"\n"]
+    assert [os.read(r, 10) for r, _ in pipes] == [b"", b""]  # closed: nothing else holds them
+    assert watch.PARSER.parse(["--jobdir", "j", "--nodes", "n", "--srun-pid", "1", "--wake-fd", "7",
+                               "--wake-fd", "9"]).wake_fd == [7, 9]  # fmt: skip

@@ -159,3 +159,25 @@ def test_a_warm_helper_imports_its_module_only_once_woken(tmp_path: Path) -> Non
 
     assert b"slurm_multi.statusfile" not in imports(b"")  # never woken: ended without importing it
     assert b"slurm_multi.statusfile" in imports(b"\n")  # woken, then unused
+
+
+def test_the_warm_mad_outputs_writes_what_the_cold_command_writes(tmp_path: Path) -> None:
+    # madengine's record files after the verdict: pandas is imported while the job runs (warm_up).
+    written = []
+    for name in ("cold", "warm"):
+        job = tmp_path / name
+        subprocess.run(["cp", "-r", str(PRIMUS_JOB), str(job)], check=True)
+        assert cold_run("results.collect_main", [str(job), "--no-picture"], tmp_path).returncode == 0
+        done = (
+            cold_run("results.madoutputs", [str(job)], tmp_path)
+            if name == "cold"
+            else warm_run("results.madoutputs", argv_bytes([str(job)]), tmp_path)
+        )
+        assert done.returncode == 0, done.stderr
+        assert b"madengine files:" in done.stderr
+        written.append(
+            {f: (job / f).read_text() for f in ("perf_entry.json", "perf_super.json", "perf_super.csv")}
+        )
+    assert written[0] == written[1]
+    missing = warm_run("results.madoutputs", argv_bytes([str(tmp_path / "nowhere")]), tmp_path)
+    assert missing.returncode == 2 and b"Traceback" not in missing.stderr
