@@ -73,7 +73,7 @@ image::fingerprint() {
     printf '%s' "${IMAGE_FINGERPRINT}"
     return 0
   fi
-  util::py -m slurm_multi.fingerprint "${SM_DOCKERFILE}" "${SM_DOCKER_CONTEXT:-}" "${SM_BUILD_ARGS[@]+"${SM_BUILD_ARGS[@]}"}"
+  util::sm node fingerprint -- "${SM_DOCKERFILE}" "${SM_DOCKER_CONTEXT:-}" "${SM_BUILD_ARGS[@]+"${SM_BUILD_ARGS[@]}"}"
 }
 
 # image::build FINGERPRINT: docker build from the manifest. A build arg under a secret name is passed

@@ -13,9 +13,9 @@ JOB_TEARDOWN_STARTED=0
 job::plan() {
   local plan
   plan=$(mktemp "${TMPDIR:-/tmp}/sm-plan.XXXXXX") || log::die multi "cannot create a temp file" 1
-  local argv=(plan --batch-args --emit "${plan}" --submit-dir "${SLURM_SUBMIT_DIR:-${PWD}}")
+  local argv=(job plan --batch-args --emit "${plan}" --submit-dir "${SLURM_SUBMIT_DIR:-${PWD}}")
   ((${#JOB_NODES[@]})) && argv+=(--nodes "${JOB_NODES[*]}")
-  if ! util::fast "${argv[@]}" -- "$@"; then
+  if ! util::helper "${argv[@]}" -- "$@"; then
     rm -f "${plan}"
     # The plan's own one line is already on stderr: said once, not twice.
     ((UTIL_ERROR_SHOWN)) && exit 2
@@ -26,9 +26,8 @@ job::plan() {
   # shellcheck source=/dev/null
   source "${plan}"
   rm -f "${plan}"
-  # The plan found click in its own process; where it did not, the interpreter is asked (the exact
-  # check, one more start). Every node's task trusts this (same path, shared storage).
-  [[ ${PLAN_HAS_CLICK:-0} == 1 ]] || util::check_python || exit 2
+  # The plan ran as a click command: the interpreter has click. Every node's task trusts this (same
+  # path, shared storage).
   export SM_PYTHON_CHECKED=1
 }
 
@@ -71,11 +70,10 @@ job::run() {
   log::cmd multi "${argv[@]}"
   "${argv[@]}" &
   JOB_SRUN_PID=$!
-  # Collect's interpreter and imports are paid while the workload runs, not after the last rank's
-  # exit (the watch wakes it once every rank runs, not while the nodes start).
-  ! settings::truthy "${SM_COLLECT}" || util::warm_start results.collect_main --wake-later
-  # madengine's record files after the verdict need pandas (~0.3 s of CPU): imported meanwhile too.
-  [[ -z ${JOB_MODEL_KEY:-} ]] || ! settings::truthy "${SM_COLLECT}" || util::warm_start results.madoutputs --wake-later
+  # madengine's record files after the verdict need pandas (~0.4 s): imported while the workload
+  # runs, not after the last rank's exit (the watch wakes it once every rank runs, not while the
+  # nodes start).
+  [[ -z ${JOB_MODEL_KEY:-} ]] || ! settings::truthy "${SM_COLLECT}" || util::warm_start results mad-outputs --wake-later
   job::watch
   local rc=0
   wait "${JOB_SRUN_PID}" 2>/dev/null || rc=$?
@@ -104,13 +102,10 @@ job::rank_steps() {
 job::watch() {
   local rc=0 per_node
   per_node=$(launch::tasks_per_node)
-  # The click-free entry of `slurm-multi job watch` (it starts beside every job's srun).
-  local wake=()
-  local module
-  for module in results.collect_main results.madoutputs; do
-    [[ -z ${UTIL_WARM_FD[${module}]:-} ]] || wake+=(--wake-fd "${UTIL_WARM_FD[${module}]}")
-  done
-  util::py -m slurm_multi.watch --jobdir "${SM_JOBDIR}" --nodes "${JOB_NODES[*]}" \
+  # It wakes the warm helpers once every rank's workload runs.
+  local wake=() key
+  for key in "${!UTIL_WARM_FD[@]}"; do wake+=(--wake-fd "${UTIL_WARM_FD[${key}]}"); done
+  util::sm job watch --jobdir "${SM_JOBDIR}" --nodes "${JOB_NODES[*]}" \
     --tasks-per-node "${per_node}" --srun-pid "${JOB_SRUN_PID}" --peer-grace "${SM_PEER_GRACE}" \
     --progress-seconds "${SM_PROGRESS_SECONDS}" "${wake[@]+"${wake[@]}"}" &
   JOB_WATCH_PID=$!
@@ -282,7 +277,7 @@ job::teardown() {
   # collected: the last collect's exit, 0 or 1 once it has judged the job and appended its rows to
   # --perf-csv (when it held them for a requeue, the collect below appends them); 2 or 3 when not.
   local collected=0
-  util::fast_logged multi results.collect_main "${cargs[@]}" || collected=$?
+  util::sm_logged multi results collect "${cargs[@]}" || collected=$?
   rc=${collected}
   local found=0
   job::bad_nodes_from "${bad}" && found=1
@@ -292,7 +287,7 @@ job::teardown() {
     # Not requeued after all: this attempt is the job's, its rows go to the shared perf.csv.
     if ((held)); then
       collected=0
-      util::fast_logged multi results.collect_main "${SM_JOBDIR}" --no-picture --perf-csv "${SM_PERF_CSV}" || collected=$?
+      util::sm_logged multi results collect "${SM_JOBDIR}" --no-picture --perf-csv "${SM_PERF_CSV}" || collected=$?
       ((collected == 0)) || rc=${collected}
     fi
   fi
@@ -303,7 +298,7 @@ job::teardown() {
   if [[ -n ${JOB_MODEL_KEY:-} ]] && ((collected < 2)); then
     local margs=("${SM_JOBDIR}")
     [[ -z ${SM_PERF_CSV:-} ]] || margs+=(--perf-csv "${SM_PERF_CSV}")
-    util::fast_logged multi results.madoutputs "${margs[@]}" ||
+    util::warm_logged multi results mad-outputs "${margs[@]}" ||
       log::warn multi "madengine's perf_entry/perf_super files not written: ${UTIL_ERROR}"
   fi
   util::log_drain
@@ -441,7 +436,7 @@ job::keep_attempt() {
   mkdir -p "${dir}"
   local reasons=()
   for entry in "${JOB_BAD_NODES[@]}"; do reasons+=("${entry}"); done
-  util::py -m slurm_multi.attempts write "${dir}/requeue.json" "$1" "$2" "${SECONDS}" "$3" "${reasons[@]}" ||
+  util::sm job record-attempt -- "${dir}/requeue.json" "$1" "$2" "${SECONDS}" "$3" "${reasons[@]}" ||
     log::warn multi "could not write ${dir}/requeue.json"
   # The profilers' outputs in the job dir go with the attempt too (a --profile-dir elsewhere keeps
   # every attempt's reports side by side: their names carry the attempt, lib/profile.sh).
@@ -490,7 +485,7 @@ job::dry_run_prepare() {
   fi
   local argv=(node prepare --scratch "${dir}" --no-detect --node-scratch "${SM_SCRATCH}")
   ((${#SM_CMD[@]})) && argv+=(-- "${SM_CMD[@]}")
-  util::fast "${argv[@]}" 2>/dev/null || log::die multi "${UTIL_ERROR}" 2
+  util::helper "${argv[@]}" 2>/dev/null || log::die multi "${UTIL_ERROR}" 2
   cat "${dir}/secrets" >>"$1/secrets"
   # shellcheck source=/dev/null
   source "${dir}/context.sh"

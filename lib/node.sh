@@ -11,7 +11,8 @@ declare -F timeline::event >/dev/null || source "$(dirname "${BASH_SOURCE[0]}")/
 declare -gA NODE_STAGE_SECONDS=() NODE_STAGE_STATUS=()
 NODE_STAGE_ORDER=()
 NODE_CURRENT_STAGE='' NODE_CURRENT_T0='' # the stage running now (a signal cuts it short: on_term)
-NODE_STAGES=(prepare fitness image barrier run save-outputs)
+# A node task's stages in the order it runs them: one owner, read by bash and Python (events.STAGE_ORDER).
+read -r -a NODE_STAGES <"${BASH_SOURCE[0]%/*}/../py/slurm_multi/stages.txt"
 NODE_REASON=
 NODE_EXIT=0
 NODE_TERMINATED=0
@@ -195,7 +196,7 @@ node::stage_prepare() {
   fi
   local argv=(node prepare --scratch "${SM_SCRATCH}")
   ((${#SM_CMD[@]})) && argv+=(-- "${SM_CMD[@]}")
-  util::fast_logged prepare "${argv[@]}" || rc=$?
+  util::sm_logged prepare "${argv[@]}" || rc=$?
   ((rc == 0)) || node::fail "${UTIL_ERROR}" "${rc}" || return $?
   # shellcheck source=/dev/null
   source "${SM_SCRATCH}/context.sh"
@@ -747,16 +748,14 @@ node::stage_save_outputs() {
 
 # node::write_status: status.json, the node's verdict input (a helper writes it, atomically).
 node::write_status() {
-  local name stages=() spec
+  local name argv=(node status --file "${SM_NODE_DIR}/status.json" --rank "${SM_RANK}" --node "${NODE_HOST:-$(hostname)}"
+    --exit-code "${NODE_EXIT}" --reason "${NODE_REASON}" --image-id "${SM_IMAGE_ID:-}")
+  [[ ${NODE_TERMINATED} != 1 ]] || argv+=(--terminated)
   for name in "${NODE_STAGE_ORDER[@]+"${NODE_STAGE_ORDER[@]}"}"; do
-    spec="${name}:${NODE_STAGE_SECONDS[${name}]}:${NODE_STAGE_STATUS[${name}]}"
-    [[ ${name} == run && -n ${RUN_EXIT} ]] && spec+=":${RUN_EXIT}"
-    stages+=("${spec}")
+    argv+=(--stage "${name}:${NODE_STAGE_SECONDS[${name}]}:${NODE_STAGE_STATUS[${name}]}")
+    [[ ${name} != run || -z ${RUN_EXIT} ]] || argv[-1]+=":${RUN_EXIT}"
   done
-  # The click-free entry of `slurm-multi node status` (this runs at the end of every task), started
-  # warm while the workload ran (run::workload_started), cold on a path that never got there.
-  util::warm_run statusfile "${SM_NODE_DIR}/status.json" "${SM_RANK}" \
-    "${NODE_HOST:-$(hostname)}" "${NODE_EXIT}" "${NODE_REASON}" "${SM_IMAGE_ID:-}" "${NODE_TERMINATED}" "${stages[@]+"${stages[@]}"}" ||
+  util::helper "${argv[@]}" ||
     log::error node "cannot write ${SM_NODE_DIR}/status.json: ${UTIL_ERROR}"
 }
 

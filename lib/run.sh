@@ -61,12 +61,9 @@ run::docker_argv() {
     "${SM_PROFILE_PREFIX[@]+"${SM_PROFILE_PREFIX[@]}"}" "${RUN_WORKLOAD[@]+"${RUN_WORKLOAD[@]}"}")
 }
 
-# run::workload_started: the workload is on its way (every runtime says so here): on the timeline,
-# and the node's status writer starts warm now, its interpreter and imports paid while the workload
-# runs instead of after it (node::write_status), and not before the workload's own start.
+# run::workload_started: the workload is on its way (every runtime says so here): on the timeline.
 run::workload_started() {
   timeline::event container_start
-  util::warm_start statusfile
 }
 
 # run::diagnose NAME REASON: a bounded, non-fatal snapshot next to the failure.
@@ -135,7 +132,7 @@ run::hang_watch() {
       target=(--step "${SLURM_JOB_ID}.${step}")
     fi
     # A direct child (no command substitution), so stopping this subshell's children stops it.
-    util::py -m slurm_multi.hangwatch "${target[@]}" --timeout "${SM_HANG_TIMEOUT}" --output "${SM_NODE_LOG}" \
+    util::sm node hang-watch "${target[@]}" --timeout "${SM_HANG_TIMEOUT}" --output "${SM_NODE_LOG}" \
       --node-dir "${SM_NODE_DIR}" --diagnostics "${SM_SCRATCH}/diagnostics" --rank "${SM_RANK}" \
       --node "${NODE_HOST:-$(hostname)}" "${peers[@]+"${peers[@]}"}" >"${SM_SCRATCH}/hang-watch.out" || rc=$?
     ((rc == 3)) && [[ ! -e ${SM_SCRATCH}/run-done ]] || exit 0

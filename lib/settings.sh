@@ -11,7 +11,7 @@ settings::resolve_env() {
   [[ ${SM_SETTINGS_RESOLVED:-0} != 1 ]] || return 0
   local file rc=0
   file=$(mktemp "${TMPDIR:-/tmp}/sm-settings.XXXXXX") || return 2
-  util::py -m slurm_multi.settings env "${file}" || rc=$?
+  util::sm settings env "${file}" || rc=$?
   # shellcheck source=/dev/null
   ((rc == 0)) && source "${file}"
   rm -f "${file}"

@@ -17,8 +17,8 @@ util::py() {
 util::sm() { util::py -m slurm_multi "$@"; }
 
 # util::redact [--secrets-file FILE]: the log filter (the one secret rule), stdin to stdout. It runs
-# for the whole job on every node (slurm_multi.secret_rule).
-util::redact() { util::py -m slurm_multi.secret_rule "$@"; }
+# for the whole job on every node (slurm_multi.redact).
+util::redact() { util::sm redact "$@"; }
 
 # util::log_to FILE [REDACT ARGS…]: from here on, everything this shell and its children print goes
 # through the log filter (secrets masked) into FILE and on to the shell's own stdout. The filter
@@ -75,29 +75,13 @@ util::sm_logged() {
 # command substitution (the reason would stay in the subshell); redirect its stdout to a file.
 util::helper() { util::_helper util::sm "$@"; }
 
-# util::fast MODULE ARGS…: the same for a click-free helper on the hot path (`python -m
-# slurm_multi.MODULE ARGS…`: no site, no click; a few tens of ms less per call).
-util::fast() { util::_helper util::py_fast "$@"; }
-util::py_fast() {
-  local module=$1
+# util::warm_logged AREA WORD WORD ARGS…: log `slurm-multi WORD WORD ARGS…` (it pastes back), then
+# run it through the helper util::warm_start started for it, if any (cold when none was).
+util::warm_logged() {
+  local area=$1
   shift
-  util::py -m "slurm_multi.${module}" "$@"
-}
-
-# util::fast_logged AREA MODULE ARGS…: log it as the bin/slurm-multi command that does the same
-# (a click passthrough to the same main: it pastes back), then run the click-free entry (through
-# the helper util::warm_start started for it, if any).
-util::fast_logged() {
-  local area=$1 module=$2 words=()
-  shift 2
-  case ${module} in
-    plan) words=(job plan) ;;
-    results.collect_main) words=(results collect) ;;
-    results.madoutputs) words=(results mad-outputs) ;;
-    *) words=("${module}") ;;
-  esac
-  log::cmd "${area}" "${SM_HOME}/bin/slurm-multi" "${words[@]}" "$@"
-  util::warm_run "${module}" "$@"
+  log::cmd "${area}" "${SM_HOME}/bin/slurm-multi" "$@"
+  util::warm_run "$@"
 }
 
 util::_helper() { util::_helper_with "${TMPDIR:-/tmp}/.sm-error.$$.${BASHPID}.${RANDOM}" "$@"; }
@@ -131,44 +115,45 @@ util::remove() {
   ((${#_there[@]} == 0)) || rm -f -- "${_there[@]}"
 }
 
-# util::warm_start MODULE [--wake-later]: start the click-free helper MODULE now, on a pipe, so that
-# its interpreter and imports are paid while the job runs (slurm_multi.warm: statusfile,
-# results.collect_main); util::warm_run gives it its arguments when its moment comes. It imports at
-# once, or with --wake-later when an empty line comes on its pipe (UTIL_WARM_FD[MODULE], which
-# children inherit: the batch step's watch writes it once every rank's workload has printed). Like
-# the log filter it ignores TERM, INT and HUP: a scancel must not take away a helper that the exit
-# path needs. Unused, it ends when this shell does (its pipe closes).
+# util::warm_start WORD WORD [--wake-later]: start `slurm-multi WORD WORD` now, on a pipe
+# (`slurm-multi warm`, py/slurm_multi/warm.py: only a command whose imports cost a job 0.1 s or
+# more), so that its interpreter and imports are paid while the job runs; util::warm_run gives it
+# its arguments when its moment comes. It imports at once, or with --wake-later when an empty line
+# comes on its pipe (UTIL_WARM_FD["WORD WORD"], which children inherit: the batch step's watch
+# writes it once every rank's workload has printed). Like the log filter it ignores TERM, INT and
+# HUP: a scancel must not take away a helper that the exit path needs. Unused, it ends when this
+# shell does (its pipe closes).
 declare -gA UTIL_WARM_FD=() UTIL_WARM_PID=() UTIL_WARM_ERR=()
 util::warm_start() {
-  local module=$1 fd errfile=${TMPDIR:-/tmp}/.sm-error.$$.${BASHPID}.${RANDOM}
-  [[ -z ${UTIL_WARM_PID[${module}]:-} ]] || return 0
+  local key="$1 $2" fd errfile=${TMPDIR:-/tmp}/.sm-error.$$.${BASHPID}.${RANDOM}
+  [[ -z ${UTIL_WARM_PID[${key}]:-} ]] || return 0
   exec {fd}> >(trap '' TERM INT HUP; SM_ERROR_FILE=${errfile} PYTHONPATH="${SM_HOME}/py${PYTHONPATH:+:${PYTHONPATH}}" \
-    exec "${SM_PYTHON}" -m slurm_multi.warm "${module}")
-  UTIL_WARM_PID[${module}]=$! UTIL_WARM_FD[${module}]=${fd} UTIL_WARM_ERR[${module}]=${errfile}
-  [[ ${2:-} == --wake-later ]] || (printf '\n' 1>&"${fd}") 2>/dev/null || true
+    exec "${SM_PYTHON}" -m slurm_multi warm "$1" "$2")
+  UTIL_WARM_PID[${key}]=$! UTIL_WARM_FD[${key}]=${fd} UTIL_WARM_ERR[${key}]=${errfile}
+  [[ ${3:-} == --wake-later ]] || (printf '\n' 1>&"${fd}") 2>/dev/null || true
 }
 
-# util::warm_run MODULE ARGS…: util::fast MODULE ARGS… through the helper util::warm_start started
-# (the same main, the same exit status and one-line reason in UTIL_ERROR); cold, as util::fast,
-# when none was started or it is gone. Used once: a second call starts the helper cold.
+# util::warm_run WORD WORD ARGS…: util::helper WORD WORD ARGS… through the helper util::warm_start
+# started (the same command, the same exit status and one-line reason in UTIL_ERROR); cold, as
+# util::helper, when none was started or it is gone. Used once: a second call starts it cold.
 util::warm_run() {
-  local module=$1 pid=${UTIL_WARM_PID[${1}]:-}
-  [[ -n ${pid} ]] || { util::fast "$@"; return $?; }
-  util::_helper_with "${UTIL_WARM_ERR[${module}]}" util::_warm_feed "$@"
+  local key="$1 $2"
+  [[ -n ${UTIL_WARM_PID[${key}]:-} ]] || { util::helper "$@"; return $?; }
+  util::_helper_with "${UTIL_WARM_ERR[${key}]}" util::_warm_feed "$@"
 }
 
-# util::_warm_feed MODULE ARGS…: the argv to the warm helper (a word count, then each word
+# util::_warm_feed WORD WORD ARGS…: the argv to the warm helper (a word count, then each word
 # NUL-terminated), then its exit status. A helper that cannot take it (it died: the write fails in
 # a subshell, never a SIGPIPE to this shell) is replaced by a cold start.
 util::_warm_feed() {
-  local module=$1 pid=${UTIL_WARM_PID[${1}]} fd=${UTIL_WARM_FD[${1}]} rc=0 fed=1
-  shift
-  unset "UTIL_WARM_PID[${module}]" "UTIL_WARM_FD[${module}]"
-  (printf '%d\n' "$#" && { (($# == 0)) || printf '%s\0' "$@"; }) 1>&"${fd}" 2>/dev/null || fed=0
+  local key="$1 $2" rc=0 fed=1
+  local pid=${UTIL_WARM_PID[${key}]} fd=${UTIL_WARM_FD[${key}]}
+  unset "UTIL_WARM_PID[${key}]" "UTIL_WARM_FD[${key}]"
+  (printf '%d\n' "$(($# - 2))" && { (($# == 2)) || printf '%s\0' "${@:3}"; }) 1>&"${fd}" 2>/dev/null || fed=0
   exec {fd}>&-
   wait "${pid}" || rc=$?
   if ((fed)); then return "${rc}"; fi
-  util::py_fast "${module}" "$@"
+  util::sm "$@"
 }
 
 # util::python_executable: SM_PYTHON can be executed (asked of the file system, no process); else one

@@ -13,7 +13,7 @@ SLURM_RESTART_COUNT, 0 for the first) and this record goes beside them:
 
 The final attempt's summary.json lists them (`attempts`), oldest first.
 
-Click-free (the batch step writes it with `python -m slurm_multi.attempts write ...`).
+The batch step writes it with `slurm-multi job record-attempt ...` (slurm_multi.job).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -88,28 +87,3 @@ def earlier(jobdir: str) -> tuple[list[dict[str, Any]], list[str]]:
             document["dir"] = name
             out.append(document)
     return out, warnings
-
-
-def main(argv: Sequence[str]) -> int:
-    """write FILE ATTEMPT CAUSE AFTER_S EXCLUDED [NODE<TAB>REASON...]"""
-    args = list(argv)
-    if len(args) < 6 or args[0] != "write":
-        usage = "write FILE ATTEMPT CAUSE AFTER_S EXCLUDED [NODE<TAB>REASON...]"
-        print(f"slurm-multi: usage: python -m slurm_multi.attempts {usage}", file=sys.stderr)
-        return 2
-    _, path, attempt, cause, after_s, excluded, *bad = args
-    try:
-        if not (attempt.isdigit() and after_s.isdigit()):
-            raise AttemptError(f"attempt '{attempt}' and seconds '{after_s}' must be whole numbers")
-        write(path, record(int(attempt), cause, int(after_s), excluded, bad))
-    except AttemptError as exc:
-        print(f"slurm-multi: attempts: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        print(f"slurm-multi: attempts: cannot write {path}: {exc.strerror}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -34,7 +34,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
     "coordinator": ("slurm_multi.coordinator:cli", "Probe a ZeroMQ endpoint as nsight-slurm dials it."),
     "redact": ("slurm_multi.redact:cli", "Redact secret values from text on stdin."),
+    "settings": ("slurm_multi.settings_cli:cli", "Resolve the settings alone, or print their table."),
     "quarantine": ("slurm_multi.quarantine:cli", "Show and edit the shared list of nodes later jobs avoid."),
+    "warm": ("slurm_multi.warm:cli", "Start a command before its moment; its arguments come on stdin."),
 }
 
 
@@ -66,56 +68,55 @@ def group() -> None:
     """slurm-multi node-side helpers (one per stage of a multi-node job)."""
 
 
-class _Passthrough(click.Command):
-    """A command whose arguments go, exactly as given (`--` included), to a click-free main(argv)."""
-
-    def __init__(self, name: str, target: str, short_help: str) -> None:
-        super().__init__(name, short_help=short_help, add_help_option=False)
-        self.target = target
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        ctx.args = []
-        ctx.params["argv"] = list(args)
-        return []
-
-    def invoke(self, ctx: click.Context) -> None:
-        module_name, attr = self.target.split(":")
-        entry = getattr(importlib.import_module(module_name), attr)
-        ctx.exit(entry(ctx.params["argv"]))
-
-
-def passthrough(name: str, target: str, short_help: str) -> click.Command:
-    """`slurm-multi <group> NAME ARGS...` = `python -m <module> ARGS...`: target (`module:main`) is
-    the command's one parser and behaviour; its `--help` is the target's."""
-    return _Passthrough(name, target, short_help)
-
-
-def main() -> None:
+def run(args: list[str] | None = None) -> int:
+    """`slurm-multi ARGS…` (sys.argv when None) in this process: its exit code. Every error is one
+    line on stderr (and in SM_ERROR_FILE): a usage error names the option and the command, worded
+    `<area> <command>: <what>; Usage: …`; a HelperError is its own line; a bug of ours is one line
+    too (SM_DEBUG=1 shows the traceback)."""
     import os
     import sys
 
     try:
-        rc = group.main(prog_name="slurm-multi", standalone_mode=False)
+        rc = group.main(args=args, prog_name="slurm-multi", standalone_mode=False)
     except click.UsageError as exc:
-        # One line, never click's usage block, worded as the click-free parsers word it (argv.py).
         from slurm_multi.common import usage_error
 
-        ctx = exc.ctx
-        area = ctx.command_path.removeprefix("slurm-multi").strip() if ctx else ""
-        usage = " ".join([ctx.command_path, *ctx.command.collect_usage_pieces(ctx)]) if ctx else "slurm-multi"
+        ctx = exc.ctx or _context_of(sys.argv[1:] if args is None else args)
+        area = ctx.command_path.removeprefix("slurm-multi").strip()
+        usage = " ".join([ctx.command_path, *ctx.command.collect_usage_pieces(ctx)])
         message = " ".join(exc.format_message().split()).rstrip(".")
         where = f"{area}: " if area else ""
-        usage_error(f"{where}{message}; Usage: {usage} (--help lists the options)").show()
-        sys.exit(exc.exit_code)
+        error = usage_error(f"{where}{message}; Usage: {usage} (--help lists the options)")
+        error.show()
+        return error.exit_code
     except click.ClickException as exc:  # HelperError: its one line (and SM_ERROR_FILE)
         exc.show()
-        sys.exit(exc.exit_code)
+        return exc.exit_code
     except click.exceptions.Abort:
-        sys.exit(130)
+        return 130
     except Exception as exc:  # a bug of ours: one line, not a traceback (SM_DEBUG=1 shows it)
         if os.environ.get("SM_DEBUG") == "1":
             raise
         from slurm_multi.common import internal_error
 
-        sys.exit(internal_error(exc))
-    sys.exit(rc if isinstance(rc, int) else 0)
+        return internal_error(exc)
+    return rc if isinstance(rc, int) else 0
+
+
+def _context_of(args: list[str]) -> click.Context:
+    """The context of the command `args` name (a usage error click raised without one: an option
+    given without its value): its words down the groups, as click would have resolved them."""
+    ctx = click.Context(group, info_name="slurm-multi")
+    for word in args:
+        command = ctx.command
+        found = command.get_command(ctx, word) if isinstance(command, click.Group) else None
+        if found is None:
+            break
+        ctx = click.Context(found, info_name=word, parent=ctx)
+    return ctx
+
+
+def main() -> None:
+    import sys
+
+    sys.exit(run())

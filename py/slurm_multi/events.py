@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 import time
 from typing import Any
 
@@ -40,8 +39,10 @@ from slurm_multi.logline import short
 from slurm_multi.readfile import read_bytes
 
 EVENTS_FILE = "events.log"
-# A node task's stages in the order it runs them (= lib/node.sh NODE_STAGES, a test holds them equal).
-STAGE_ORDER = ("prepare", "fitness", "image", "barrier", "run", "save-outputs")
+# A node task's stages in the order it runs them: one owner, stages.txt beside this module, which
+# lib/node.sh reads too (NODE_STAGES).
+with open(os.path.join(os.path.dirname(__file__), "stages.txt"), encoding="utf-8") as _handle:
+    STAGE_ORDER = tuple(_handle.read().split())
 OLD_EVENTS_FILE = "events.jsonl"  # earlier versions: one JSON object per line (still read)
 MAX_EPOCH = 253_402_300_799.0  # 9999-12-31T23:59:59Z
 RESERVED_KEYS = ("t", "event", "rank", "host")
@@ -358,15 +359,3 @@ def node_stage(jobdir: str, rank: int) -> str:
     if statusfile.has_status(node_dir):
         return "finished"
     return current_stage(node_dir) or "starting"
-
-
-def main(argv: list[str]) -> int:
-    if len(argv) != 3 or argv[0] != "stages" or not argv[2].isdigit():
-        print("usage: python -m slurm_multi.events stages JOBDIR NRANKS", file=sys.stderr)
-        return 2
-    print(" ".join(f"node_{r}={node_stage(argv[1], r)}" for r in range(int(argv[2]))))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -4,7 +4,7 @@ cache's sidecar records it, so a local image or a cached tar whose fingerprint d
 something else under a reused tag, and is rebuilt.
 
 The one owner of the rule: `node prepare` computes it into context.sh (IMAGE_FINGERPRINT), and
-`python -m slurm_multi.fingerprint` prints it where prepare did not (lib/image.sh
+`slurm-multi node fingerprint` prints it where prepare did not (lib/image.sh
 image::fingerprint). The digest is the one earlier versions took with coreutils, so the labels and
 sidecars they wrote still match:
 
@@ -25,11 +25,9 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-import sys
 from collections.abc import Sequence
 
 BIG = 1 << 20  # bytes: from this size on a file counts by size and time, not content
-USAGE = "python -m slurm_multi.fingerprint DOCKERFILE CONTEXT [BUILD_ARG...]"
 
 
 def _sum_line(digest: str, name: bytes) -> bytes:
@@ -94,16 +92,3 @@ def fingerprint(dockerfile: str, context: str, build_args: Sequence[str]) -> str
     args = b"\n".join(os.fsencode(arg) for arg in build_args).split(b"\n")
     text += [line + b"\n" for line in sorted(args)]
     return hashlib.sha256(b"".join(text)).hexdigest()[:32]
-
-
-def main(argv: Sequence[str]) -> int:
-    asked = argv[:1] in (["-h"], ["--help"])
-    if asked or len(argv) < 2:
-        print(f"usage: {USAGE}", file=sys.stdout if asked else sys.stderr)
-        return 0 if asked else 2
-    sys.stdout.write(fingerprint(argv[0], argv[1], argv[2:]))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

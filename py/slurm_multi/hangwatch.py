@@ -1,4 +1,4 @@
-"""The hang watch beside a node's workload, without click (`python -m slurm_multi.hangwatch …`).
+"""The hang watch beside a node's workload (`slurm-multi node hang-watch …`, lib/run.sh).
 
 A rank is hung when, for --timeout seconds after GO, its workload has printed no new output line
 AND its processes have used no CPU time. Both signals are needed: a rank that is quiet but
@@ -36,9 +36,9 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
 
 from slurm_multi import shell
@@ -73,29 +73,19 @@ def _read(path: str) -> str | None:
 # ---- processes -----------------------------------------------------------------------------------
 
 
+@dataclass
 class Thread:
-    """One thread of the workload as /proc shows it (plain classes here, not dataclasses: their
-    import is ~12 ms of every rank's run stage)."""
+    """One thread of the workload as /proc shows it (wchan is filled in later)."""
 
-    __slots__ = ("pid", "tid", "state", "comm", "wchan")
-
-    def __init__(self, pid: int, tid: int, state: str, comm: str, wchan: str = "") -> None:
-        self.pid, self.tid, self.state, self.comm, self.wchan = pid, tid, state, comm, wchan
-
-    def _key(self) -> tuple[int, int, str, str, str]:
-        return (self.pid, self.tid, self.state, self.comm, self.wchan)
+    pid: int
+    tid: int
+    state: str
+    comm: str
+    wchan: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         """hang.json's `processes` entry: the fields in this order."""
-        return dict(zip(self.__slots__, self._key()))
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Thread) and self._key() == other._key()
-
-    __hash__ = None  # type: ignore[assignment] # mutable (wchan is filled in later), as the dataclass was
-
-    def __repr__(self) -> str:
-        return "Thread(pid={!r}, tid={!r}, state={!r}, comm={!r}, wchan={!r})".format(*self._key())
+        return asdict(self)
 
 
 def _start_ticks(pid: int) -> str:
@@ -723,103 +713,51 @@ def _write(directory: str, name: str, text: str) -> None:
         pass
 
 
-def _parser() -> Any:
-    from slurm_multi import argv as options
-
-    number = options.number_at_least(0)
-    return options.Parser(
-        "python -m slurm_multi.hangwatch",
-        "",
-        """Watch one rank's workload for a hang (no output and no CPU for --timeout seconds).
-
-    Give exactly one of --container, --pid, --step. The run stage starts it (lib/run.sh).
-
-    Example: python -m slurm_multi.hangwatch --container sm-57-r1 --timeout 900 \\
-               --output node.log --node-dir node_1""",
-        [
-            options.Option("--container", help="docker container name (the docker runtime)"),
-            options.Option("--pid", metavar="PID", convert=options.integer,
-                           help="the workload's process (bare metal)"),
-            options.Option("--step", metavar="JOB.STEP",
-                           help="the Slurm step whose tasks here are the workload (pyxis)"),
-            options.Option("--timeout", metavar="SECONDS", convert=number, required=True,
-                           help="seconds without output and CPU"),
-            options.Option("--output", metavar="FILE", required=True,
-                           help="the file the workload's output lands in"),
-            options.Option("--node-dir", metavar="DIR", required=True,
-                           help="where progress.json and hang.json go"),
-            options.Option("--diagnostics", metavar="DIR", default="",
-                           help="where the hang's diagnostics go"),
-            options.Option("--rank", metavar="N", convert=options.integer, default=0),
-            options.Option("--node", default=os.environ.get("SLURMD_NODENAME", "")),
-            options.Option("--poll", metavar="SECONDS", convert=number, default=1.0),
-            options.Option("--progress-every", metavar="SECONDS", convert=number, default=5.0),
-            options.Option("--docker", default="docker"),
-            options.Option("--job-dir", metavar="DIR", default="",
-                           help="the job dir holding every rank's node_<r>/"),
-            options.Option("--ranks", metavar="N", convert=options.integer, default=1,
-                           help="ranks in the job (node_0 … node_<n-1>)"),
-            options.Option("--hold", metavar="SECONDS", convert=number, default=0.0,
-                           help="a rank found hung or waiting holds its stop up to this long for the other "
-                                "ranks' watches"),
-        ],
-    )  # fmt: skip
-
-
-def main(argv: Sequence[str]) -> int:
-    from slurm_multi.common import HelperError
-
-    try:
-        args = _arguments(argv)
-    except HelperError as exc:  # its one line; not run_main: Stopped must reach __main__ below
-        exc.show()
-        return exc.exit_code
-    if args is None:
-        return 0
-    target = Target(container=args.container or "", pid=args.pid or 0, step=args.step or "",
-                    docker=args.docker)  # fmt: skip
-    try:
-        node = args.node or os.uname().nodename
-        peers = Peers(args.job_dir, args.ranks, args.hold) if args.job_dir else None
-        return watch(target, args.output, args.timeout, args.node_dir, args.rank, node,
-                     args.poll, args.progress_every, args.diagnostics, peers=peers)  # fmt: skip
-    except KeyboardInterrupt:
-        return 0
-
-
-def _arguments(argv: Sequence[str]) -> Any:
-    """The parsed options (None: --help was printed); a usage error is a HelperError."""
+def check_arguments(
+    container: str | None, pid: int | None, step: str | None, timeout: float, poll: float, ranks: int
+) -> None:
+    """`node hang-watch`'s checks click cannot say: exactly one target, positive times, a JOB.STEP step."""
     from slurm_multi.common import usage_error
 
-    args = _parser().parse(argv)
-    if args is None:
-        return None
-    given = [name for name in ("container", "pid", "step") if getattr(args, name) is not None]
+    given = [
+        name for name, value in (("container", container), ("pid", pid), ("step", step)) if value is not None
+    ]
     if len(given) != 1:
         raise usage_error("hangwatch: give exactly one of --container, --pid, --step")
-    if args.timeout <= 0 or args.poll <= 0 or args.ranks < 1:
+    if timeout <= 0 or poll <= 0 or ranks < 1:
         raise usage_error("hangwatch: --timeout and --poll must be positive, --ranks at least 1")
-    job, dot, step = (args.step or "").partition(".")
-    if args.step is not None and not (dot and _whole(job) and _whole(step)):
-        raise usage_error(f"hangwatch: --step {args.step!r}: expected JOB.STEP, e.g. 4242.3")
-    return args
+    job, dot, number = (step or "").partition(".")
+    if step is not None and not (dot and _whole(job) and _whole(number)):
+        raise usage_error(f"hangwatch: --step {step!r}: expected JOB.STEP, e.g. 4242.3")
 
 
-def _stop(*_: Any) -> None:
-    raise Stopped
-
-
-if __name__ == "__main__":
+def run_until_stopped(
+    target: Target,
+    output: str,
+    timeout: float,
+    node_dir: str,
+    rank: int,
+    node: str,
+    poll: float,
+    progress_every: float,
+    diagnostics: str,
+    peers: Peers | None,
+) -> int:
+    """`watch` as the run stage runs it: its SIGTERM (the workload ended) ends the watch with exit 0
+    and not a word on stderr. That SIGTERM can come after the watch has returned, while the
+    interpreter shuts down, where Stopped printed a traceback into the node log (an error pattern: a
+    SUCCESS job judged FAILURE, 1 run in ~70 e2e jobs): from the return on, SIGTERM is ignored."""
     import signal
 
-    signal.signal(signal.SIGTERM, _stop)
-    # The run stage SIGTERMs the watch when the workload ends; that can come after the watch has
-    # returned, while the interpreter shuts down, where Stopped printed a traceback into the node
-    # log (an error pattern: a SUCCESS job judged FAILURE, 1 run in ~70 e2e jobs).
+    def stop(*_: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one Stopped, however many SIGTERMs
+        raise Stopped
+
+    signal.signal(signal.SIGTERM, stop)
     try:
-        code = main(sys.argv[1:])
-    except Stopped:
-        code = 0
+        return watch(target, output, timeout, node_dir, rank, node, poll, progress_every, diagnostics,
+                     peers=peers)  # fmt: skip
+    except (Stopped, KeyboardInterrupt):
+        return 0
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    sys.exit(code)

@@ -24,13 +24,11 @@ import dataclasses
 import json
 import os
 import socket
-import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from slurm_multi import argv as options
 from slurm_multi import shell
-from slurm_multi.common import HelperError, run_main, talk, usage_error
+from slurm_multi.common import HelperError, talk, usage_error
 from slurm_multi.context import RunContext, resolve
 from slurm_multi.secret_rule import MASK, is_secret_name
 
@@ -601,53 +599,3 @@ def from_job(jobdir: str, rank: int, env: Mapping[str, str]) -> str:
     return shell.render(
         f"slurm-multi node from-job {jobdir} --rank {rank}", exports=exports, arrays={"SM_CMD": command}
     )
-
-
-# ---- `python -m slurm_multi.node prepare` = `slurm-multi node prepare` ------------------------
-
-PREPARE = options.Parser(
-    "slurm-multi node prepare",
-    "[-- CMD...]",
-    """Detect GPUs, resolve the run context, check it; write context.sh and friends into SCRATCH.
-
-    Example: slurm-multi node prepare --scratch /tmp/sm.57.r0 && source /tmp/sm.57.r0/context.sh""",
-    [
-        options.Option("--scratch", metavar="DIR", required=True, convert=options.not_a_file,
-                       help="The task's scratch dir."),
-        options.Option("--no-detect", options.FLAG, help="Skip GPU detection and GPU arguments (dry run)."),
-        options.Option("--node-scratch", metavar="DIR",
-                       help="The scratch path the docker arguments name (dry run)."),
-    ],
-)  # fmt: skip
-
-
-def prepare_main(argv: Sequence[str]) -> int:
-    """`slurm-multi node prepare [OPTIONS] [-- CMD...]`: `prepare` for this task."""
-    return run_main(_prepare_main, argv)
-
-
-def _prepare_main(argv: Sequence[str]) -> int:
-    given = PREPARE.parse(argv)
-    if given is not None:
-        detect = not given.no_detect
-        prepare(os.environ, given.scratch, given.args, detect=detect, shown_scratch=given.node_scratch)
-    return 0
-
-
-def main(argv: Sequence[str]) -> int:
-    """`python -m slurm_multi.node prepare ...` (the only click-free node command)."""
-    if argv and argv[0] == "prepare":
-        return prepare_main(argv[1:])
-    return run_main(_usage, argv)
-
-
-def _usage(argv: Sequence[str]) -> int:
-    raise usage_error(
-        f"node: {'no such command ' + repr(argv[0]) if argv else 'no command'}; "
-        "usage: python -m slurm_multi.node prepare --scratch DIR [--no-detect] [--node-scratch DIR] "
-        "[-- CMD...]"
-    )
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

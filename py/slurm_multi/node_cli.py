@@ -1,9 +1,8 @@
 """`slurm-multi node`: a node's click commands (the library is slurm_multi.node).
 
-`node prepare` is a passthrough to slurm_multi.node's click-free `prepare_main` (every task runs it as
-`python -m slurm_multi.node prepare`: one parser, one behaviour); `node status` writes status.json
-through slurm_multi.statusfile (whose click-free entry the tasks run); `node from-job` restores a
-finished job's settings for one rank.
+`node prepare` resolves and checks a task's run context (slurm_multi.node.prepare, every task runs
+it first); `node status` writes status.json through slurm_multi.statusfile (every task, last);
+`node from-job` restores a finished job's settings for one rank.
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ import sys
 
 import click
 
-from slurm_multi.cli import passthrough
 from slurm_multi.common import HelperError, usage_error
 
 
@@ -22,9 +20,28 @@ def cli() -> None:
     """A node's helpers: prepare the context, write status.json, re-run a stage of a finished job."""
 
 
-cli.add_command(
-    passthrough("prepare", "slurm_multi.node:prepare_main", "Resolve and check this node's run context.")
+@cli.command("prepare", short_help="Resolve and check this node's run context.")
+@click.option(
+    "--scratch",
+    metavar="DIR",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="The task's scratch dir.",
 )
+@click.option("--no-detect", is_flag=True, help="Skip GPU detection and GPU arguments (dry run).")
+@click.option("--node-scratch", metavar="DIR", help="The scratch path the docker arguments name (dry run).")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD...]")
+def prepare_command(
+    scratch: str, no_detect: bool, node_scratch: str | None, command: tuple[str, ...]
+) -> None:
+    """Detect GPUs, resolve the run context, check it; write context.sh and friends into SCRATCH.
+
+    \b
+    Example: slurm-multi node prepare --scratch /tmp/sm.57.r0 && source /tmp/sm.57.r0/context.sh
+    """
+    from slurm_multi.node import prepare
+
+    prepare(os.environ, scratch, list(command), detect=not no_detect, shown_scratch=node_scratch)
 
 
 @cli.command("status")
@@ -71,3 +88,86 @@ def from_job_command(jobdir: str, rank: int) -> None:
 
     text = from_job(os.path.abspath(jobdir), rank, os.environ)
     sys.stdout.buffer.write(text.encode("utf-8", "surrogateescape"))
+
+
+@cli.command("hang-watch", short_help="Watch one rank's workload for a hang.")
+@click.option("--container", help="The docker container's name (the docker runtime).")
+@click.option("--pid", type=int, help="The workload's process (bare metal).")
+@click.option("--step", metavar="JOB.STEP", help="The Slurm step whose tasks here are the workload (pyxis).")
+@click.option(
+    "--timeout", type=float, required=True, metavar="SECONDS", help="Seconds without output and CPU."
+)
+@click.option("--output", metavar="FILE", required=True, help="The file the workload's output lands in.")
+@click.option("--node-dir", metavar="DIR", required=True, help="Where progress.json and hang.json go.")
+@click.option("--diagnostics", metavar="DIR", default="", help="Where the hang's diagnostics go.")
+@click.option("--rank", type=int, default=0, show_default=True)
+@click.option("--node", "node_name", envvar="SLURMD_NODENAME", default="", help="[default: this host]")
+@click.option("--poll", type=float, default=1.0, show_default=True, metavar="SECONDS")
+@click.option("--progress-every", type=float, default=5.0, show_default=True, metavar="SECONDS")
+@click.option("--docker", default="docker", show_default=True)
+@click.option("--job-dir", metavar="DIR", default="", help="The job dir holding every rank's node_<r>/.")
+@click.option(
+    "--ranks", type=int, default=1, show_default=True, help="Ranks in the job (node_0 … node_<n-1>)."
+)
+@click.option(
+    "--hold",
+    type=float,
+    default=0.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="A rank found hung or waiting holds its stop up to this long for the other ranks' watches.",
+)
+def hang_watch_command(
+    container: str | None,
+    pid: int | None,
+    step: str | None,
+    timeout: float,
+    output: str,
+    node_dir: str,
+    diagnostics: str,
+    rank: int,
+    node_name: str,
+    poll: float,
+    progress_every: float,
+    docker: str,
+    job_dir: str,
+    ranks: int,
+    hold: float,
+) -> None:
+    """Watch one rank's workload for a hang (no output and no CPU for --timeout seconds): exit 3 and
+    hang.json when it hangs, 0 when the workload ends (or the run stage's SIGTERM comes).
+
+    Give exactly one of --container, --pid, --step. The run stage starts it (lib/run.sh).
+
+    \b
+    Example: slurm-multi node hang-watch --container sm-57-r1 --timeout 900 \\
+               --output node.log --node-dir node_1
+    """
+    from slurm_multi import hangwatch
+
+    hangwatch.check_arguments(container, pid, step, timeout, poll, ranks)
+    target = hangwatch.Target(container=container or "", pid=pid or 0, step=step or "", docker=docker)
+    peers = hangwatch.Peers(job_dir, ranks, hold) if job_dir else None
+    try:
+        node = node_name or os.uname().nodename
+        rc = hangwatch.run_until_stopped(target, output, timeout, node_dir, rank, node, poll, progress_every,
+                                         diagnostics, peers)  # fmt: skip
+    except hangwatch.Stopped:  # the run stage's SIGTERM as the watch returned
+        rc = 0
+    click.get_current_context().exit(rc)
+
+
+@cli.command("fingerprint", short_help="Print an image's build fingerprint.")
+@click.argument("dockerfile")
+@click.argument("context")
+@click.argument("build_args", nargs=-1, metavar="[BUILD_ARG...]")
+def fingerprint_command(dockerfile: str, context: str, build_args: tuple[str, ...]) -> None:
+    """Print the build fingerprint of DOCKERFILE, the files of CONTEXT and the BUILD_ARGs (32 hex
+    digits; nothing when there is no DOCKERFILE).
+
+    \b
+    Example: slurm-multi node fingerprint docker/toy.Dockerfile docker
+    """
+    from slurm_multi.fingerprint import fingerprint
+
+    sys.stdout.write(fingerprint(dockerfile, context, list(build_args)))

@@ -1,13 +1,12 @@
 """The batch step's one look at the settings and the manifest: validate, place the job dir, write job.json.
 
-`slurm-multi job plan` runs once per job, before any srun (and once for `--dry-run`), as
-`python -m slurm_multi.plan ...` (no click: it is on every job's critical path; `slurm-multi job
-plan` is the same `main`). A manifest that is not JSON, lacks a section, names no such model (or an
-ambiguous one) or has a value of the wrong type fails here with one line naming the file, the key
-and what was expected, exit 2, so no node ever starts on it. On success it prints bash
-(`declare -g …`) for the batch step to source AFTER checking the exit status, and writes job.json:
-every resolved setting and the manifest's resolved values, secrets masked. Results, the nodes'
-re-runs (`sm-node --from-job`) and people read job.json; nobody else re-derives what it holds.
+`slurm-multi job plan` runs once per job, before any srun (and once for `--dry-run`). A manifest
+that is not JSON, lacks a section, names no such model (or an ambiguous one) or has a value of the
+wrong type fails here with one line naming the file, the key and what was expected, exit 2, so no
+node ever starts on it. On success it prints bash (`declare -g …`) for the batch step to source
+AFTER checking the exit status, and writes job.json: every resolved setting and the manifest's
+resolved values, secrets masked. Results, the nodes' re-runs (`sm-node --from-job`) and people read
+job.json; nobody else re-derives what it holds.
 """
 
 from __future__ import annotations
@@ -18,9 +17,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from slurm_multi import argv as options
 from slurm_multi import shell
-from slurm_multi.common import HelperError, run_main, talk, usage_error
+from slurm_multi.common import HelperError, talk, usage_error
 from slurm_multi.context import (
     RunContext,
     manifest_values,
@@ -243,44 +241,7 @@ def _redact_tree(value: Any, secrets: Sequence[str]) -> Any:
     return value
 
 
-# ---- the command: `python -m slurm_multi.plan` = `slurm-multi job plan` -------------------------
-
-PARSER = options.Parser(
-    "slurm-multi job plan",
-    "[-- ARGS...]",
-    """Parse the settings (the batch step's argv with --batch-args, and the environment) against the one
-    settings table, validate them with the manifest, and print the plan as bash to source after checking
-    the exit status; write job.json (secrets masked) when the job runs.
-
-    Example: slurm-multi job plan --batch-args --emit plan.sh -- --manifest m.json --dry-run -N 2""",
-    [
-        options.Option("--batch-args", options.FLAG,
-                       help="The arguments are the batch step's argv (options, -N, --dry-run, -- CMD)."),
-        options.Option("--emit", metavar="FILE", convert=options.not_a_directory,
-                       help="Write the bash to source here (stdout stays free for --help) [stdout]."),
-        options.Option("--job-id", help="SLURM_JOB_ID [default: the environment's; DRYRUN for a dry run]."),
-        options.Option("--nnodes", metavar="N", convert=options.whole_number(1),
-                       help="Nodes in the job [default: SLURM_JOB_NUM_NODES; a dry run: -N, else 2]."),
-        options.Option("--nodes", default="", dest="node_list", help="The nodes' names, space-separated."),
-        options.Option("--submit-dir", help="Where a relative --out is relative to [default: cwd]."),
-        options.Option("--write", options.SWITCH, off="--no-write",
-                       help="Create the job dir and write job.json into it "
-                       "[default: with --batch-args, when the job really runs]."),
-    ],
-)  # fmt: skip
-
-
-def main(argv: Sequence[str]) -> int:
-    """`python -m slurm_multi.plan [OPTIONS] [-- ARGS...]` (and `slurm-multi job plan`)."""
-    return run_main(_main, argv)
-
-
-def _main(argv: Sequence[str]) -> int:
-    given = PARSER.parse(argv)
-    if given is not None:
-        plan(given.batch_args, given.emit, given.job_id, given.nnodes, given.node_list, given.submit_dir,
-             given.write, given.args)  # fmt: skip
-    return 0
+# ---- the plan (`slurm-multi job plan`, slurm_multi.job) ----------------------------------------
 
 
 def plan(
@@ -371,7 +332,6 @@ def plan(
             "JOB_RESULTS_CSV": ctx.get("SM_RESULTS_CSV"),
             "PLAN_QUARANTINE_ERROR": quarantine_error,
             "PLAN_EARLIER_RUN": earlier,
-            "PLAN_HAS_CLICK": "1" if click_findable() else "0",
         },
         arrays={
             "SM_CMD": command,
@@ -380,50 +340,6 @@ def plan(
         },
     )
     _emit(emit, text)
-
-
-def click_findable() -> bool:
-    """Whether this interpreter would find click with its site directories on (the nodes' non-hot
-    helpers run `python -m slurm_multi`), asked in this process: sys.path, then the directories
-    `site` would add, which -S leaves out (site_directories). No .pth file is read, so False only
-    means "not found this way": the batch step then asks the interpreter itself
-    (util::check_python, one more start, which this answer saves every job whose interpreter is
-    fine)."""
-    import importlib.machinery
-
-    paths = list(sys.path) + (site_directories() if sys.flags.no_site else [])
-    try:
-        return importlib.machinery.PathFinder.find_spec("click", paths) is not None
-    except (ImportError, ValueError, OSError):
-        return False
-
-
-def site_directories() -> list[str]:
-    """The site-packages directories `site` puts on sys.path for this interpreter, as site.venv()
-    and site.main() choose them: a venv's own (and the base's only with
-    include-system-site-packages), else the installation's and the user's."""
-    import site
-
-    version = f"python{sys.version_info[0]}.{sys.version_info[1]}"
-    exe_dir = os.path.dirname(os.path.abspath(sys.executable))
-    for prefix in (os.path.dirname(exe_dir), exe_dir):
-        try:
-            with open(os.path.join(prefix, "pyvenv.cfg"), encoding="utf-8") as handle:
-                config = handle.read()
-        except OSError:
-            continue
-        own = [os.path.join(prefix, "lib", version, "site-packages")]
-        system = any(
-            key.strip().lower() == "include-system-site-packages" and value.strip().lower() == "true"
-            for key, _, value in (line.partition("=") for line in config.splitlines())
-        )
-        return own + (_base_site_directories(site) if system else [])
-    return _base_site_directories(site)
-
-
-def _base_site_directories(site: Any) -> list[str]:
-    user = [] if os.environ.get("PYTHONNOUSERSITE") else [site.getusersitepackages()]
-    return [*site.getsitepackages(), *user]
 
 
 def _quarantine(state_dir: str, node_list: str, batch_args: bool, dry: bool) -> tuple[list[str], str]:
@@ -504,7 +420,3 @@ def settings_shown(resolved: Any, numbers: Mapping[str, str], sources: Mapping[s
         shown = MASK if is_secret_name(s.name) else value
         lines.append(f"{(s.option or s.name):<26} {shown}   (from {source})")
     return lines
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -36,4 +36,9 @@ def cli(secrets_file: str | None) -> None:
     Example: docker logs job-1-r0 2>&1 | slurm-multi redact >node.log
     """
     sys.stdout.flush()
-    filter_stdio(os.environ, secrets_file, sys.stdin.buffer, sys.stdout.buffer)
+    try:
+        filter_stdio(os.environ, secrets_file, sys.stdin.buffer, sys.stdout.buffer)
+    except BrokenPipeError:
+        # The reader went away (the task ends): nothing more to filter, and nothing to say. Python's
+        # own flush at exit must not find the broken pipe either (the docs' recipe for SIGPIPE).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

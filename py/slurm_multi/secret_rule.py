@@ -1,9 +1,8 @@
-"""The one secret rule, and the log filter that applies it, without click.
+"""The one secret rule, and the log filter that applies it.
 
-Every log filter of a job (the batch step's and each node's) runs this module directly
-(`python -m slurm_multi.secret_rule [--secrets-file F]`, ~10 ms to start instead of ~50 ms with
-click); `slurm-multi redact` is the same filter behind the CLI. Bash never decides what is secret:
-the helpers do, with is_secret_name below.
+Every log filter of a job (the batch step's and each node's) is `slurm-multi redact [--secrets-file
+F]` (slurm_multi.redact, util::redact). Bash never decides what is secret: the helpers do, with
+is_secret_name below.
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ import fnmatch
 import io
 import os
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import BinaryIO
 
 # Shell-style patterns (fnmatch), matched against the upper-cased name.
@@ -94,21 +93,6 @@ def filter_stream(
         sink.flush()
 
 
-def main(argv: Sequence[str]) -> int:
-    secrets_file = None
-    args = list(argv)
-    if args[:1] == ["--secrets-file"] and len(args) == 2:
-        secrets_file = args[1]
-    elif args:
-        print("slurm-multi: usage: python -m slurm_multi.secret_rule [--secrets-file FILE]", file=sys.stderr)
-        return 2
-    try:
-        filter_stdio(os.environ, secrets_file)
-    except BrokenPipeError:
-        return 0
-    return 0
-
-
 def filter_stdio(
     env: Mapping[str, str],
     secrets_file: str | None,
@@ -125,11 +109,3 @@ def filter_stdio(
     filter_stream(source, sink, env, secrets_file)
     source.detach()  # (given streams stay open for their owner)
     sink.detach()
-
-
-if __name__ == "__main__":
-    # The filter's end is on every task's way out (util::log_drain waits for it): no interpreter
-    # teardown after the last line (every line was flushed as it went).
-    status = main(sys.argv[1:])
-    sys.stderr.flush()
-    os._exit(status)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import sys
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
@@ -629,7 +628,7 @@ def markdown_table(core_only: bool = False) -> str:
     return "\n".join(rows)
 
 
-# ---- the command line (click-free) -----------------------------------------------------------------
+# ---- bash for the command line (`slurm-multi settings env`, slurm_multi.settings_cli) -------------
 
 
 def env_exports(r: Resolved) -> str:
@@ -643,28 +642,13 @@ def env_exports(r: Resolved) -> str:
     )
 
 
-def main(argv: Sequence[str]) -> int:
-    """`python -m slurm_multi.settings env FILE`: resolve the environment alone (a node stage run
-    by hand), validated, into FILE as bash to source. `markdown [--core]`: the option table."""
-    try:
-        if len(argv) == 2 and argv[0] == "env":
-            r = resolve(os.environ)
-            for s in TABLE:
-                _check_kind(r, s)
-            _validate_runtime(r)
-            from slurm_multi.shell import write_private
+def write_env(path: str) -> None:
+    """`slurm-multi settings env FILE`: resolve the environment alone (a node stage run by hand),
+    validated, into FILE as bash to source; a SettingsError when a value is refused."""
+    from slurm_multi.shell import write_private
 
-            write_private(argv[1], env_exports(r))
-            return 0
-        if argv and argv[0] == "markdown":
-            print(markdown_table(core_only="--core" in argv[1:]))
-            return 0
-    except SettingsError as exc:
-        print(f"slurm-multi: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    print("usage: python -m slurm_multi.settings env FILE | markdown [--core]", file=sys.stderr)
-    return EXIT_USAGE
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    r = resolve(os.environ)
+    for s in TABLE:
+        _check_kind(r, s)
+    _validate_runtime(r)
+    write_private(path, env_exports(r))

@@ -1,14 +1,9 @@
 """A node's status.json, the verdict's input: written and read here, nowhere else.
 
-The one helper at the end of every node task writes it, so this module starts without click
-(`python -m slurm_multi.statusfile …`, ~10 ms instead of ~50 ms on a node's hot path).
-`slurm-multi node status` is the same function behind the click CLI; the batch step's watch writes
-a "lost" status for the ranks of a dead node with it; collect, the watch, the hang watch, the
+The one helper at the end of every node task writes it (`slurm-multi node status`, slurm_multi.node_cli:
+STAGE is NAME:SECONDS:STATUS[:EXIT]; exit 0 written, 2 bad arguments, 1 I/O); the batch step's watch
+writes a "lost" status for the ranks of a dead node with it; collect, the watch, the hang watch, the
 events' progress line and `node from-job` read it with `read_status` / `has_status`.
-
-    python -m slurm_multi.statusfile FILE RANK NODE EXIT_CODE REASON IMAGE_ID TERMINATED STAGE…
-
-STAGE is NAME:SECONDS:STATUS[:EXIT]; TERMINATED is 0 or 1. Exit 0 written, 2 bad arguments, 1 I/O.
 
 The document (the keys below are the contract: old job directories are judged by them):
 
@@ -23,8 +18,8 @@ readers also meet the other words older versions or other writers used (lost, ab
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from slurm_multi.readfile import read_json
@@ -43,32 +38,18 @@ SECONDS = "seconds"
 STAGE_STATUS = "status"
 
 
-USAGE = "python -m slurm_multi.statusfile FILE RANK NODE EXIT_CODE REASON IMAGE_ID TERMINATED STAGE…"
-
-
 class StatusError(ValueError):
     """An argument that cannot go into status.json."""
 
 
+@dataclass
 class Status:
     """A status.json as read: its values as they are (a reader judges their types: a file another
     version or a person wrote may hold anything), or `error`, why a file that is there cannot be
-    read as a JSON object (the reader reports it unreadable).
+    read as a JSON object (the reader reports it unreadable)."""
 
-    A plain class, not a dataclass: importing dataclasses costs this hot path ~10 ms.
-    """
-
-    __slots__ = ("document", "error")
-
-    def __init__(self, document: dict[str, Any] | None = None, error: str = "") -> None:
-        self.document: dict[str, Any] = {} if document is None else document
-        self.error = error
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Status) and (self.document, self.error) == (other.document, other.error)
-
-    def __repr__(self) -> str:
-        return f"Status({self.document!r}, error={self.error!r})"
+    document: dict[str, Any] = field(default_factory=dict)
+    error: str = ""
 
     @property
     def readable(self) -> bool:
@@ -176,27 +157,3 @@ def write_status(path: str, document: dict[str, Any]) -> None:
 
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     write_json(path, document)
-
-
-def main(argv: Sequence[str]) -> int:
-    if len(argv) < 7:
-        print(f"slurm-multi: node status: usage: {USAGE}", file=sys.stderr)
-        return 2
-    path, rank, node, exit_code, reason, image_id, terminated, *stages = argv
-    try:
-        document = status_document(
-            int(rank), node, int(exit_code), reason, image_id, stages, terminated == "1"
-        )
-    except (StatusError, ValueError) as exc:
-        print(f"slurm-multi: {exc}", file=sys.stderr)
-        return 2
-    try:
-        write_status(path, document)
-    except OSError as exc:
-        print(f"slurm-multi: node status: cannot write {path}: {exc.strerror}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -1,34 +1,42 @@
 """A helper started before its moment: its interpreter and imports are paid while the job runs, its
 work when bash hands it its arguments.
 
-    python -m slurm_multi.warm MODULE
-    stdin: an empty line (wake: import MODULE now), then "<N>\n" and MODULE's N words, each
-           NUL-terminated (run it)
+    slurm-multi warm AREA COMMAND
+    stdin: an empty line (wake: import the command now), then "<N>\n" and the command's N words,
+           each NUL-terminated (run it)
 
 bash starts it on a pipe (`util::warm_start`); the wake comes at once, or from whoever knows that
 the busy moment is over (the batch step's watch, once every rank runs its workload: the imports
 then do not compete with the nodes' start). When its moment comes, bash writes the argv
-(`util::warm_run`); the exit status is then `MODULE.main(argv)`'s, exactly as
-`python -m slurm_multi.MODULE ARGV...` would have ended. The words a helper logs and pastes back
-are that command's: this module only moves its start. An argv without a wake before it imports
-first, as a cold start would. The count says where the argv ends, so the helper never waits for an
-end of file that a background process which inherited the pipe could hold back.
+(`util::warm_run`); the exit status is then that of `slurm-multi AREA COMMAND ARGV...`, run by the
+same click group in this process: the words a helper logs and pastes back are that command's, and
+this module only moves its start. An argv without a wake before it imports first, as a cold start
+would. The count says where the argv ends, so the helper never waits for an end of file that a
+background process which inherited the pipe could hold back.
 
 The pipe closing before a whole argv came (the task ended, or took another way, before it needed
 the helper): exit 0 having done nothing when nothing came, a one-line error when part of it did.
-MODULE is one of WARM_MODULES: the helpers that run on a job's critical path after the workload (a
-node's status.json, the batch step's collect).
+
+Only a command whose start costs a job at least 0.1 s is worth starting warm (STYLE.md):
+`results mad-outputs` imports pandas (~0.4 s of the job's end on the test machine: `time python -c
+'import pandas'` against `time python -c pass`). Its WARM_UP module's `warm_up()` is what the wait
+pays for besides the command's own imports. `results collect` (~0.07 s) and `node status`
+(~0.06 s) start cold.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
+from typing import Any
+
+import click
 
 from slurm_multi import EXIT_USAGE
 
-# Which helpers may be started warm: their `main(argv)` is the click-free entry bash runs cold.
-WARM_MODULES = ("statusfile", "results.collect_main", "results.madoutputs")
+# A command whose work needs a dear import besides its module's: the module whose warm_up() pays it.
+WARM_UP = {("results", "mad-outputs"): "slurm_multi.results.madoutputs"}
 EXIT_NOT_GIVEN = 0  # the pipe closed empty: nothing asked of us
 MAX_ARGV_BYTES = 1 << 20  # a status line or a collect command line; never more
 
@@ -75,32 +83,57 @@ def read_argv(fd: int, data: bytes = b"") -> list[str] | None:
     return [word.decode(sys.getfilesystemencoding(), "surrogateescape") for word in words[:-1]]
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) != 1 or argv[0] not in WARM_MODULES:
-        usage = f"python -m slurm_multi.warm {{{','.join(WARM_MODULES)}}}"
-        print(f"slurm-multi: warm: usage: {usage}", file=sys.stderr)
+def warm(words: tuple[str, ...]) -> int:
+    """`slurm-multi warm AREA COMMAND`: wait for the wake, import the command (and its WARM_UP
+    module), read its argv, run it through the group; its exit code. An AREA that is none is said at
+    once (the command's name is checked when its module is imported, after the wake)."""
+    from slurm_multi import cli
+
+    name = " ".join(words)
+    if words[0] not in cli.SUBCOMMANDS:
+        print(
+            f"slurm-multi: warm {name}: no command {words[0]!r} (slurm-multi --help lists them)",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     try:
         data = wait_for_wake(0)
         if data is None:
             return EXIT_NOT_GIVEN
-        name = f"slurm_multi.{argv[0]}"
-        __import__(name)
-        helper = sys.modules[name]
-        # A helper whose work needs a dear import pays it now, while the job runs (madoutputs: pandas).
-        warm_up = getattr(helper, "warm_up", None)
-        if warm_up is not None:
-            warm_up()
-        words = read_argv(0, data)
+        _resolve(cli.group, list(words))
+        if words in WARM_UP:  # what the command needs besides its module, paid now too
+            importlib.import_module(WARM_UP[words]).warm_up()
+        argv = read_argv(0, data)
     except (OSError, ValueError) as exc:
-        print(f"slurm-multi: warm {argv[0]}: {exc}", file=sys.stderr)
+        print(f"slurm-multi: warm {name}: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    if words is None:
+    if argv is None:
         return EXIT_NOT_GIVEN
-    # What the cold command's sys.argv[0] would be, for a helper that names itself.
-    sys.argv = [f"{helper.__file__}", *words]
-    return int(helper.main(words) or 0)
+    return cli.run([*words, *argv])
 
 
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+def _resolve(group: Any, words: list[str]) -> Any:
+    """The click command `words` names under `group` (importing its module), or a ValueError."""
+    command = group
+    with click.Context(group, info_name="slurm-multi") as ctx:
+        for word in words:
+            found = command.get_command(ctx, word) if isinstance(command, click.Group) else None
+            if found is None:
+                raise ValueError(f"no command {' '.join(words)!r} (slurm-multi --help lists them)")
+            command = found
+    if isinstance(command, click.Group):
+        raise ValueError(f"{' '.join(words)!r} is a group of commands, not a command")
+    return command
+
+
+@click.command("warm", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("area")
+@click.argument("command")
+def cli(area: str, command: str) -> None:
+    """Start `slurm-multi AREA COMMAND` before its moment: its arguments come on stdin (bash's
+    util::warm_start and util::warm_run).
+
+    \b
+    Example: slurm-multi warm results mad-outputs
+    """
+    click.get_current_context().exit(warm((area, command)))

@@ -1,6 +1,5 @@
-"""The batch step's watch over its node tasks, without click or argparse (it starts beside every
-job's srun, while the nodes start: `python -m slurm_multi.watch …`). `slurm-multi job watch` is
-a passthrough to this `main` (one parser); `job mark-lost` is `mark_lost` behind click.
+"""The batch step's watch over its node tasks (`slurm-multi job watch`, beside every job's srun)
+and `mark_lost` (`slurm-multi job mark-lost`); their click commands are in slurm_multi.job.
 
 It reads what the nodes write (status.json, their stage events) and what Slurm says of the nodes
 (`scontrol show node`): a rank whose status.json says it failed, or a node Slurm reports DOWN or
@@ -15,13 +14,10 @@ pays for its imports while the workload runs, not while the nodes and their cont
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections.abc import Sequence
 
-from slurm_multi import argv as options
 from slurm_multi import statusfile
-from slurm_multi.common import run_main
 from slurm_multi.events import node_stage, workload_started
 from slurm_multi.logline import talk
 
@@ -223,52 +219,3 @@ def _watch(
             next_progress = now + progress_every
             talk("multi", "progress: " + " ".join(f"node_{r}={node_stage(jobdir, r)}" for r in range(ranks)))
     return 0
-
-
-PARSER = options.Parser(
-    "slurm-multi job watch",
-    "",
-    """Watch the node tasks: progress, a rank's failure, a node Slurm declares DOWN or failed.
-
-    Exits 0 when the step ended, 10 when a rank failed (or its node died) PEER_GRACE seconds ago and
-    the batch step should stop the others.
-
-    Example: slurm-multi job watch --jobdir "$SM_JOBDIR" --nodes "node1 node2" --srun-pid "$pid"
-    """,
-    [
-        options.Option("--jobdir", metavar="DIRECTORY", required=True, convert=options.not_a_file),
-        options.Option("--nodes", required=True, help="The job's nodes, space-separated, in rank order."),
-        options.Option("--tasks-per-node", metavar="INTEGER RANGE", convert=options.whole_number(1),
-                       default=1, help="[default: 1; x>=1]"),
-        options.Option("--srun-pid", metavar="INTEGER", convert=options.integer, required=True,
-                       help="The worker step's srun: the watch ends with it."),
-        options.Option("--peer-grace", metavar="FLOAT RANGE", convert=options.number_at_least(0),
-                       default=30.0, help="[default: 30; x>=0]"),
-        options.Option("--progress-seconds", metavar="FLOAT RANGE", convert=options.number_at_least(1),
-                       default=15.0, help="[default: 15; x>=1]"),
-        options.Option("--wake-fd", options.MULTIPLE, metavar="FD", convert=options.whole_number(0),
-                       help="An open pipe: one empty line is written to it once every rank's workload "
-                       "has printed its first line (the batch step's warm helpers; repeatable)."),
-    ],
-    max_words=0,
-)  # fmt: skip
-
-
-def main(argv: Sequence[str]) -> int:
-    """`python -m slurm_multi.watch OPTIONS` (= `slurm-multi job watch`)."""
-    return run_main(_main, argv)
-
-
-def _main(argv: Sequence[str]) -> int:
-    import signal
-
-    given = PARSER.parse(argv)
-    if given is None:
-        return 0
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    return watch(given.jobdir, given.nodes.split(), given.tasks_per_node, given.srun_pid, given.peer_grace,
-                 given.progress_seconds, wake_fd=given.wake_fd)  # fmt: skip
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -188,7 +188,7 @@ for lib in log util settings teardown launch job; do source "${REPO_ROOT}/lib/\$
 SM_JOBDIR=${BATS_TEST_TMPDIR}/job SM_COLLECT=1 SM_STOP_GRACE=1 SLURM_JOB_NUM_NODES=2 SM_FITNESS=off
 mkdir -p "\${SM_JOBDIR}"
 util::sm() { echo "util::sm \$*"; }
-util::fast_logged() { echo "collect ran: \$*"; return 1; }
+util::sm_logged() { echo "collect ran: \$*"; return 1; }
 job::reap() { : >${BATS_TEST_TMPDIR}/in-reap; sleep 30 & wait \$!; echo "reap ended (\$?)"; }
 job::traps
 exit 0
@@ -203,7 +203,7 @@ SCRIPT
   run cat out.log
   assert_output --partial "SIGTERM (scancel or time limit) during the teardown: finishing it"
   assert_output --partial "reap ended (143)"
-  assert_output --partial "collect ran: multi results.collect_main ${BATS_TEST_TMPDIR}/job"
+  assert_output --partial "collect ran: multi results collect ${BATS_TEST_TMPDIR}/job"
   assert_output --partial "verdict: FAILURE"
   # The teardown's own verdict is the exit status, not the signal's 143.
   assert_equal "${rc}" 1

@@ -133,7 +133,7 @@ teardown() {
     dir=$2
     on_exit() {
       trap - EXIT
-      if util::warm_run statusfile "${dir}/status.json" 0 node1 3 "stage run failed" "" 0 run:0.1:failed:3; then echo written; else echo "failed $?"; fi
+      if util::warm_run node status --file "${dir}/status.json" --rank 0 --node node1 --exit-code 3 --reason "stage run failed" --stage run:0.1:failed:3; then echo written; else echo "failed $?"; fi
     }
     trap on_exit EXIT
     exit 3' _ "${REPO_ROOT}" "${BATS_TEST_TMPDIR}"
@@ -142,58 +142,61 @@ teardown() {
 }
 
 # status_args FILE: a status line's argv (a reason with spaces and an empty image ID included).
-status_args() { printf '%s\n' "$1" 0 node1 3 "stage run failed: exit 3" "" 0 "prepare:0.21:ok" "run:1.5:failed:3"; }
+status_args() {
+  printf '%s\n' --file "$1" --rank 0 --node node1 --exit-code 3 --reason "stage run failed: exit 3" --image-id "" \
+    --stage "prepare:0.21:ok" --stage "run:1.5:failed:3"
+}
 
-@test "util::warm_run writes through the warm helper what util::fast writes cold" {
+@test "util::warm_run writes through the warm helper what util::helper writes cold" {
   local args=()
   mapfile -t args < <(status_args "${BATS_TEST_TMPDIR}/cold.json")
-  util::fast statusfile "${args[@]}"
-  util::warm_start statusfile
-  local pid=${UTIL_WARM_PID[statusfile]}
+  util::helper node status "${args[@]}"
+  util::warm_start node status
+  local pid=${UTIL_WARM_PID[node status]}
   mapfile -t args < <(status_args "${BATS_TEST_TMPDIR}/warm.json")
-  util::warm_run statusfile "${args[@]}"
+  util::warm_run node status "${args[@]}"
   assert_equal "$("${SM_PYTHON}" -c 'import json,sys; print(json.load(open(sys.argv[1])) == json.load(open(sys.argv[2])))' \
     "${BATS_TEST_TMPDIR}/cold.json" "${BATS_TEST_TMPDIR}/warm.json")" True
   # It was that helper that wrote it, and it is gone: a second run would start cold.
   run kill -0 "${pid}"
   assert_failure
-  assert_equal "${UTIL_WARM_PID[statusfile]:-}" ""
+  assert_equal "${UTIL_WARM_PID[node status]:-}" ""
 }
 
-@test "util::warm_run gives the warm helper's failure and its one-line reason, as util::fast does" {
-  util::warm_start results.collect_main
+@test "util::warm_run gives the warm helper's failure and its one-line reason, as util::helper does" {
+  util::warm_start results collect
   local rc=0
-  util::warm_run results.collect_main "${BATS_TEST_TMPDIR}/no-such-job" || rc=$?
+  util::warm_run results collect "${BATS_TEST_TMPDIR}/no-such-job" || rc=$?
   assert_equal "${rc}" 2
   assert_equal "${UTIL_ERROR}" "results: job directory ${BATS_TEST_TMPDIR}/no-such-job does not exist; pass the directory the job wrote"
   rc=0
-  util::fast results.collect_main "${BATS_TEST_TMPDIR}/no-such-job" 2>/dev/null || rc=$?
+  util::helper results collect "${BATS_TEST_TMPDIR}/no-such-job" 2>/dev/null || rc=$?
   assert_equal "${rc}" 2
 }
 
 @test "a warm helper that died is replaced by a cold start, and a scancel's SIGTERM does not kill it" {
-  util::warm_start statusfile
-  kill -TERM "${UTIL_WARM_PID[statusfile]}" # ignored: the exit path still needs it
+  util::warm_start node status
+  kill -TERM "${UTIL_WARM_PID[node status]}" # ignored: the exit path still needs it
   sleep 0.2
-  run kill -0 "${UTIL_WARM_PID[statusfile]}"
+  run kill -0 "${UTIL_WARM_PID[node status]}"
   assert_success
-  kill -KILL "${UTIL_WARM_PID[statusfile]}"
+  kill -KILL "${UTIL_WARM_PID[node status]}"
   sleep 0.2
   local args=()
   mapfile -t args < <(status_args "${BATS_TEST_TMPDIR}/status.json")
-  util::warm_run statusfile "${args[@]}"
+  util::warm_run node status "${args[@]}"
   assert_file_exists "${BATS_TEST_TMPDIR}/status.json"
 }
 
-@test "util::warm_run without a warm helper is util::fast" {
+@test "util::warm_run without a warm helper is util::helper" {
   local args=()
   mapfile -t args < <(status_args "${BATS_TEST_TMPDIR}/status.json")
-  util::warm_run statusfile "${args[@]}"
+  util::warm_run node status "${args[@]}"
   assert_file_exists "${BATS_TEST_TMPDIR}/status.json"
 }
 
 @test "a warm helper never given its argv ends with the shell that started it, having done nothing" {
-  run bash -c 'source "${REPO_ROOT}/lib/log.sh"; source "${REPO_ROOT}/lib/util.sh"; util::warm_start statusfile; echo "${UTIL_WARM_PID[statusfile]}"'
+  run bash -c 'source "${REPO_ROOT}/lib/log.sh"; source "${REPO_ROOT}/lib/util.sh"; util::warm_start node status; echo "${UTIL_WARM_PID[node status]}"'
   assert_success
   local pid=${output} tries=0
   while kill -0 "${pid}" 2>/dev/null && ((tries++ < 100)); do sleep 0.05; done

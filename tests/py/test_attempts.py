@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 def write(jobdir: Path, index: int, *args: str) -> subprocess.CompletedProcess[str]:
     (jobdir / f"attempt_{index}").mkdir(parents=True, exist_ok=True)
     return subprocess.run(
-        [sys.executable, "-m", "slurm_multi.attempts", "write",
+        [sys.executable, "-m", "slurm_multi", "job", "record-attempt", "--",
          str(jobdir / f"attempt_{index}" / "requeue.json"), *args],
         capture_output=True, text=True, env={"PYTHONPATH": str(REPO / "py")},
     )  # fmt: skip

@@ -72,12 +72,11 @@ def test_the_watch_and_the_demo_read_the_same_stages(tmp_path: Path):
         (tmp_path / f"node_{rank}" / "events.log").write_text(event("stage_start", stage=stage))
     assert watch.node_stage is events.node_stage
     env = dict(os.environ, PYTHONPATH=str(Path(events.__file__).parents[1]))
-    done = subprocess.run([sys.executable, "-m", "slurm_multi.events", "stages", str(tmp_path), "3"],
-                          capture_output=True, text=True, env=env, check=False)  # fmt: skip
+    stages = [sys.executable, "-m", "slurm_multi", "job", "stages"]
+    done = subprocess.run([*stages, str(tmp_path), "3"], capture_output=True, text=True, env=env, check=False)
     assert (done.returncode, done.stdout) == (0, "node_0=barrier node_1=image node_2=starting\n")
-    bad = subprocess.run([sys.executable, "-m", "slurm_multi.events", "stages", str(tmp_path)],
-                         capture_output=True, text=True, env=env, check=False)  # fmt: skip
-    assert bad.returncode == 2 and bad.stderr.startswith("usage:")
+    bad = subprocess.run([*stages, str(tmp_path)], capture_output=True, text=True, env=env, check=False)
+    assert bad.returncode == 2 and "Missing argument 'NRANKS'" in bad.stderr
 
 
 # ---- the line format -----------------------------------------------------------------------------

@@ -109,12 +109,13 @@ def test_every_input_changes_it_and_a_missing_dockerfile_has_none(tmp_path: Path
 def test_the_command_prints_it_for_bash(tmp_path: Path):
     ctx = tree(tmp_path)
     env = dict(os.environ, PYTHONPATH=str(REPO / "py"))
-    done = subprocess.run([sys.executable, "-m", "slurm_multi.fingerprint", str(ctx / "Dockerfile"), "",
-                           "A=1"], env=env, capture_output=True, text=True, check=False)  # fmt: skip
+    command = [sys.executable, "-m", "slurm_multi", "node", "fingerprint"]
+    done = subprocess.run([*command, "--", str(ctx / "Dockerfile"), "", "A=1"], env=env, capture_output=True,
+                          text=True, check=False)  # fmt: skip
     assert (done.returncode, done.stdout) == (0, fingerprint(str(ctx / "Dockerfile"), "", ["A=1"]))
-    bad = subprocess.run([sys.executable, "-m", "slurm_multi.fingerprint"], env=env,
-                         capture_output=True, text=True, check=False)  # fmt: skip
-    assert bad.returncode == 2 and bad.stderr.startswith("usage:")
+    bad = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    assert bad.returncode == 2 and "Missing argument 'DOCKERFILE'" in bad.stderr
+    assert len(bad.stderr.splitlines()) == 1
 
 
 # ---- the engine's ID and label of an image, asked on its socket -----------------------------------

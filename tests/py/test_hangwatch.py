@@ -166,19 +166,16 @@ def test_classify_tells_the_cause_from_the_waiters(
     assert (role, state) == expected and detail
 
 
-def test_the_module_runs_without_click_and_refuses_bad_arguments(tmp_path: Path) -> None:
+def test_the_command_refuses_bad_arguments_in_one_line(tmp_path: Path) -> None:
     env = {"PYTHONPATH": str(REPO / "py"), "PATH": os.environ["PATH"]}
-    code = "import sys; from slurm_multi import hangwatch; "
-    code += "assert not {'click', 'dataclasses', 'argparse'} & set(sys.modules), sys.modules.keys()"
-    assert subprocess.run([sys.executable, "-c", code], env=env, check=False).returncode == 0
     proc = subprocess.run(
-        [sys.executable, "-m", "slurm_multi.hangwatch", "--pid", "1", "--timeout", "0", "--output", "x",
-         "--node-dir", str(tmp_path)],
+        [sys.executable, "-m", "slurm_multi", "node", "hang-watch", "--pid", "1", "--timeout", "0",
+         "--output", "x", "--node-dir", str(tmp_path)],
         env=env, capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert proc.returncode == 2 and "must be positive" in proc.stderr and "Traceback" not in proc.stderr
     proc = subprocess.run(
-        [sys.executable, "-m", "slurm_multi.hangwatch", "--timeout", "5"],
+        [sys.executable, "-m", "slurm_multi", "node", "hang-watch", "--timeout", "5"],
         env=env, capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
@@ -524,7 +521,7 @@ def test_a_pyxis_rank_that_computes_quietly_is_not_hung_and_its_end_ends_the_wat
 
 def test_step_must_be_job_dot_step(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "slurm_multi.hangwatch", "--step", "sm-rank0", "--timeout", "5",
+        [sys.executable, "-m", "slurm_multi", "node", "hang-watch", "--step", "sm-rank0", "--timeout", "5",
          "--output", str(tmp_path / "log"), "--node-dir", str(tmp_path)],
         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO / "py")}, check=False,
     )  # fmt: skip
@@ -538,7 +535,7 @@ def test_sigterm_from_the_run_stage_ends_the_watch_quietly_with_exit_0(tmp_path:
     workload = subprocess.Popen(["sleep", "60"])
     try:
         watch = subprocess.Popen(
-            [sys.executable, "-m", "slurm_multi.hangwatch", "--pid", str(workload.pid),
+            [sys.executable, "-m", "slurm_multi", "node", "hang-watch", "--pid", str(workload.pid),
              "--timeout", "60", "--output", str(tmp_path / "log"), "--node-dir", str(tmp_path),
              "--poll", "0.1", "--progress-every", "0.1"],
             env={**os.environ, "PYTHONPATH": str(REPO / "py")}, stderr=subprocess.PIPE, text=True,
@@ -575,9 +572,8 @@ def test_a_cgroup_or_proc_line_is_read_by_its_key(text: str | None, key: str, va
 @pytest.mark.parametrize("step, ok", [("4242.3", True), ("4242", False), ("4242.", False), (".3", False),
                                       ("4242.3.1", False), ("٣.3", False), ("42x.3", False)])  # fmt: skip
 def test_a_step_is_job_dot_step_in_ascii_digits(step: str, ok: bool, tmp_path: Path) -> None:
-    argv = ["--step", step, "--timeout", "5", "--output", str(tmp_path / "log"), "--node-dir", str(tmp_path)]
     if ok:
-        assert hangwatch._arguments(argv).step == step
+        hangwatch.check_arguments(None, None, step, 5, 1, 1)
     else:
         with pytest.raises(HelperError, match="expected JOB.STEP"):
-            hangwatch._arguments(argv)
+            hangwatch.check_arguments(None, None, step, 5, 1, 1)

@@ -113,9 +113,9 @@ def _quarantine_plan(tmp_path: Path, state: Path, *more: str) -> tuple[int, list
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SM_", "SLURM_", "MAD_"))}
     env.update(PYTHONPATH=str(ROOT / "py"), SLURM_JOB_ID="4711")
     proc = subprocess.run(
-        [sys.executable, "-m", "slurm_multi.plan", "--batch-args", "--emit", str(emit), "--submit-dir",
-         str(tmp_path), "--nodes", "node1 node2 node3", "--", "--image", "x", "--state-dir", str(state),
-         "--out", str(tmp_path / "out"), *more],
+        [sys.executable, "-m", "slurm_multi", "job", "plan", "--batch-args", "--emit", str(emit),
+         "--submit-dir", str(tmp_path), "--nodes", "node1 node2 node3", "--", "--image", "x",
+         "--state-dir", str(state), "--out", str(tmp_path / "out"), *more],
         env=env, capture_output=True, text=True, cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -194,57 +194,22 @@ def test_a_job_dir_whose_earlier_run_cannot_be_moved_is_a_one_line_error(tmp_pat
 # ---- the interpreter check, answered by the plan --------------------------------------------------
 
 
-def _findable(python: str, extra_env: dict[str, str] | None = None) -> tuple[bool, list[str]]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
-    env.update(PYTHONPATH=str(ROOT / "py"), **(extra_env or {}))
-    code = "from slurm_multi.plan import click_findable as f, site_directories as d; print(f(), d())"
-    out = subprocess.run(
-        [python, "-S", "-c", code], env=env, capture_output=True, text=True, check=True
-    ).stdout
-    found, _, dirs = out.partition(" ")
-    return found == "True", eval(dirs)  # noqa: S307 - our own repr of a list of str
-
-
-def _has_click(python: str) -> bool:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
-    return (
-        subprocess.run([python, "-c", "import click"], env=env, capture_output=True, check=False).returncode
-        == 0
-    )
-
-
-def test_the_plan_finds_click_where_the_interpreter_with_site_finds_it(tmp_path):
-    # This venv has click; a bare venv has not (whatever the base Python has); one with the system's
-    # site-packages sees what the base sees.
-    bare, shared = tmp_path / "bare", tmp_path / "shared"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
-    subprocess.run(
-        [sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(shared)], check=True
-    )
-    for python in (sys.executable, str(bare / "bin" / "python"), str(shared / "bin" / "python")):
-        found, dirs = _findable(python)
-        assert found is _has_click(python), (python, dirs)
-    assert _findable(str(bare / "bin" / "python")) == (
-        False,
-        [str(bare / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages")],
-    )
-
-
-def test_the_user_site_counts_unless_python_is_told_to_skip_it(tmp_path):
+def test_a_python_without_click_stops_the_plan_with_one_line_naming_it_and_the_fix(tmp_path):
+    # The plan is a click command: an interpreter that ran it has click; one without says so in one
+    # line (into SM_ERROR_FILE too: the batch step's reason), never a traceback.
     bare = tmp_path / "bare"
-    subprocess.run(
-        [sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(bare)], check=True
-    )
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
     python = str(bare / "bin" / "python")
-    _, dirs = _findable(python)
-    _, without = _findable(python, {"PYTHONNOUSERSITE": "1"})
-    assert len(dirs) == len(without) + 1 and set(without) < set(dirs)
-
-
-def test_the_plan_says_whether_click_is_there(tmp_path):
-    code, _, err, values = plan(tmp_path, ["--dry-run", "-N", "2", "--image", "x"])
-    assert code == 0, err
-    assert values["PLAN_HAS_CLICK"] == "1"  # this interpreter has it: the batch step starts no check
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "SM_"))}
+    env.update(PYTHONPATH=str(ROOT / "py"), SM_ERROR_FILE=str(tmp_path / "error"))
+    done = subprocess.run([python, "-m", "slurm_multi", "job", "plan", "--", "--dry-run", "--image", "x"],
+                          env=env, capture_output=True, text=True, check=False)  # fmt: skip
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert (
+        f"helper interpreter {python} " in done.stderr
+        and "has no 'click' module; set SM_PYTHON" in done.stderr
+    )
+    assert (tmp_path / "error").read_text() == done.stderr
 
 
 def _no_launcher_manifest(tmp_path: Path) -> Path:

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from slurm_multi.cli import group
 from slurm_multi.results import PERF_COLUMNS
-from slurm_multi.results.collect_main import run_collect
+from slurm_multi.results.commands import run_collect
 from slurm_multi.results.madoutputs import Result, config_candidates, match_config
 from test_results import make_job
 

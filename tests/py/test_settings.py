@@ -223,13 +223,13 @@ def test_env_cli_writes_bash_with_every_value_and_refuses_a_bad_one(tmp_path):
     out = tmp_path / "env.sh"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "py"), "SM_HANG_TIMEOUT": "12"}
     env.pop("SM_RUNTIME", None)
-    proc = subprocess.run([sys.executable, "-m", "slurm_multi.settings", "env", str(out)], env=env,
+    proc = subprocess.run([sys.executable, "-m", "slurm_multi", "settings", "env", str(out)], env=env,
                           capture_output=True, text=True)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     text = out.read_text()
     assert "declare -gx SM_HANG_TIMEOUT=12\n" in text and "declare -gx SM_RUNTIME=docker\n" in text
     env["SM_HANG_TIMEOUT"] = "x"
-    proc = subprocess.run([sys.executable, "-m", "slurm_multi.settings", "env", str(tmp_path / "b")],
+    proc = subprocess.run([sys.executable, "-m", "slurm_multi", "settings", "env", str(tmp_path / "b")],
                           env=env, capture_output=True, text=True)  # fmt: skip
     assert proc.returncode == 2
     assert (

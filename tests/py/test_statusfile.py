@@ -112,20 +112,24 @@ def test_values_of_any_type_are_handed_over_as_they_are(tmp_path: Path):
     assert (status.exit_code, status.node, status.stages, status.get("extra")) == ("1", None, {}, {"a": 1})
 
 
-def test_the_writer_runs_without_click_and_says_how_to_call_it(tmp_path: Path):
+def test_the_node_status_command_writes_it_and_says_what_is_wrong_in_one_line(tmp_path: Path):
     env = {"PYTHONPATH": str(REPO / "py"), "PATH": os.environ["PATH"]}
-    code = "import sys; from slurm_multi import statusfile; rc = statusfile.main(sys.argv[1:]); "
-    code += "assert 'click' not in sys.modules and 'dataclasses' not in sys.modules; sys.exit(rc)"
     path = tmp_path / "node_0" / "status.json"
-    args = [str(path), "0", "node1", "0", "", "sha256:ab", "0", "run:1.5:ok:0"]
-    proc = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True)
+    args = ["--file", str(path), "--rank", "0", "--node", "node1", "--exit-code", "0", "--reason", "",
+            "--image-id", "sha256:ab", "--stage", "run:1.5:ok:0"]  # fmt: skip
+    node_status = [sys.executable, "-m", "slurm_multi", "node", "status"]
+    proc = subprocess.run([*node_status, *args], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert read_status(str(path)) == Status(
         status_document(0, "node1", 0, "", "sha256:ab", ["run:1.5:ok:0"], False)
     )
-    proc = subprocess.run([sys.executable, "-c", code, "x"], env=env, capture_output=True, text=True)
+    proc = subprocess.run([*node_status, "x"], env=env, capture_output=True, text=True)
     assert proc.returncode == 2
-    assert proc.stderr == f"slurm-multi: node status: usage: {statusfile.USAGE}\n"
+    assert len(proc.stderr.splitlines()) == 1
+    assert (
+        proc.stderr.startswith("slurm-multi: node status: ")
+        and "Usage: slurm-multi node status" in proc.stderr
+    )
 
 
 def test_a_dead_nodes_lost_status_is_written_here_and_judged_failed(tmp_path: Path):

@@ -1,5 +1,6 @@
-"""slurm_multi.warm: a helper started before its moment runs the same main, with the same result, as
-its cold start; an unused one ends quietly; a torn argv is one line, never a traceback."""
+"""`slurm-multi warm AREA COMMAND`: a command started before its moment runs the same command, with
+the same result, as its cold start; an unused one ends quietly; a torn argv is one line, never a
+traceback."""
 
 from __future__ import annotations
 
@@ -28,32 +29,33 @@ def argv_bytes(words: list[str], wake: bool = True) -> bytes:
     return data + f"{len(words)}\n".encode() + b"".join(os.fsencode(w) + b"\0" for w in words)
 
 
-def warm_run(module: str, stdin: bytes, cwd: Path, **extra: str) -> subprocess.CompletedProcess[bytes]:
-    argv = [sys.executable, "-m", "slurm_multi.warm", module]
+STATUS_CMD = "node status"
+COLLECT = "results collect"
+MAD_OUTPUTS = "results mad-outputs"
+
+
+def warm_run(command: str, stdin: bytes, cwd: Path, **extra: str) -> subprocess.CompletedProcess[bytes]:
+    argv = [sys.executable, "-m", "slurm_multi", "warm", *command.split()]
     return subprocess.run(argv, input=stdin, env=env(**extra), cwd=cwd, capture_output=True, check=False)
 
 
-def cold_run(module: str, words: list[str], cwd: Path, **extra: str) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run([sys.executable, "-m", f"slurm_multi.{module}", *words], env=env(**extra),
+def cold_run(command: str, words: list[str], cwd: Path, **extra: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([sys.executable, "-m", "slurm_multi", *command.split(), *words], env=env(**extra),
                           cwd=cwd, capture_output=True, check=False)  # fmt: skip
 
 
-STATUS = [
-    "0",
-    "node1",
-    "3",
-    "stage run failed: exit 3",
-    "sha256:abc",
-    "0",
-    "prepare:0.21:ok",
-    "run:1.5:failed:3",
-]
+def status(path: Path) -> list[str]:
+    return [
+        "--file", str(path), "--rank", "0", "--node", "node1", "--exit-code", "3",
+        "--reason", "stage run failed: exit 3", "--image-id", "sha256:abc",
+        "--stage", "prepare:0.21:ok", "--stage", "run:1.5:failed:3",
+    ]  # fmt: skip
 
 
 def test_the_warm_status_writer_writes_what_the_cold_one_writes(tmp_path: Path) -> None:
     cold, hot = tmp_path / "cold.json", tmp_path / "warm.json"
-    a = cold_run("statusfile", [str(cold), *STATUS], tmp_path)
-    b = warm_run("statusfile", argv_bytes([str(hot), *STATUS]), tmp_path)
+    a = cold_run(STATUS_CMD, status(cold), tmp_path)
+    b = warm_run(STATUS_CMD, argv_bytes(status(hot)), tmp_path)
     assert a.returncode == b.returncode == 0, b.stderr
     assert json.loads(hot.read_text()) == json.loads(cold.read_text())
     assert json.loads(hot.read_text())["stages"]["run"] == {
@@ -65,7 +67,7 @@ def test_the_warm_status_writer_writes_what_the_cold_one_writes(tmp_path: Path) 
 
 def test_an_argv_without_a_wake_first_imports_then_runs(tmp_path: Path) -> None:
     out = tmp_path / "status.json"
-    done = warm_run("statusfile", argv_bytes([str(out), *STATUS], wake=False), tmp_path)
+    done = warm_run(STATUS_CMD, argv_bytes(status(out), wake=False), tmp_path)
     assert done.returncode == 0, done.stderr
     assert json.loads(out.read_text())["exit_code"] == 3
 
@@ -76,8 +78,8 @@ def test_the_warm_collect_judges_and_exits_as_the_cold_one(tmp_path: Path) -> No
         job = tmp_path / name
         subprocess.run(["cp", "-r", str(PRIMUS_JOB), str(job)], check=True)
         words = [str(job), "--no-picture"]
-        done = cold_run("results.collect_main", words, tmp_path) if runner else warm_run(
-            "results.collect_main", argv_bytes(words), tmp_path)  # fmt: skip
+        done = cold_run(COLLECT, words, tmp_path) if runner else warm_run(
+            COLLECT, argv_bytes(words), tmp_path)  # fmt: skip
         summary = json.loads((job / "summary.json").read_text())
         results.append((done.returncode, summary["verdict"], (job / "perf.csv").read_text()))
     assert results[0] == results[1]
@@ -86,8 +88,8 @@ def test_the_warm_collect_judges_and_exits_as_the_cold_one(tmp_path: Path) -> No
 def test_a_usage_error_of_the_helper_is_its_own_one_line_and_code(tmp_path: Path) -> None:
     errfile = tmp_path / "error"
     words = [str(tmp_path / "nope")]
-    cold = cold_run("results.collect_main", words, tmp_path)
-    hot = warm_run("results.collect_main", argv_bytes(words), tmp_path, SM_ERROR_FILE=str(errfile))
+    cold = cold_run(COLLECT, words, tmp_path)
+    hot = warm_run(COLLECT, argv_bytes(words), tmp_path, SM_ERROR_FILE=str(errfile))
     assert hot.returncode == cold.returncode == 2
     assert hot.stderr == cold.stderr and len(hot.stderr.splitlines()) == 1
     assert errfile.read_bytes() == hot.stderr
@@ -95,7 +97,7 @@ def test_a_usage_error_of_the_helper_is_its_own_one_line_and_code(tmp_path: Path
 
 @pytest.mark.parametrize("stdin", [b"", b"\n"])
 def test_a_helper_nobody_needed_ends_quietly_having_written_nothing(tmp_path: Path, stdin: bytes) -> None:
-    done = warm_run("statusfile", stdin, tmp_path)
+    done = warm_run(STATUS_CMD, stdin, tmp_path)
     assert (done.returncode, done.stdout, done.stderr) == (0, b"", b"")
     assert list(tmp_path.iterdir()) == []
 
@@ -110,18 +112,29 @@ def test_a_helper_nobody_needed_ends_quietly_having_written_nothing(tmp_path: Pa
     ],
 )
 def test_a_torn_or_garbled_argv_is_one_line_and_exit_2(tmp_path: Path, stdin: bytes, says: str) -> None:
-    done = warm_run("statusfile", stdin, tmp_path)
+    done = warm_run(STATUS_CMD, stdin, tmp_path)
     assert done.returncode == 2
-    assert done.stderr.decode().startswith("slurm-multi: warm statusfile: ") and says in done.stderr.decode()
+    assert done.stderr.decode().startswith("slurm-multi: warm node status: ") and says in done.stderr.decode()
     assert len(done.stderr.splitlines()) == 1 and b"Traceback" not in done.stderr
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("argv", [[], ["os"], ["statusfile", "x"], ["plan"]])
-def test_only_the_helpers_meant_to_start_warm_can(tmp_path: Path, argv: list[str]) -> None:
-    done = subprocess.run([sys.executable, "-m", "slurm_multi.warm", *argv], input=b"", env=env(),
+@pytest.mark.parametrize(
+    "argv, says",
+    [([], b"Missing argument"), (["node"], b"Missing argument"), (["os", "x"], b"no command 'os'"),
+     (["node", "status", "x"], b"unexpected extra argument")],
+)  # fmt: skip
+def test_what_names_no_command_is_one_line_at_once(tmp_path: Path, argv: list[str], says: bytes) -> None:
+    done = subprocess.run([sys.executable, "-m", "slurm_multi", "warm", *argv], input=b"", env=env(),
                           cwd=tmp_path, capture_output=True, check=False)  # fmt: skip
-    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1 and b"usage" in done.stderr
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1 and says in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("argv", [["node", "nope"], ["results", "nope"]])
+def test_a_command_its_area_lacks_is_one_line_once_woken(tmp_path: Path, argv: list[str]) -> None:
+    done = warm_run(" ".join(argv), argv_bytes([]), tmp_path)
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1
+    assert f"no command '{' '.join(argv)}'".encode() in done.stderr and b"Traceback" not in done.stderr
 
 
 def test_words_keep_every_byte_a_bash_variable_can_hold() -> None:
@@ -150,15 +163,21 @@ def test_the_argv_is_read_without_waiting_for_the_pipe_to_close() -> None:
         os.close(write)
 
 
-def test_a_warm_helper_imports_its_module_only_once_woken(tmp_path: Path) -> None:
-    def imports(stdin: bytes) -> bytes:
-        argv = [sys.executable, "-X", "importtime", "-m", "slurm_multi.warm", "statusfile"]
-        done = subprocess.run(argv, input=stdin, env=env(), cwd=tmp_path, capture_output=True, check=False)
-        assert done.returncode == 0
-        return done.stderr
+def test_a_warm_helper_imports_its_command_only_once_woken(tmp_path: Path) -> None:
+    # (importlib.import_module escapes `-X importtime`: ask the process itself what it imported.)
+    code = (
+        "import sys; from slurm_multi import cli; rc = cli.run(['warm', 'node', 'status']); "
+        "print('slurm_multi.node_cli' in sys.modules); sys.exit(rc)"
+    )
 
-    assert b"slurm_multi.statusfile" not in imports(b"")  # never woken: ended without importing it
-    assert b"slurm_multi.statusfile" in imports(b"\n")  # woken, then unused
+    def imported(stdin: bytes) -> str:
+        done = subprocess.run([sys.executable, "-c", code], input=stdin, env=env(), cwd=tmp_path,
+                              capture_output=True, text=False, check=False)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return done.stdout.decode().strip()
+
+    assert imported(b"") == "False"  # never woken: ended without importing it
+    assert imported(b"\n") == "True"  # woken, then unused
 
 
 def test_the_warm_mad_outputs_writes_what_the_cold_command_writes(tmp_path: Path) -> None:
@@ -167,11 +186,11 @@ def test_the_warm_mad_outputs_writes_what_the_cold_command_writes(tmp_path: Path
     for name in ("cold", "warm"):
         job = tmp_path / name
         subprocess.run(["cp", "-r", str(PRIMUS_JOB), str(job)], check=True)
-        assert cold_run("results.collect_main", [str(job), "--no-picture"], tmp_path).returncode == 0
+        assert cold_run(COLLECT, [str(job), "--no-picture"], tmp_path).returncode == 0
         done = (
-            cold_run("results.madoutputs", [str(job)], tmp_path)
+            cold_run(MAD_OUTPUTS, [str(job)], tmp_path)
             if name == "cold"
-            else warm_run("results.madoutputs", argv_bytes([str(job)]), tmp_path)
+            else warm_run(MAD_OUTPUTS, argv_bytes([str(job)]), tmp_path)
         )
         assert done.returncode == 0, done.stderr
         assert b"madengine files:" in done.stderr
@@ -179,5 +198,5 @@ def test_the_warm_mad_outputs_writes_what_the_cold_command_writes(tmp_path: Path
             {f: (job / f).read_text() for f in ("perf_entry.json", "perf_super.json", "perf_super.csv")}
         )
     assert written[0] == written[1]
-    missing = warm_run("results.madoutputs", argv_bytes([str(tmp_path / "nowhere")]), tmp_path)
+    missing = warm_run(MAD_OUTPUTS, argv_bytes([str(tmp_path / "nowhere")]), tmp_path)
     assert missing.returncode == 2 and b"Traceback" not in missing.stderr

@@ -21,12 +21,10 @@ One module per concern (docs/results.md has the rules):
 - collect     the whole job: candidates, aggregate, verdict -> Summary
 - summary     Summary, JOBDIR/perf.csv, summary.json and the stderr table
 - perfcsv     appending to a shared perf.csv under a lock, relative_change
-- collect_main  `results collect`'s one parser and output, click-free (`python -m
-              slurm_multi.results.collect_main`: the batch step runs it after every job)
-- commands    the click group (`cli`), thin wrappers over the above (`collect`: a passthrough)
+- commands    the click group (`cli`): `results pick`, `results collect` (run_collect: the batch
+              step runs it after every job) and `results mad-outputs`
 
-Importing the package imports no click (the hot entry collect_main imports it): the click group is
-slurm_multi.results.commands, and perfcsv (only with --perf-csv) is imported where it is used.
+perfcsv (only with --perf-csv) is imported where it is used.
 """
 
 from __future__ import annotations

@@ -1,20 +1,25 @@
-"""`slurm-multi results pick|collect|mad-outputs`: thin click wrappers over pick and madoutputs, and
-`collect` a passthrough to slurm_multi.results.collect_main (the batch step's click-free entry: one
-parser, one output)."""
+"""`slurm-multi results pick|collect|mad-outputs`: click commands over pick, collect and madoutputs.
+
+`results collect` is what the batch step runs once the last rank is done (exit 0 SUCCESS, 1
+FAILURE, 2 usage / bad input file, 3 the --perf-csv lock stayed taken); `run_collect` is its body."""
 
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import click
 
-from slurm_multi import EXIT_FAILURE
-from slurm_multi.cli import passthrough
-from slurm_multi.common import HelperError, talk
-from slurm_multi.results.collect_main import talk_warnings
+from slurm_multi import EXIT_FAILURE, EXIT_OK
+from slurm_multi.common import HelperError, talk, usage_error
+from slurm_multi.results.collect import collect
+from slurm_multi.results.logscan import compile_patterns
 from slurm_multi.results.pick import no_candidate_message, pick_best
-from slurm_multi.results.shared import AREA
+from slurm_multi.results.shared import AREA, write_atomic
+from slurm_multi.results.summary import MAX_TABLE_REASONS, summary_json_text, summary_table
 
 
 @click.group("results", context_settings={"help_option_names": ["-h", "--help"]})
@@ -54,13 +59,152 @@ def pick_command(csv_paths: tuple[str, ...], as_json: bool) -> None:
         raise HelperError(f"{AREA}: {no_candidate_message(candidates)}", EXIT_FAILURE)
 
 
-cli.add_command(
-    passthrough(
-        "collect",
-        "slurm_multi.results.collect_main:main",
-        "Judge a job dir; write perf.csv and summary.json.",
-    )
+NOT_A_DIRECTORY = click.Path(dir_okay=False)
+
+
+@cli.command("collect", short_help="Judge a job dir; write perf.csv and summary.json.")
+@click.argument("jobdir", type=click.Path(file_okay=False))
+@click.option(
+    "--manifest",
+    metavar="FILE",
+    type=NOT_A_DIRECTORY,
+    help="Fallback for old job dirs: a build_manifest.json that fills model metadata job.json lacks.",
 )
+@click.option("--model", metavar="NAME", help="Model name (or manifest key) when job.json lacks it.")
+@click.option(
+    "--error-pattern",
+    "error_patterns",
+    multiple=True,
+    metavar="REGEX",
+    help="Extra regex that marks a node log as failed (repeatable).",
+)
+@click.option(
+    "--no-default-patterns", is_flag=True, help="Use only --error-pattern regexes, not the built-in ones."
+)
+@click.option(
+    "--perf-csv",
+    metavar="PATH",
+    help="Also append the rows to this shared madengine perf.csv (locked; created if absent) and "
+    "write them to perf_entry.csv beside it.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print summary.json on stdout too.")
+@click.option(
+    "--picture/--no-picture",
+    default=True,
+    help="Draw timeline.png (matplotlib) [default: --picture]. The batch step passes --no-picture: "
+    "drawing costs a second of the job's time after the verdict; bin/sm-collect JOBDIR draws it later.",
+)
+@click.option(
+    "--bad-nodes",
+    metavar="FILE",
+    type=NOT_A_DIRECTORY,
+    help="Also write the fitness stage's bad nodes to FILE, one '<rank> TAB <node> TAB <reason>' line "
+    "each (empty when there are none): the batch step quarantines and requeues from it, so the "
+    "fitness reports are judged once, here.",
+)
+@click.option(
+    "--no-perf-csv-on-bad-nodes",
+    "hold_perf_csv",
+    is_flag=True,
+    help="With --perf-csv: append nothing when there are bad nodes (the batch step requeues the job "
+    "without them; the attempt that counts appends).",
+)
+def collect_command(
+    jobdir: str,
+    manifest: str | None,
+    model: str | None,
+    error_patterns: tuple[str, ...],
+    no_default_patterns: bool,
+    perf_csv: str | None,
+    as_json: bool,
+    picture: bool,
+    bad_nodes: str | None,
+    hold_perf_csv: bool,
+) -> None:
+    """Judge JOBDIR and write JOBDIR/perf.csv and JOBDIR/summary.json; exit 0 SUCCESS, 1 FAILURE.
+
+    The job's facts come from JOBDIR/job.json; --manifest is only for job dirs whose job.json
+    predates them. Also writes where the time went: JOBDIR/timeline.json, timeline.txt, and
+    timeline.png when matplotlib is installed (pip install 'slurm-multi[timeline]').
+
+    \b
+    Example: slurm-multi results collect /shared/jobs/4711
+             slurm-multi results collect /shared/jobs/4711 --perf-csv /shared/perf.csv
+    """
+    rc = run_collect(
+        Path(jobdir),
+        Path(manifest) if manifest is not None else None,
+        model,
+        error_patterns,
+        no_default_patterns,
+        perf_csv,
+        as_json,
+        picture,
+        bad_nodes,
+        hold_perf_csv,
+    )
+    click.get_current_context().exit(rc)
+
+
+def talk_warnings(warnings: Sequence[str], limit: int = MAX_TABLE_REASONS) -> None:
+    """Each warning as one stderr line, the first `limit` of them (summary.json keeps them all)."""
+    for warning in warnings[:limit]:
+        talk(AREA, f"warning: {warning}")
+    if len(warnings) > limit:
+        talk(AREA, f"warning: +{len(warnings) - limit} more (see summary.json)")
+
+
+def write_bad_nodes(path: str, bad: Sequence[Mapping[str, Any]]) -> None:
+    """--bad-nodes: `<rank>\t<node>\t<reason>` lines (what `fitness judge` prints), atomically.
+    A reason is one line: a tab or a line break in it would split the batch step's read."""
+    lines = [
+        "\t".join(" ".join(str(b[key]).split()) for key in ("rank", "node", "reason")) + "\n" for b in bad
+    ]
+    write_atomic(Path(path), "".join(lines), "is its directory writable?", durable=False)
+
+
+def run_collect(
+    jobdir: Path,
+    manifest: Path | None,
+    model: str | None,
+    error_patterns: Sequence[str],
+    no_default_patterns: bool,
+    perf_csv: str | None,
+    as_json: bool,
+    picture: bool,
+    bad_nodes: str | None = None,
+    hold_perf_csv: bool = False,
+) -> int:
+    """Collect JOBDIR: summary.json, perf.csv, the timeline, the table on stderr, --perf-csv,
+    --bad-nodes; the exit."""
+    if not jobdir.is_dir():
+        raise usage_error(f"{AREA}: job directory {jobdir} does not exist; pass the directory the job wrote")
+    if manifest is not None and not manifest.is_file():
+        raise usage_error(f"{AREA}: manifest {manifest} does not exist")
+    if perf_csv is not None:
+        from slurm_multi.results.perfcsv import check_target
+
+        check_target(perf_csv)
+    patterns = compile_patterns(error_patterns, defaults=not no_default_patterns)
+    summary = collect(jobdir, manifest, model, patterns, picture=picture)
+    if bad_nodes is not None:
+        write_bad_nodes(bad_nodes, summary.bad_nodes)
+    talk_warnings(summary.warnings)
+    if as_json:
+        sys.stdout.write(summary_json_text(summary))
+        sys.stdout.flush()
+    for line in summary_table(summary, jobdir):
+        print(line, file=sys.stderr, flush=True)
+    if perf_csv is not None and hold_perf_csv and summary.bad_nodes:
+        talk(AREA, f"bad nodes: no rows appended to {perf_csv} (the job is to be requeued without them)")
+    elif perf_csv is not None:
+        from slurm_multi.results.perfcsv import append_perf_csv
+
+        done = append_perf_csv(perf_csv, summary.perf_header, summary.perf_rows)
+        grown = f"; new columns: {', '.join(done.new_columns)}" if done.new_columns else ""
+        verb = "created" if done.created else "appended to"
+        talk(AREA, f"{done.rows} rows {verb} {done.path}{grown}; this run's rows: {done.entry}")
+    return EXIT_OK if summary.verdict == "SUCCESS" else EXIT_FAILURE
 
 
 @cli.command("mad-outputs")

@@ -491,27 +491,10 @@ def _pandas() -> Any:
 
 
 def warm_up() -> None:
-    """What the batch step's warm start (slurm_multi.warm) pays while the job runs: pandas' import,
-    ~0.3 s of CPU that otherwise follows every manifest job's verdict (make bench: the toolkit
-    overhead row). A missing pandas is said when the files are asked for."""
+    """What the batch step's warm start (`slurm-multi warm results mad-outputs`) pays while the job
+    runs: pandas' import, ~0.3 s of CPU that otherwise follows every manifest job's verdict. A
+    missing pandas is said when the files are asked for."""
     try:
         _pandas()
     except HelperError:
         pass
-
-
-def main(argv: Sequence[str]) -> int:
-    """`slurm-multi results mad-outputs ARGV` as the warm helper runs it: the click command itself."""
-    from slurm_multi.results.commands import mad_outputs_command
-
-    try:
-        mad_outputs_command.main(args=list(argv), prog_name="slurm-multi results mad-outputs")
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    return 0
-
-
-if __name__ == "__main__":
-    import sys
-
-    sys.exit(main(sys.argv[1:]))
