@@ -1455,7 +1455,3 @@ def port_cmd(rank: int, master_port: int | None, job_id: int | None, port: int |
     """
     for candidate in relay_ports(rank, master_port, job_id, port, count):
         click.echo(candidate)
-
-
-if __name__ == "__main__":
-    cli.main(prog_name="python -m slurm_multi.relay")

@@ -811,7 +811,7 @@ def test_send_and_recv_on_this_hosts_routable_address_deliver_the_stream(tmp_pat
     env = {**os.environ, "PYTHONPATH": str(REPO / "py"), "SM_BARRIER_TOKEN": TOKEN}
     common = ["--nodes", f"{host},{host},{host}", "--master-port", "29500", "--job-id", str(job_id()),
               "--connect-timeout", "20"]  # fmt: skip
-    cmd = [sys.executable, "-m", "slurm_multi.relay"]
+    cmd = [sys.executable, "-m", "slurm_multi", "relay"]
     recvs = []
     for rank in (1, 2):  # stdout to files: a pipe nobody reads yet would block the receivers
         with open(tmp_path / f"out{rank}", "wb") as out:
@@ -931,8 +931,9 @@ def recv_with_loader(port: int, tmp_path: Path, loader: Sequence[str] = ()) -> s
     """`relay recv` as the image stage runs it; by default its loader a script that marks a clean EOF."""
     loader = loader or ["sh", "-c", 'cat >"$1" && echo clean >"$1.eof"', "loader", str(tmp_path / "loaded")]
     env = {**os.environ, "PYTHONPATH": str(REPO / "py"), "SM_BARRIER_TOKEN": TOKEN}
-    argv = [sys.executable, "-m", "slurm_multi.relay", "recv", "--rank", "1", "--parent-host", "127.0.0.1",
-            "--nnodes", "2", "--port", str(port), "--count", "1", "--connect-timeout", "5"]  # fmt: skip
+    argv = [sys.executable, "-m", "slurm_multi", "relay", "recv", "--rank", "1",
+            "--parent-host", "127.0.0.1", "--nnodes", "2", "--port", str(port), "--count", "1",
+            "--connect-timeout", "5"]  # fmt: skip
     return subprocess.run(
         [*argv, "--", *loader], env=env, capture_output=True, text=True, timeout=60, check=False
     )
