@@ -1,4 +1,6 @@
-"""The node-to-node relay (slurm_multi.relay): real sockets on 127.0.0.1, one thread or process per rank."""
+"""The node-to-node relay (slurm_multi.relay): real sockets on 127.0.0.1, one thread or process per rank.
+
+The wire format's parsers are tests/py/test_relay_protocol.py; the command line, test_relay_cli.py."""
 
 from __future__ import annotations
 
@@ -16,15 +18,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 import squatters
 from slurm_multi import EXIT_FAILURE, EXIT_TIMEOUT, EXIT_USAGE, auth
 from slurm_multi.common import HelperError
 from slurm_multi.net import candidate_ports, read_local_port_range
-from slurm_multi.relay import cli as relay_cli
-from slurm_multi.relay import forward, protocol, tree
-from slurm_multi.wire import ProtocolError
+from slurm_multi.relay import forward, load, protocol, tree
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "job-token-" + "a" * 20
@@ -650,88 +649,6 @@ def test_a_killed_middle_node_makes_the_rest_of_the_chain_fail_within_seconds_na
     assert "stream from rank 1 (node2) ended" in text
 
 
-# --------------------------------------------------------------------------------------------------
-# Parsers reject garbage (and nothing but ProtocolError escapes them)
-
-NONCE = "0123456789abcdef" * 2
-
-
-@pytest.mark.parametrize(
-    "line",
-    [b"", b"\n", b"HELLO\n", f"SM-RELAY/2 HELLO {NONCE}\n".encode(), f"SM-RELAY/1 HI {NONCE}\n".encode(),
-     b"SM-RELAY/1 HELLO 1234\n", f"SM-RELAY/1 HELLO {NONCE.upper()}\n".encode(), b"\xff" * 40,
-     b"x" * 600 + b"\n", f"SM-RELAY/1 HELLO {NONCE} extra\n".encode()],
-)  # fmt: skip
-def test_the_greeting_parser_rejects_garbage(line):
-    with pytest.raises(ProtocolError):
-        protocol.parse_hello(line)
-
-
-@pytest.mark.parametrize(
-    "line",
-    [b"AUTH\n", f"AUTH 01 image {NONCE} {'a' * 64}\n".encode(), f"AUTH -1 image {NONCE} x\n".encode(),
-     f"AUTH 1 IMAGE {NONCE} x\n".encode(), b"AUTH 1 image nonce x\n", b"READY 1 image\n",
-     f"AUTH \u0661 image {NONCE} x\n".encode()],
-)  # fmt: skip
-def test_the_auth_parser_rejects_garbage(line):
-    with pytest.raises(ProtocolError):
-        protocol.parse_auth(line)
-
-
-@pytest.mark.parametrize(
-    "line",
-    [b"SM-RELAY/1 STREAM\n", b"SM-RELAY/9 STREAM image\n", b"NOPE/1 STREAM image\n",
-     b"SM-RELAY/1 DATA image\n", b"SM-RELAY/1 STREAM Image\n", b"SM-RELAY/1 STREAM image extra\n",
-     b"\x00\x01\x02\n"],
-)  # fmt: skip
-def test_the_header_parser_rejects_garbage(line):
-    with pytest.raises(ProtocolError):
-        protocol.parse_header(line)
-
-
-def test_the_header_parser_names_an_unsupported_version():
-    with pytest.raises(ProtocolError, match="unsupported version 'SM-RELAY/9'"):
-        protocol.parse_header(b"SM-RELAY/9 STREAM image\n")
-    assert protocol.parse_header(protocol.header_line("image")) == "image"
-
-
-@pytest.mark.parametrize(
-    "raw",
-    [b"D\x00\x00\x00\x00", b"D" + (protocol.MAX_FRAME + 1).to_bytes(4, "big"), b"P\x00\x00\x00\x01",
-     b"E\x00\x00\x00\x10", b"X\x00\x00\x00\x01", b"A\x00\x01\x00\x00"],
-)  # fmt: skip
-def test_the_frame_parser_rejects_garbage(raw):
-    with pytest.raises(ProtocolError):
-        protocol.parse_frame_header(raw + bytes(protocol.TAG_BYTES))
-    with pytest.raises(ProtocolError, match="short frame header"):
-        protocol.parse_frame_header(b"D\x00\x00\x00\x01" + bytes(protocol.TAG_BYTES - 1))
-
-
-def test_the_trailer_round_trips_and_rejects_a_wrong_size():
-    stream = protocol.chain(protocol.CHAIN_START, hashlib.sha256(b"abc").digest())
-    payload = protocol.trailer_payload(3, stream)
-    assert protocol.parse_trailer(payload) == (3, stream)
-    for bad in (b"", payload[:-1], payload + b"x"):
-        with pytest.raises(ProtocolError):
-            protocol.parse_trailer(bad)
-
-
-def test_a_tag_covers_the_sequence_the_type_the_length_and_the_payload():
-    key, digest = b"k" * 32, hashlib.sha256(b"abc").digest()
-    tag = protocol.frame_tag(key, 7, protocol.DATA, 3, digest)
-    assert len(tag) == protocol.TAG_BYTES
-    assert tag != protocol.frame_tag(key, 8, protocol.DATA, 3, digest)
-    assert tag != protocol.frame_tag(key, 7, protocol.ABORT, 3, digest)
-    assert tag != protocol.frame_tag(key, 7, protocol.DATA, 4, digest)
-    assert tag != protocol.frame_tag(key, 7, protocol.DATA, 3, hashlib.sha256(b"abd").digest())
-    assert tag != protocol.frame_tag(b"K" * 32, 7, protocol.DATA, 3, digest)
-    # Each link's key is its own: the same token with other nonces or ranks gives another key.
-    one = protocol.link_key(TOKEN, NONCE, "b" * 32, 0, 1, "image")
-    assert one != protocol.link_key(TOKEN, NONCE, "c" * 32, 0, 1, "image")
-    assert one != protocol.link_key(TOKEN, NONCE, "b" * 32, 1, 2, "image")
-    assert one != protocol.link_key("other", NONCE, "b" * 32, 0, 1, "image")
-
-
 def test_a_receiver_given_an_unknown_frame_type_fails_with_a_protocol_error(tmp_path):
     port, thread = fake_parent(
         lambda sock, out: (
@@ -744,93 +661,8 @@ def test_a_receiver_given_an_unknown_frame_type_fails_with_a_protocol_error(tmp_
     assert "protocol error from rank 0 (node1) after 0 bytes: unknown frame type 0x5a" in message(outcome)
 
 
-def test_status_lines_and_abort_reasons_are_cleaned():
-    key = b"k" * 32
-    assert protocol.parse_status(protocol.status_line(key, "READY"), "READY", key) == (True, 0, "")
-    assert protocol.parse_status(protocol.status_line(key, "DONE", 7), "DONE", key) == (True, 7, "")
-    assert protocol.parse_status(b"FAIL it  broke\n", "DONE", key) == (False, 0, "it broke")
-    # A READY or DONE without this link's tag (forged by whoever sits on the link) is no status.
-    for forged in (b"READY\n", b"DONE 7\n", protocol.status_line(b"x" * 32, "DONE", 7), b"DONE 8 "
-                   + protocol.status_line(key, "DONE", 7).split(b" ")[2]):  # fmt: skip
-        with pytest.raises(ProtocolError):
-            protocol.parse_status(forged, forged.split(b" ")[0].strip().decode(), key)
-    with pytest.raises(ProtocolError):
-        protocol.parse_status(b"DONE x\n", "DONE")
-    reason = protocol.abort_payload("line one\nline\x07two " + "y" * 1000).decode()
-    assert "\n" not in reason and "\x07" not in reason and len(reason) <= protocol.MAX_REASON
-
-
 # --------------------------------------------------------------------------------------------------
-# CLI
-
-
-def run_cli(args: list[str], env: dict[str, str] | None = None, input: bytes | None = None):
-    return CliRunner().invoke(relay_cli.cli, args, env=env, input=input)
-
-
-def test_the_relay_group_is_registered_in_the_slurm_multi_cli():
-    from slurm_multi.cli import group
-
-    result = CliRunner().invoke(group, ["relay", "--help"])
-    assert result.exit_code == 0 and "send" in result.output and "recv" in result.output
-
-
-def test_port_prints_the_candidates_of_a_rank():
-    result = run_cli(["port", "--rank", "2", "--master-port", "29500", "--job-id", "4242"])
-    assert result.exit_code == 0
-    assert [int(x) for x in result.output.split()] == tree.relay_ports(2, 29500, 4242)
-
-
-@pytest.mark.parametrize(
-    "args, env, needle",
-    [
-        (["recv", "--rank", "1", "--nodes", "a,b", "--master-port", "1", "--job-id", "1"], {}, "is not set"),
-        (["recv", "--rank", "3", "--nodes", "a,b,c"], {"SM_BARRIER_TOKEN": "t"}, "--rank 3 is not in 0..2"),
-        (["recv", "--rank", "1", "--nodes", "a,b", "--nnodes", "3"], {"SM_BARRIER_TOKEN": "t"},
-         "names 2 hosts"),
-        (["recv", "--rank", "1", "--nodes", "a,,b"], {"SM_BARRIER_TOKEN": "t"},
-         "host names separated by commas"),
-        (["recv", "--rank", "1", "--nodes", "a,b"], {"SM_BARRIER_TOKEN": "t"}, "no port to use"),
-        (["send", "--rank", "1", "--nodes", "a,b"], {"SM_BARRIER_TOKEN": "t"}, "send runs on rank 0 only"),
-        (["send", "--nodes", "a"], {"SM_BARRIER_TOKEN": "t"}, "--nnodes >= 2"),
-        (["send", "--nodes", "a,b", "--port", "30000", "--purpose", "Bad Purpose"], {"SM_BARRIER_TOKEN": "t"},
-         "--purpose"),
-    ],
-)  # fmt: skip
-def test_bad_command_lines_are_one_line_usage_errors(args, env, needle):
-    result = run_cli(args, env={"SM_BARRIER_TOKEN": "", **env}, input=b"")
-    assert result.exit_code == EXIT_USAGE, result.output
-    assert needle in result.output and "Traceback" not in result.output
-
-
-def test_send_and_recv_on_this_hosts_routable_address_deliver_the_stream(tmp_path):
-    """The production path end to end: three processes, derived ports, never loopback."""
-    from slurm_multi.net import choose_bind_address
-
-    try:
-        address = choose_bind_address(socket.gethostname()).address
-    except HelperError as exc:
-        pytest.skip(f"no routable address here: {exc}")
-    host = socket.gethostname()
-    payload = os.urandom(2_000_000)
-    env = {**os.environ, "PYTHONPATH": str(REPO / "py"), "SM_BARRIER_TOKEN": TOKEN}
-    common = ["--nodes", f"{host},{host},{host}", "--master-port", "29500", "--job-id", str(job_id()),
-              "--connect-timeout", "20"]  # fmt: skip
-    cmd = [sys.executable, "-m", "slurm_multi", "relay"]
-    recvs = []
-    for rank in (1, 2):  # stdout to files: a pipe nobody reads yet would block the receivers
-        with open(tmp_path / f"out{rank}", "wb") as out:
-            recvs.append(subprocess.Popen([*cmd, "recv", "--rank", str(rank), *common], env=env, stdout=out,
-                                          stderr=subprocess.PIPE))  # fmt: skip
-    send = subprocess.run([*cmd, "send", *common], env=env, input=payload, capture_output=True, timeout=30)
-    errs = [proc.communicate(timeout=30)[1] for proc in recvs]
-    assert send.returncode == 0, send.stderr.decode()
-    assert b"verified by all 2 receivers" in send.stderr
-    assert f"listening on {address}:".encode() in send.stderr
-    for rank, proc, err in zip((1, 2), recvs, errs):
-        assert proc.returncode == 0, err.decode()
-        assert (tmp_path / f"out{rank}").read_bytes() == payload
-    assert TOKEN.encode() not in send.stderr + b"".join(errs)
+# The end-to-end tests' fault hook (SM_RELAY_FAULT)
 
 
 def test_the_fault_hook_is_one_rank_s_and_ignores_anything_else() -> None:
@@ -979,3 +811,12 @@ def test_a_verified_stream_ends_the_loader_cleanly_and_its_failure_is_ours(tmp_p
         and "was verified, but sh -c" in proc.stderr
         and "exited 4" in proc.stderr
     )
+
+
+def test_the_stats_file_holds_the_verified_bytes_and_seconds(tmp_path):
+    """--stats-file, read by the image stage (lib/image.sh) for the timeline: `<bytes> <seconds>`."""
+    path = tmp_path / "relay.stats"
+    load.write_stats(str(path), tree.Result(total=812_000_000, digest="ab" * 32, seconds=2.34567, nodes=3))
+    assert path.read_text() == "812000000 2.346\n"
+    load.write_stats(None, tree.Result(1, "", 1.0, 1))  # no --stats-file: nothing written anywhere
+    assert [p.name for p in tmp_path.iterdir()] == ["relay.stats"]
