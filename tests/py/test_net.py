@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_multi import barrier, net, relay
+from slurm_multi import barrier, net
+from slurm_multi.relay import connect as relay_connect
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -50,7 +51,7 @@ def test_the_barrier_keeps_the_keepalive_its_doc_promises_and_the_relay_probes_s
     promised = re.search(r"\| TCP keepalive \| idle (\d+) s, interval (\d+) s, (\d+) probes", doc)
     assert promised is not None, "docs/barrier.md no longer states the barrier's keepalive"
     assert barrier.KEEPALIVE == net.Keepalive(*(int(n) for n in promised.groups()))
-    assert relay.KEEPALIVE.idle < barrier.KEEPALIVE.idle and relay.KEEPALIVE.nodelay
+    assert relay_connect.KEEPALIVE.idle < barrier.KEEPALIVE.idle and relay_connect.KEEPALIVE.nodelay
 
 
 def test_a_barrier_client_connection_carries_the_barrier_keepalive() -> None:
@@ -121,7 +122,9 @@ def test_dial_once_reaches_a_listener_and_fails_as_oserror_where_none_listens() 
 def test_the_barrier_and_the_relay_dial_through_net_dial_once() -> None:
     # One owner of a dial: neither opens its own connection.
     root = Path(net.__file__).parent
-    for name in ("barrier.py", "relay.py"):
+    for name in ("barrier.py", "relay/connect.py"):
         text = (root / name).read_text()
         assert "create_connection" not in text, name
         assert "dial_once(" in text, name
+    for path in (root / "relay").glob("*.py"):
+        assert "create_connection" not in path.read_text(), path.name

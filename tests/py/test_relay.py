@@ -1,4 +1,6 @@
-"""The node-to-node relay (slurm_multi.relay): real sockets on 127.0.0.1, one thread or process per rank."""
+"""The node-to-node relay (slurm_multi.relay): real sockets on 127.0.0.1, one thread or process per rank.
+
+The wire format's parsers are tests/py/test_relay_protocol.py; the command line, test_relay_cli.py."""
 
 from __future__ import annotations
 
@@ -16,12 +18,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
 import squatters
-from slurm_multi import EXIT_FAILURE, EXIT_TIMEOUT, EXIT_USAGE, auth, relay
+from slurm_multi import EXIT_FAILURE, EXIT_TIMEOUT, EXIT_USAGE, auth
 from slurm_multi.common import HelperError
 from slurm_multi.net import candidate_ports, read_local_port_range
+from slurm_multi.relay import forward, load, protocol, tree
 
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "job-token-" + "a" * 20
@@ -31,11 +33,11 @@ def hosts(n: int) -> list[str]:
     return [f"node{r + 1}" for r in range(n)]
 
 
-def make_plan(rank: int, nnodes: int, job: int, **overrides) -> relay.Plan:
+def make_plan(rank: int, nnodes: int, job: int, **overrides) -> tree.Plan:
     settings = dict(
         fanout=1,
         hosts=hosts(nnodes),
-        ports_of=lambda r: relay.relay_ports(r, 29500, job),
+        ports_of=lambda r: tree.relay_ports(r, 29500, job),
         connect_timeout=10.0,
         stall_timeout=5.0,
         loopback=True,
@@ -43,7 +45,7 @@ def make_plan(rank: int, nnodes: int, job: int, **overrides) -> relay.Plan:
     )
     settings.update(overrides)
     token = settings.pop("token", TOKEN)
-    return relay.Plan(rank, nnodes, token, **settings)
+    return tree.Plan(rank, nnodes, token, **settings)
 
 
 def job_id() -> int:
@@ -60,20 +62,20 @@ def run_ranks(
     tmp_path: Path,
     source: Path,
     nnodes: int,
-    plan_for: Callable[[int], relay.Plan],
+    plan_for: Callable[[int], tree.Plan],
     ranks: Sequence[int] = (),
-) -> dict[int, relay.Result | HelperError]:
+) -> dict[int, tree.Result | HelperError]:
     """Run the given ranks (default all) as threads; rank r >= 1 writes to tmp_path/out<r>."""
-    outcomes: dict[int, relay.Result | HelperError] = {}
+    outcomes: dict[int, tree.Result | HelperError] = {}
 
     def one(rank: int) -> None:
         fd = os.open(source if rank == 0 else tmp_path / f"out{rank}", os.O_RDONLY if rank == 0 else
                      os.O_WRONLY | os.O_CREAT | os.O_TRUNC)  # fmt: skip
         try:
             if rank == 0:
-                outcomes[rank] = relay.run_node(plan_for(rank), source_fd=fd)
+                outcomes[rank] = forward.run_node(plan_for(rank), source_fd=fd)
             else:
-                outcomes[rank] = relay.run_node(plan_for(rank), out_fd=fd)
+                outcomes[rank] = forward.run_node(plan_for(rank), out_fd=fd)
         except HelperError as exc:
             outcomes[rank] = exc
         finally:
@@ -98,13 +100,13 @@ def message(outcome: object) -> str:
 
 
 def test_a_chain_is_a_tree_of_fanout_one():
-    assert [relay.parent_of(r, 1) for r in range(4)] == [None, 0, 1, 2]
-    assert [relay.children_of(r, 1, 4) for r in range(4)] == [[1], [2], [3], []]
+    assert [tree.parent_of(r, 1) for r in range(4)] == [None, 0, 1, 2]
+    assert [tree.children_of(r, 1, 4) for r in range(4)] == [[1], [2], [3], []]
 
 
 def test_a_tree_of_fanout_two_gives_each_rank_its_children():
-    assert [relay.parent_of(r, 2) for r in range(7)] == [None, 0, 0, 1, 1, 2, 2]
-    assert [relay.children_of(r, 2, 6) for r in range(4)] == [[1, 2], [3, 4], [5], []]
+    assert [tree.parent_of(r, 2) for r in range(7)] == [None, 0, 0, 1, 1, 2, 2]
+    assert [tree.children_of(r, 2, 6) for r in range(4)] == [[1, 2], [3, 4], [5], []]
 
 
 def test_every_rank_has_its_own_ports_clear_of_the_barrier_and_the_ephemeral_range():
@@ -113,24 +115,24 @@ def test_every_rank_has_its_own_ports_clear_of_the_barrier_and_the_ephemeral_ran
         barrier = set(candidate_ports((), master_port, job, None, 32, local))
         seen: set[int] = set()
         for rank in range(256):
-            ports = relay.relay_ports(rank, master_port, job, local_range=local)
-            assert len(ports) == relay.DEFAULT_PORT_COUNT
+            ports = tree.relay_ports(rank, master_port, job, local_range=local)
+            assert len(ports) == tree.DEFAULT_PORT_COUNT
             assert not seen & set(ports), f"rank {rank} shares a port with a lower rank"
             assert not barrier & set(ports)
             assert master_port not in ports
             assert all(not local[0] <= p <= local[1] for p in ports)
-            assert ports == relay.relay_ports(rank, master_port, job, local_range=local)  # deterministic
+            assert ports == tree.relay_ports(rank, master_port, job, local_range=local)  # deterministic
             seen |= set(ports)
 
 
 def test_an_explicit_port_gives_rank_r_its_own_block():
-    assert relay.relay_ports(0, None, None, override=30000) == [30000, 30001, 30002, 30003]
-    assert relay.relay_ports(3, None, None, override=30000, count=2) == [30006, 30007]
+    assert tree.relay_ports(0, None, None, override=30000) == [30000, 30001, 30002, 30003]
+    assert tree.relay_ports(3, None, None, override=30000, count=2) == [30006, 30007]
 
 
 def test_ports_without_inputs_are_a_usage_error():
     with pytest.raises(HelperError) as info:
-        relay.relay_ports(1, None, 42)
+        tree.relay_ports(1, None, 42)
     assert info.value.exit_code == EXIT_USAGE and "--master-port" in info.value.format_message()
 
 
@@ -142,7 +144,7 @@ def test_a_chain_of_four_delivers_identical_bytes_to_every_node(tmp_path):
     source, digest = source_file(tmp_path, 5_000_123)
     job = job_id()
     outcomes = run_ranks(tmp_path, source, 4, lambda r: make_plan(r, 4, job))
-    assert all(isinstance(o, relay.Result) for o in outcomes.values()), outcomes
+    assert all(isinstance(o, tree.Result) for o in outcomes.values()), outcomes
     assert outcomes[0].nodes == 3 and outcomes[0].total == 5_000_123
     for rank in (1, 2, 3):
         assert hashlib.sha256((tmp_path / f"out{rank}").read_bytes()).hexdigest() == digest
@@ -154,7 +156,7 @@ def test_a_tree_of_fanout_two_delivers_identical_bytes_to_every_node(tmp_path):
     source, digest = source_file(tmp_path, 3_000_000)
     job = job_id()
     outcomes = run_ranks(tmp_path, source, 7, lambda r: make_plan(r, 7, job, fanout=2))
-    assert all(isinstance(o, relay.Result) for o in outcomes.values()), outcomes
+    assert all(isinstance(o, tree.Result) for o in outcomes.values()), outcomes
     assert outcomes[0].nodes == 6
     for rank in range(1, 7):
         assert hashlib.sha256((tmp_path / f"out{rank}").read_bytes()).hexdigest() == digest
@@ -164,7 +166,7 @@ def test_an_empty_stream_is_delivered_and_verified(tmp_path):
     source, digest = source_file(tmp_path, 0)
     job = job_id()
     outcomes = run_ranks(tmp_path, source, 2, lambda r: make_plan(r, 2, job))
-    assert outcomes[1].total == 0 and outcomes[1].digest == outcomes[0].digest == relay.CHAIN_START.hex()
+    assert outcomes[1].total == 0 and outcomes[1].digest == outcomes[0].digest == protocol.CHAIN_START.hex()
     assert (tmp_path / "out1").read_bytes() == b"" and digest == hashlib.sha256(b"").hexdigest()
 
 
@@ -176,7 +178,7 @@ def test_a_child_with_a_wrong_token_is_refused_on_both_ends(tmp_path):
     source, _ = source_file(tmp_path, 1000)
     job, logs = job_id(), []
 
-    def plan_for(rank: int) -> relay.Plan:
+    def plan_for(rank: int) -> tree.Plan:
         if rank == 0:
             return make_plan(0, 2, job, connect_timeout=1.5, log=logs.append)
         return make_plan(1, 2, job, token="not-the-job-token", connect_timeout=1.5)
@@ -193,26 +195,28 @@ def test_a_child_with_a_wrong_token_is_refused_on_both_ends(tmp_path):
 
 
 class Speaker:
-    """The sending side of one link, written from the wire format in relay.py's docstring: every
-    frame tagged under the link key with its sequence number, data digests chained."""
+    """The sending side of one link, written from the wire format in slurm_multi.relay.protocol's
+    docstring: every frame tagged under the link key with its sequence number, data digests chained."""
 
     def __init__(self, key: bytes) -> None:
-        self.key, self.seq, self.chain, self.total = key, 0, relay.CHAIN_START, 0
+        self.key, self.seq, self.chain, self.total = key, 0, protocol.CHAIN_START, 0
 
     def frame(self, kind: bytes, payload: bytes = b"", seq: int | None = None) -> bytes:
         digest = hashlib.sha256(payload).digest()
-        tag = relay.frame_tag(self.key, self.seq if seq is None else seq, kind, len(payload), digest)
+        tag = protocol.frame_tag(self.key, self.seq if seq is None else seq, kind, len(payload), digest)
         self.seq += 1
-        if kind == relay.DATA:
-            self.chain, self.total = relay.chain(self.chain, digest), self.total + len(payload)
-        return relay.FRAME.pack(kind, len(payload), tag) + payload
+        if kind == protocol.DATA:
+            self.chain, self.total = protocol.chain(self.chain, digest), self.total + len(payload)
+        return protocol.FRAME.pack(kind, len(payload), tag) + payload
 
     def data(self, payload: bytes, size: int = 100_000) -> bytes:
-        return b"".join(self.frame(relay.DATA, payload[i : i + size]) for i in range(0, len(payload), size))
+        return b"".join(
+            self.frame(protocol.DATA, payload[i : i + size]) for i in range(0, len(payload), size)
+        )
 
     def trailer(self, total: int | None = None, chain: bytes | None = None) -> bytes:
         total = self.total if total is None else total
-        return self.frame(relay.END, relay.trailer_payload(total, chain or self.chain))
+        return self.frame(protocol.END, protocol.trailer_payload(total, chain or self.chain))
 
 
 def fake_parent(
@@ -229,14 +233,14 @@ def fake_parent(
         listener.close()
         reader = sock.makefile("rb")
         nonce_p = auth.new_nonce()
-        sock.sendall(relay.hello_line(nonce_p))
-        rank, purpose, nonce_c, _given = relay.parse_auth(reader.readline())
-        answer = proof or relay.parent_proof(token, nonce_c, nonce_p, 0, rank, purpose)
-        sock.sendall(f"OK 0 {answer}\n".encode() + relay.header_line(purpose))
-        key = relay.link_key(token, nonce_p, nonce_c, 0, rank, purpose)
+        sock.sendall(protocol.hello_line(nonce_p))
+        rank, purpose, nonce_c, _given = protocol.parse_auth(reader.readline())
+        answer = proof or protocol.parent_proof(token, nonce_c, nonce_p, 0, rank, purpose)
+        sock.sendall(f"OK 0 {answer}\n".encode() + protocol.header_line(purpose))
+        key = protocol.link_key(token, nonce_p, nonce_c, 0, rank, purpose)
         try:
             if proof is None:
-                assert relay.parse_status(reader.readline(), "READY", key) == (True, 0, "")
+                assert protocol.parse_status(reader.readline(), "READY", key) == (True, 0, "")
             script(sock, Speaker(key))
             sock.shutdown(socket.SHUT_WR)  # a clean end: what was sent arrives before the EOF
             sock.settimeout(5)
@@ -252,11 +256,11 @@ def fake_parent(
     return listener.getsockname()[1], thread
 
 
-def receive_from(port: int, tmp_path: Path, **overrides) -> relay.Result | HelperError:
+def receive_from(port: int, tmp_path: Path, **overrides) -> tree.Result | HelperError:
     plan = make_plan(1, 2, 0, ports_of=lambda r: [port], **overrides)
     with open(tmp_path / "out1", "wb") as out:
         try:
-            return relay.run_node(plan, out_fd=out.fileno())
+            return forward.run_node(plan, out_fd=out.fileno())
         except HelperError as exc:
             return exc
 
@@ -273,7 +277,7 @@ def test_a_parent_that_cannot_prove_the_token_is_skipped_and_nothing_is_written(
 
 def test_frames_under_another_links_key_are_refused_before_anything_is_written(tmp_path):
     """Frames recorded on another link (its own nonces, so its own key) replayed on this one."""
-    other = Speaker(relay.link_key(TOKEN, auth.new_nonce(), auth.new_nonce(), 0, 1, "image"))
+    other = Speaker(protocol.link_key(TOKEN, auth.new_nonce(), auth.new_nonce(), 0, 1, "image"))
     port, thread = fake_parent(
         lambda sock, out: (sock.sendall(other.data(os.urandom(300_000))), time.sleep(0.5))
     )
@@ -288,7 +292,7 @@ def test_a_replayed_or_reordered_frame_is_refused_and_nothing_after_it_is_writte
     first, second = os.urandom(50_000), os.urandom(50_000)
 
     def replay_first(sock: socket.socket, out: Speaker) -> None:
-        frame = out.frame(relay.DATA, first)
+        frame = out.frame(protocol.DATA, first)
         sock.sendall(frame + frame)  # frame 0 again where frame 1 belongs
         time.sleep(0.5)
 
@@ -299,7 +303,7 @@ def test_a_replayed_or_reordered_frame_is_refused_and_nothing_after_it_is_writte
     assert (tmp_path / "out1").read_bytes() == first
 
     def swap(sock: socket.socket, out: Speaker) -> None:
-        one, two = out.frame(relay.DATA, first), out.frame(relay.DATA, second)
+        one, two = out.frame(protocol.DATA, first), out.frame(protocol.DATA, second)
         sock.sendall(two + one)
         time.sleep(0.5)
 
@@ -311,9 +315,9 @@ def test_a_replayed_or_reordered_frame_is_refused_and_nothing_after_it_is_writte
 
 
 def test_an_abort_without_the_links_tag_is_not_believed(tmp_path):
-    stranger = Speaker(relay.link_key("not-the-token", auth.new_nonce(), auth.new_nonce(), 0, 1, "image"))
+    stranger = Speaker(protocol.link_key("not-the-token", auth.new_nonce(), auth.new_nonce(), 0, 1, "image"))
     port, thread = fake_parent(
-        lambda sock, out: (sock.sendall(out.data(b"y" * 10) + stranger.frame(relay.ABORT, b"stop", seq=1)),
+        lambda sock, out: (sock.sendall(out.data(b"y" * 10) + stranger.frame(protocol.ABORT, b"stop", seq=1)),
                            time.sleep(0.5))
     )  # fmt: skip
     outcome = receive_from(port, tmp_path)
@@ -358,7 +362,7 @@ def test_a_trailer_that_disagrees_with_the_stream_is_caught(tmp_path, trailer, n
 def test_a_corrupted_byte_in_transit_is_caught_by_the_frames_tag(tmp_path):
     source, _ = source_file(tmp_path, 3_000_000)
     job = job_id()
-    upstream = relay.relay_ports(0, 29500, job)
+    upstream = tree.relay_ports(0, 29500, job)
     proxy = socket.socket()
     proxy.bind(("127.0.0.1", 0))
     proxy.listen(1)
@@ -410,7 +414,7 @@ def test_a_corrupted_byte_in_transit_is_caught_by_the_frames_tag(tmp_path):
 
     threading.Thread(target=run_proxy, daemon=True).start()
 
-    def plan_for(rank: int) -> relay.Plan:
+    def plan_for(rank: int) -> tree.Plan:
         ports = (lambda r: [proxy.getsockname()[1]]) if rank == 1 else (lambda r: upstream)
         return make_plan(rank, 2, job, ports_of=ports)
 
@@ -443,7 +447,7 @@ def test_a_frozen_parent_trips_the_stall_timeout(tmp_path):
 def test_a_child_that_stops_reading_is_dropped_by_its_parent(tmp_path):
     source, _ = source_file(tmp_path, 40_000_000)
     job = job_id()
-    port = relay.relay_ports(0, 29500, job)
+    port = tree.relay_ports(0, 29500, job)
     frozen = threading.Event()
 
     def lazy_child() -> None:
@@ -454,7 +458,7 @@ def test_a_child_that_stops_reading_is_dropped_by_its_parent(tmp_path):
             except OSError:
                 time.sleep(0.05)
         key = child_handshake(sock)
-        sock.sendall(relay.status_line(key, "READY"))
+        sock.sendall(protocol.status_line(key, "READY"))
         frozen.wait(10)  # never reads a frame
         sock.close()
 
@@ -487,7 +491,7 @@ def test_a_slow_reader_within_the_stall_timeout_is_waited_for(tmp_path):
 
     def receiver() -> None:
         try:
-            outcomes[1] = relay.run_node(make_plan(1, 2, job, stall_timeout=4), out_fd=write_fd)
+            outcomes[1] = forward.run_node(make_plan(1, 2, job, stall_timeout=4), out_fd=write_fd)
         except HelperError as exc:
             outcomes[1] = exc
         finally:
@@ -498,17 +502,17 @@ def test_a_slow_reader_within_the_stall_timeout_is_waited_for(tmp_path):
     outcomes[0] = run_ranks(tmp_path, source, 2, lambda r: make_plan(r, 2, job, stall_timeout=4), [0])[0]
     thread.join(10)
     reader.join(10)
-    assert isinstance(outcomes[0], relay.Result) and isinstance(outcomes[1], relay.Result), outcomes
+    assert isinstance(outcomes[0], tree.Result) and isinstance(outcomes[1], tree.Result), outcomes
     assert got.hexdigest() == digest
 
 
 def child_handshake(sock: socket.socket) -> bytes:
     """A hand-written rank 1's handshake with rank 0; the link key."""
     reader = sock.makefile("rb")
-    nonce_p, nonce_c = relay.parse_hello(reader.readline()), auth.new_nonce()
-    sock.sendall(relay.auth_line(TOKEN, nonce_p, 1, "image", nonce_c))
+    nonce_p, nonce_c = protocol.parse_hello(reader.readline()), auth.new_nonce()
+    sock.sendall(protocol.auth_line(TOKEN, nonce_p, 1, "image", nonce_c))
     reader.readline(), reader.readline()
-    return relay.link_key(TOKEN, nonce_p, nonce_c, 0, 1, "image")
+    return protocol.link_key(TOKEN, nonce_p, nonce_c, 0, 1, "image")
 
 
 def fake_child(port: int, after_trailer: Callable[[socket.socket, bytes], None]) -> threading.Thread:
@@ -522,12 +526,12 @@ def fake_child(port: int, after_trailer: Callable[[socket.socket, bytes], None])
             except OSError:
                 time.sleep(0.02)
         key = child_handshake(sock)
-        sock.sendall(relay.status_line(key, "READY"))
+        sock.sendall(protocol.status_line(key, "READY"))
         reader = sock.makefile("rb")
         while True:
-            kind, length, _tag = relay.parse_frame_header(reader.read(relay.FRAME.size))
+            kind, length, _tag = protocol.parse_frame_header(reader.read(protocol.FRAME.size))
             reader.read(length)
-            if kind == relay.END:
+            if kind == protocol.END:
                 break
         after_trailer(sock, key)
         sock.close()
@@ -545,19 +549,19 @@ def test_a_lagging_subtree_that_sends_wait_is_waited_for_past_the_stall_timeout(
         for _ in range(8):
             sock.sendall(b"WAIT\n")
             time.sleep(0.2)
-        sock.sendall(relay.status_line(key, "DONE", 5))
+        sock.sendall(protocol.status_line(key, "DONE", 5))
 
-    child = fake_child(relay.relay_ports(0, 29500, job)[0], lagging)
+    child = fake_child(tree.relay_ports(0, 29500, job)[0], lagging)
     plan = make_plan(0, 2, job, stall_timeout=0.6)
     outcome = run_ranks(tmp_path, source, 2, lambda r: plan, [0])[0]
     child.join(5)
-    assert isinstance(outcome, relay.Result) and outcome.nodes == 5
+    assert isinstance(outcome, tree.Result) and outcome.nodes == 5
 
 
 def test_a_subtree_silent_after_the_trailer_is_given_up_on(tmp_path):
     source, _ = source_file(tmp_path, 100_000)
     job = job_id()
-    child = fake_child(relay.relay_ports(0, 29500, job)[0], lambda sock, key: time.sleep(2))
+    child = fake_child(tree.relay_ports(0, 29500, job)[0], lambda sock, key: time.sleep(2))
     started = time.monotonic()
     plan = make_plan(0, 2, job, stall_timeout=0.6)
     outcome = run_ranks(tmp_path, source, 2, lambda r: plan, [0])[0]
@@ -580,12 +584,12 @@ def test_a_parent_that_never_listens_times_out_naming_it(tmp_path):
     assert "rank 0 (node1) did not answer on 127.0.0.1:1 within 0.3 s" in message(outcome)
 
 
-def _process_rank(plan: relay.Plan, source_fd: int | None, out: str | None, conn, close_fds) -> None:
+def _process_rank(plan: tree.Plan, source_fd: int | None, out: str | None, conn, close_fds) -> None:
     for fd in close_fds:
         os.close(fd)
     out_fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC) if out else None
     try:
-        relay.run_node(plan, source_fd, out_fd)
+        forward.run_node(plan, source_fd, out_fd)
         conn.send(("ok", ""))
     except HelperError as exc:
         conn.send((exc.exit_code, exc.format_message()))
@@ -645,92 +649,10 @@ def test_a_killed_middle_node_makes_the_rest_of_the_chain_fail_within_seconds_na
     assert "stream from rank 1 (node2) ended" in text
 
 
-# --------------------------------------------------------------------------------------------------
-# Parsers reject garbage (and nothing but ProtocolError escapes them)
-
-NONCE = "0123456789abcdef" * 2
-
-
-@pytest.mark.parametrize(
-    "line",
-    [b"", b"\n", b"HELLO\n", f"SM-RELAY/2 HELLO {NONCE}\n".encode(), f"SM-RELAY/1 HI {NONCE}\n".encode(),
-     b"SM-RELAY/1 HELLO 1234\n", f"SM-RELAY/1 HELLO {NONCE.upper()}\n".encode(), b"\xff" * 40,
-     b"x" * 600 + b"\n", f"SM-RELAY/1 HELLO {NONCE} extra\n".encode()],
-)  # fmt: skip
-def test_the_greeting_parser_rejects_garbage(line):
-    with pytest.raises(relay.ProtocolError):
-        relay.parse_hello(line)
-
-
-@pytest.mark.parametrize(
-    "line",
-    [b"AUTH\n", f"AUTH 01 image {NONCE} {'a' * 64}\n".encode(), f"AUTH -1 image {NONCE} x\n".encode(),
-     f"AUTH 1 IMAGE {NONCE} x\n".encode(), b"AUTH 1 image nonce x\n", b"READY 1 image\n",
-     f"AUTH \u0661 image {NONCE} x\n".encode()],
-)  # fmt: skip
-def test_the_auth_parser_rejects_garbage(line):
-    with pytest.raises(relay.ProtocolError):
-        relay.parse_auth(line)
-
-
-@pytest.mark.parametrize(
-    "line",
-    [b"SM-RELAY/1 STREAM\n", b"SM-RELAY/9 STREAM image\n", b"NOPE/1 STREAM image\n",
-     b"SM-RELAY/1 DATA image\n", b"SM-RELAY/1 STREAM Image\n", b"SM-RELAY/1 STREAM image extra\n",
-     b"\x00\x01\x02\n"],
-)  # fmt: skip
-def test_the_header_parser_rejects_garbage(line):
-    with pytest.raises(relay.ProtocolError):
-        relay.parse_header(line)
-
-
-def test_the_header_parser_names_an_unsupported_version():
-    with pytest.raises(relay.ProtocolError, match="unsupported version 'SM-RELAY/9'"):
-        relay.parse_header(b"SM-RELAY/9 STREAM image\n")
-    assert relay.parse_header(relay.header_line("image")) == "image"
-
-
-@pytest.mark.parametrize(
-    "raw",
-    [b"D\x00\x00\x00\x00", b"D" + (relay.MAX_FRAME + 1).to_bytes(4, "big"), b"P\x00\x00\x00\x01",
-     b"E\x00\x00\x00\x10", b"X\x00\x00\x00\x01", b"A\x00\x01\x00\x00"],
-)  # fmt: skip
-def test_the_frame_parser_rejects_garbage(raw):
-    with pytest.raises(relay.ProtocolError):
-        relay.parse_frame_header(raw + bytes(relay.TAG_BYTES))
-    with pytest.raises(relay.ProtocolError, match="short frame header"):
-        relay.parse_frame_header(b"D\x00\x00\x00\x01" + bytes(relay.TAG_BYTES - 1))
-
-
-def test_the_trailer_round_trips_and_rejects_a_wrong_size():
-    stream = relay.chain(relay.CHAIN_START, hashlib.sha256(b"abc").digest())
-    payload = relay.trailer_payload(3, stream)
-    assert relay.parse_trailer(payload) == (3, stream)
-    for bad in (b"", payload[:-1], payload + b"x"):
-        with pytest.raises(relay.ProtocolError):
-            relay.parse_trailer(bad)
-
-
-def test_a_tag_covers_the_sequence_the_type_the_length_and_the_payload():
-    key, digest = b"k" * 32, hashlib.sha256(b"abc").digest()
-    tag = relay.frame_tag(key, 7, relay.DATA, 3, digest)
-    assert len(tag) == relay.TAG_BYTES
-    assert tag != relay.frame_tag(key, 8, relay.DATA, 3, digest)
-    assert tag != relay.frame_tag(key, 7, relay.ABORT, 3, digest)
-    assert tag != relay.frame_tag(key, 7, relay.DATA, 4, digest)
-    assert tag != relay.frame_tag(key, 7, relay.DATA, 3, hashlib.sha256(b"abd").digest())
-    assert tag != relay.frame_tag(b"K" * 32, 7, relay.DATA, 3, digest)
-    # Each link's key is its own: the same token with other nonces or ranks gives another key.
-    one = relay.link_key(TOKEN, NONCE, "b" * 32, 0, 1, "image")
-    assert one != relay.link_key(TOKEN, NONCE, "c" * 32, 0, 1, "image")
-    assert one != relay.link_key(TOKEN, NONCE, "b" * 32, 1, 2, "image")
-    assert one != relay.link_key("other", NONCE, "b" * 32, 0, 1, "image")
-
-
 def test_a_receiver_given_an_unknown_frame_type_fails_with_a_protocol_error(tmp_path):
     port, thread = fake_parent(
         lambda sock, out: (
-            sock.sendall(b"Z\x00\x00\x00\x05" + bytes(relay.TAG_BYTES) + b"hello"),
+            sock.sendall(b"Z\x00\x00\x00\x05" + bytes(protocol.TAG_BYTES) + b"hello"),
             time.sleep(0.5),
         )
     )
@@ -739,101 +661,16 @@ def test_a_receiver_given_an_unknown_frame_type_fails_with_a_protocol_error(tmp_
     assert "protocol error from rank 0 (node1) after 0 bytes: unknown frame type 0x5a" in message(outcome)
 
 
-def test_status_lines_and_abort_reasons_are_cleaned():
-    key = b"k" * 32
-    assert relay.parse_status(relay.status_line(key, "READY"), "READY", key) == (True, 0, "")
-    assert relay.parse_status(relay.status_line(key, "DONE", 7), "DONE", key) == (True, 7, "")
-    assert relay.parse_status(b"FAIL it  broke\n", "DONE", key) == (False, 0, "it broke")
-    # A READY or DONE without this link's tag (forged by whoever sits on the link) is no status.
-    for forged in (b"READY\n", b"DONE 7\n", relay.status_line(b"x" * 32, "DONE", 7), b"DONE 8 "
-                   + relay.status_line(key, "DONE", 7).split(b" ")[2]):  # fmt: skip
-        with pytest.raises(relay.ProtocolError):
-            relay.parse_status(forged, forged.split(b" ")[0].strip().decode(), key)
-    with pytest.raises(relay.ProtocolError):
-        relay.parse_status(b"DONE x\n", "DONE")
-    reason = relay.abort_payload("line one\nline\x07two " + "y" * 1000).decode()
-    assert "\n" not in reason and "\x07" not in reason and len(reason) <= relay.MAX_REASON
-
-
 # --------------------------------------------------------------------------------------------------
-# CLI
-
-
-def run_cli(args: list[str], env: dict[str, str] | None = None, input: bytes | None = None):
-    return CliRunner().invoke(relay.cli, args, env=env, input=input)
-
-
-def test_the_relay_group_is_registered_in_the_slurm_multi_cli():
-    from slurm_multi.cli import group
-
-    result = CliRunner().invoke(group, ["relay", "--help"])
-    assert result.exit_code == 0 and "send" in result.output and "recv" in result.output
-
-
-def test_port_prints_the_candidates_of_a_rank():
-    result = run_cli(["port", "--rank", "2", "--master-port", "29500", "--job-id", "4242"])
-    assert result.exit_code == 0
-    assert [int(x) for x in result.output.split()] == relay.relay_ports(2, 29500, 4242)
-
-
-@pytest.mark.parametrize(
-    "args, env, needle",
-    [
-        (["recv", "--rank", "1", "--nodes", "a,b", "--master-port", "1", "--job-id", "1"], {}, "is not set"),
-        (["recv", "--rank", "3", "--nodes", "a,b,c"], {"SM_BARRIER_TOKEN": "t"}, "--rank 3 is not in 0..2"),
-        (["recv", "--rank", "1", "--nodes", "a,b", "--nnodes", "3"], {"SM_BARRIER_TOKEN": "t"},
-         "names 2 hosts"),
-        (["recv", "--rank", "1", "--nodes", "a,,b"], {"SM_BARRIER_TOKEN": "t"},
-         "host names separated by commas"),
-        (["recv", "--rank", "1", "--nodes", "a,b"], {"SM_BARRIER_TOKEN": "t"}, "no port to use"),
-        (["send", "--rank", "1", "--nodes", "a,b"], {"SM_BARRIER_TOKEN": "t"}, "send runs on rank 0 only"),
-        (["send", "--nodes", "a"], {"SM_BARRIER_TOKEN": "t"}, "--nnodes >= 2"),
-        (["send", "--nodes", "a,b", "--port", "30000", "--purpose", "Bad Purpose"], {"SM_BARRIER_TOKEN": "t"},
-         "--purpose"),
-    ],
-)  # fmt: skip
-def test_bad_command_lines_are_one_line_usage_errors(args, env, needle):
-    result = run_cli(args, env={"SM_BARRIER_TOKEN": "", **env}, input=b"")
-    assert result.exit_code == EXIT_USAGE, result.output
-    assert needle in result.output and "Traceback" not in result.output
-
-
-def test_send_and_recv_on_this_hosts_routable_address_deliver_the_stream(tmp_path):
-    """The production path end to end: three processes, derived ports, never loopback."""
-    from slurm_multi.net import choose_bind_address
-
-    try:
-        address = choose_bind_address(socket.gethostname()).address
-    except HelperError as exc:
-        pytest.skip(f"no routable address here: {exc}")
-    host = socket.gethostname()
-    payload = os.urandom(2_000_000)
-    env = {**os.environ, "PYTHONPATH": str(REPO / "py"), "SM_BARRIER_TOKEN": TOKEN}
-    common = ["--nodes", f"{host},{host},{host}", "--master-port", "29500", "--job-id", str(job_id()),
-              "--connect-timeout", "20"]  # fmt: skip
-    cmd = [sys.executable, "-m", "slurm_multi.relay"]
-    recvs = []
-    for rank in (1, 2):  # stdout to files: a pipe nobody reads yet would block the receivers
-        with open(tmp_path / f"out{rank}", "wb") as out:
-            recvs.append(subprocess.Popen([*cmd, "recv", "--rank", str(rank), *common], env=env, stdout=out,
-                                          stderr=subprocess.PIPE))  # fmt: skip
-    send = subprocess.run([*cmd, "send", *common], env=env, input=payload, capture_output=True, timeout=30)
-    errs = [proc.communicate(timeout=30)[1] for proc in recvs]
-    assert send.returncode == 0, send.stderr.decode()
-    assert b"verified by all 2 receivers" in send.stderr
-    assert f"listening on {address}:".encode() in send.stderr
-    for rank, proc, err in zip((1, 2), recvs, errs):
-        assert proc.returncode == 0, err.decode()
-        assert (tmp_path / f"out{rank}").read_bytes() == payload
-    assert TOKEN.encode() not in send.stderr + b"".join(errs)
+# The end-to-end tests' fault hook (SM_RELAY_FAULT)
 
 
 def test_the_fault_hook_is_one_rank_s_and_ignores_anything_else() -> None:
-    assert relay.parse_fault("2:corrupt:1000", 2) == ("corrupt", 1000)
-    assert relay.parse_fault("2:die:5", 2) == ("die", 5)
-    assert relay.parse_fault("2:die:5", 1) is None
+    assert forward.parse_fault("2:corrupt:1000", 2) == ("corrupt", 1000)
+    assert forward.parse_fault("2:die:5", 2) == ("die", 5)
+    assert forward.parse_fault("2:die:5", 1) is None
     for junk in ("", "x", "2:explode:5", "2:die", "-1:die:3", "2:die:5:6"):
-        assert relay.parse_fault(junk, 2) is None
+        assert forward.parse_fault(junk, 2) is None
 
 
 def test_the_corrupt_fault_on_a_middle_rank_is_caught_by_the_next_rank_only(tmp_path, monkeypatch):
@@ -856,9 +693,9 @@ def greet_then(answer: bytes) -> Callable[[socket.socket], None]:
     """A squatter that greets like a relay, reads the AUTH, then answers `answer` (unsigned)."""
 
     def reply(sock: socket.socket) -> None:
-        sock.sendall(relay.hello_line(auth.new_nonce()))
+        sock.sendall(protocol.hello_line(auth.new_nonce()))
         sock.recv(1024)
-        sock.sendall(answer + relay.header_line("image"))
+        sock.sendall(answer + protocol.header_line("image"))
 
     return reply
 
@@ -875,7 +712,7 @@ SQUATTERS = {
 def test_a_squatter_on_the_parents_first_port_is_skipped_and_named(tmp_path, behaviour):
     source, digest = source_file(tmp_path, 2_000_000)
     job, logs = job_id(), []
-    ports = relay.relay_ports(0, 29500, job)
+    ports = tree.relay_ports(0, 29500, job)
     with squatters.squatter(SQUATTERS[behaviour], ports[0]):
         # Both ranks' budgets are short: the old child gave up on the first DENY or bad OK (exit 2)
         # and sat out 10 s on a silent port, longer than this whole budget.
@@ -883,7 +720,7 @@ def test_a_squatter_on_the_parents_first_port_is_skipped_and_named(tmp_path, beh
             tmp_path, source, 2,
             lambda r: make_plan(r, 2, job, connect_timeout=8.0, log=logs.append if r else (lambda _m: None)),
         )  # fmt: skip
-    assert all(isinstance(o, relay.Result) for o in outcomes.values()), outcomes
+    assert all(isinstance(o, tree.Result) for o in outcomes.values()), outcomes
     assert hashlib.sha256((tmp_path / "out1").read_bytes()).hexdigest() == digest
     met = [line for line in logs if line.startswith("before our parent at ")]
     assert met and f"127.0.0.1:{ports[0]}" in met[0], logs
@@ -897,7 +734,7 @@ def test_idle_connections_to_a_parent_do_not_keep_its_child_out(tmp_path):
     them all at once and drops each after the proof timeout; its child is taken meanwhile."""
     source, digest = source_file(tmp_path, 1_000_000)
     job, logs = job_id(), []
-    port = relay.relay_ports(0, 29500, job)[0]
+    port = tree.relay_ports(0, 29500, job)[0]
     idle: list[socket.socket] = []
     outcomes: dict[int, object] = {}
 
@@ -919,7 +756,7 @@ def test_idle_connections_to_a_parent_do_not_keep_its_child_out(tmp_path):
     first.join(10)
     for sock in idle:
         sock.close()
-    assert isinstance(outcomes[0], relay.Result) and isinstance(outcomes[1], relay.Result), outcomes
+    assert isinstance(outcomes[0], tree.Result) and isinstance(outcomes[1], tree.Result), outcomes
     assert hashlib.sha256((tmp_path / "out1").read_bytes()).hexdigest() == digest
 
 
@@ -931,8 +768,9 @@ def recv_with_loader(port: int, tmp_path: Path, loader: Sequence[str] = ()) -> s
     """`relay recv` as the image stage runs it; by default its loader a script that marks a clean EOF."""
     loader = loader or ["sh", "-c", 'cat >"$1" && echo clean >"$1.eof"', "loader", str(tmp_path / "loaded")]
     env = {**os.environ, "PYTHONPATH": str(REPO / "py"), "SM_BARRIER_TOKEN": TOKEN}
-    argv = [sys.executable, "-m", "slurm_multi.relay", "recv", "--rank", "1", "--parent-host", "127.0.0.1",
-            "--nnodes", "2", "--port", str(port), "--count", "1", "--connect-timeout", "5"]  # fmt: skip
+    argv = [sys.executable, "-m", "slurm_multi", "relay", "recv", "--rank", "1",
+            "--parent-host", "127.0.0.1", "--nnodes", "2", "--port", str(port), "--count", "1",
+            "--connect-timeout", "5"]  # fmt: skip
     return subprocess.run(
         [*argv, "--", *loader], env=env, capture_output=True, text=True, timeout=60, check=False
     )
@@ -973,3 +811,12 @@ def test_a_verified_stream_ends_the_loader_cleanly_and_its_failure_is_ours(tmp_p
         and "was verified, but sh -c" in proc.stderr
         and "exited 4" in proc.stderr
     )
+
+
+def test_the_stats_file_holds_the_verified_bytes_and_seconds(tmp_path):
+    """--stats-file, read by the image stage (lib/image.sh) for the timeline: `<bytes> <seconds>`."""
+    path = tmp_path / "relay.stats"
+    load.write_stats(str(path), tree.Result(total=812_000_000, digest="ab" * 32, seconds=2.34567, nodes=3))
+    assert path.read_text() == "812000000 2.346\n"
+    load.write_stats(None, tree.Result(1, "", 1.0, 1))  # no --stats-file: nothing written anywhere
+    assert [p.name for p in tmp_path.iterdir()] == ["relay.stats"]
