@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "py"))
 from benchlib import format_seconds, make_row, median, skipped_row, talk, write_rows  # noqa: E402
 
 from slurm_multi.auth import new_nonce  # noqa: E402
-from slurm_multi.barrier import challenge_line, parse_challenge, reply_line, request_line  # noqa: E402
+from slurm_multi.wire import challenge_line, parse_challenge, reply_line, request_line  # noqa: E402
 
 LOOPBACK = "127.0.0.1"
 SIZES = (16, 256, 1024, 4096)

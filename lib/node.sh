@@ -536,8 +536,7 @@ node::serve_barrier() {
   [[ ${SM_RUNTIME} != docker ]] || argv+=(--holds-file "${SM_SCRATCH}/barrier.holds")
   log::cmd barrier "${SM_HOME}/bin/slurm-multi" "${argv[@]}"
   log::info barrier "(its stdin is a pipe from this task: it gets 'RELEASE <image-id>' or 'ABORT <reason>')"
-  # The click-free entry (the same parser as the logged command): it starts beside prepare.
-  exec {BARRIER_CTL}> >(trap - ERR; SM_ERROR_FILE=${SM_SCRATCH}/barrier.error util::py_fast barrier_main "${argv[@]:1}")
+  exec {BARRIER_CTL}> >(trap - ERR; SM_ERROR_FILE=${SM_SCRATCH}/barrier.error util::sm "${argv[@]}")
   SM_BARRIER_PID=$!
 }
 
@@ -565,7 +564,7 @@ node::join_image_phase() {
     log::cmd image "${SM_HOME}/bin/slurm-multi" "${argv[@]}"
     log::info image "(its stdout is a pipe to this task; SIGUSR1 from this task starts its start phase)"
     SM_ERROR_FILE=${SM_SCRATCH}/join.error PYTHONPATH="${SM_HOME}/py${PYTHONPATH:+:${PYTHONPATH}}" \
-      exec "${SM_PYTHON}" -m slurm_multi.barrier_main "${argv[@]:1}"
+      exec "${SM_PYTHON}" -m slurm_multi "${argv[@]}"
   )
   NODE_JOIN_PID=$!
 }

@@ -8,7 +8,9 @@ by hand or a worker that gives up.) Every worker runs `barrier join`, which prin
 ID once the barrier opens.
 
 Protocol: a challenge, then one signed line each way (slurm_multi.wire says it all); ports and
-addresses: slurm_multi.net. This module is the server and its clients.
+addresses: slurm_multi.net. This module is the server's decisions (BarrierServer: who is ready,
+GO or ABORT, the holds, the outcome) and its clients; the server's connections (accepting, lines,
+limits, deadlines) are slurm_multi.barrier_conns, the command line slurm_multi.barrier_cli.
 
 `image` READYs are answered as soon as the image is released (a worker learns the image ID to load);
 `start` READYs are answered once every rank 1..nnodes-1 holds a live `start` connection and the image
@@ -19,26 +21,21 @@ Exit codes: 0 released/OK, 1 aborted or failed, 2 usage or rejected by rank 0, 3
 
 from __future__ import annotations
 
-import errno
 import os
-import selectors
 import socket
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
 from slurm_multi import EXIT_FAILURE, EXIT_OK, EXIT_TIMEOUT, EXIT_USAGE, auth
+from slurm_multi.barrier_conns import KEEPALIVE, Conn, Connections, Log
 from slurm_multi.common import HelperError, talk, timeout_error, usage_error
 from slurm_multi.net import (
     PROOF_TIMEOUT,
-    Keepalive,
-    bind_first_free,
     connect_addresses,
     describe,
     dial_once,
     keepalive,
-    peer,
     secs,
 )
 from slurm_multi.wire import (
@@ -47,7 +44,6 @@ from slurm_multi.wire import (
     Message,
     ProtocolError,
     Reply,
-    challenge_line,
     parse_challenge,
     parse_line,
     parse_reply,
@@ -59,13 +55,6 @@ from slurm_multi.words import CACHE_SEEN_HEX, is_held_id, is_image_id
 # A worker usually dials a moment before rank 0 listens: retry soon, then back off (doubling).
 BACKOFF_START, BACKOFF_MAX = 0.02, 2.0
 FLUSH_SECONDS = 2.0  # how long the server waits for its last lines to leave
-DRAIN_SECONDS = 1.0  # after an answer, keep reading (and discarding) so close() does not RST it
-NOTE_BUDGET, NOTE_WINDOW = 40, 10.0  # per-connection log lines allowed per window (floods are summed)
-# A worker node that dies without a FIN would otherwise count as present until the timeout; the
-# connections idle for minutes, so the probes may be slow (docs/barrier.md documents these).
-KEEPALIVE = Keepalive(idle=30, interval=10, probes=3)
-
-Log = Callable[[str], None]
 
 
 def _talk(message: str) -> None:
@@ -111,29 +100,15 @@ def raise_nofile_limit() -> None:
 WAITING, LINGERING, FINISHING = "waiting", "lingering", "finishing"
 
 
-class _Conn:
-    """One connection the server holds (a plain class: dataclasses cost ~12 ms of imports)."""
-
-    __slots__ = ("sock", "peer", "buf", "out", "kind", "challenge", "nonce", "rank", "phase",
-                 "close_after_flush", "draining", "closed")  # fmt: skip
-
-    def __init__(self, sock: socket.socket, peer: str, challenge: str = "") -> None:
-        self.sock, self.peer = sock, peer
-        self.buf, self.out = bytearray(), bytearray()
-        self.kind = "new"  # new -> worker | done
-        self.challenge = challenge  # S, sent on accept: the client's line must be signed over it
-        self.nonce = ""  # the client's C: our reply is signed over it
-        self.rank, self.phase = 0, ""
-        self.close_after_flush = self.draining = self.closed = False
-
-
 class Outcome(NamedTuple):
     exit_code: int
     message: str
 
 
 class BarrierServer:
-    """Single-threaded selectors loop; binds in the constructor so `port` is known before serve()."""
+    """Rank 0's decisions: who is ready, when to answer GO or ABORT, what each worker holds and how
+    the barrier ends. Its connections (slurm_multi.barrier_conns) bind in the constructor, so `port`
+    is known before serve()."""
 
     def __init__(
         self,
@@ -162,21 +137,15 @@ class BarrierServer:
         self.nnodes = nnodes
         self.image_id = image_id or None
         self.linger = linger
-        self.line_timeout = line_timeout
         self.progress_every = progress_every
         self._log = log
-        self.listener, self.address, self.port = self._bind(address, ports)
-        self._sel = selectors.DefaultSelector()
-        self._sel.register(self.listener, selectors.EVENT_READ, "listen")
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
-        self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
-        self._waiters: dict[str, dict[int, _Conn]] = {phase: {} for phase in PHASES}
-        self._line_deadlines: deque[tuple[float, _Conn]] = deque()
-        self._drain_deadlines: deque[tuple[float, _Conn]] = deque()
-        self._writers: set[_Conn] = set()
-        self._conns: set[_Conn] = set()
+        # control_fd: rank 0's own task talks to us on a pipe; its end closing before a release
+        # means rank 0 is gone.
+        self._io = Connections(
+            self, address, ports, line_timeout=line_timeout, log=log, control_fd=control_fd
+        )
+        self.address, self.port = self._io.address, self._io.port
+        self._waiters: dict[str, dict[int, Conn]] = {phase: {} for phase in PHASES}
         self._state = WAITING
         self._outcome: Outcome | None = None
         self._abort_reason = ""
@@ -184,85 +153,18 @@ class BarrierServer:
         self._stop_reason: str | None = None
         self._released_all = False
         self._holds_fd = holds_fd
-        self._closed = False
-        self._listen_paused_until = 0.0
-        self._notes_left, self._notes_reset, self._notes_dropped = NOTE_BUDGET, 0.0, 0
         # Two budgets: rank 0 obtaining its image (until the release), then the workers arriving.
         self.image_timeout = image_timeout
         self.barrier_timeout = barrier_timeout
         self._released_at: float | None = None
-        # Rank 0's own task talks to us on a pipe (RELEASE <image-id> / ABORT <reason>): no port to
-        # find, no token, no ready file. Its end closing before a release means rank 0 is gone.
-        self._control_fd = control_fd
-        self._control_buf = bytearray()
-        if control_fd is not None:
-            os.set_blocking(control_fd, False)
-            self._sel.register(control_fd, selectors.EVENT_READ, "control")
-
-    # -- setup -------------------------------------------------------------------------------------
-
-    @staticmethod
-    def _bind(address: str, ports: Sequence[int]) -> tuple[socket.socket, str, int]:
-        if not ports:
-            raise usage_error("barrier: no candidate port to listen on")
-        try:
-            sock, tried = bind_first_free(address, ports, 4096)
-        except OSError as exc:
-            if exc.errno == errno.EADDRNOTAVAIL:
-                raise HelperError(
-                    f"barrier: cannot listen on {address}: not an address of this host; "
-                    "check MASTER_ADDR or pass --bind ADDR"
-                ) from None
-            if isinstance(exc, socket.gaierror):
-                raise usage_error(f"barrier: cannot listen on {address}: {exc.strerror}") from None
-            raise HelperError(f"barrier: cannot listen on {address}:{exc.filename}: {exc.strerror}") from None
-        if sock is not None:
-            sock.setblocking(False)
-            return sock, address, sock.getsockname()[1]
-        raise HelperError(
-            f"barrier: every candidate port on {address} is in use ({','.join(tried)}); "
-            "set SM_BARRIER_PORT (or --port) to a free port on every node"
-        )
 
     def request_stop(self, reason: str = "rank 0 terminated") -> None:
         """Abort the waiting workers and return from serve(); safe from signal handlers/threads."""
         self._stop_reason = reason
-        try:
-            self._wake_w.send(b"x")
-        except OSError:
-            pass
+        self._io.wake()
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        for conn in list(self._conns):
-            self._close(conn)
-        if self._control_fd is not None:
-            try:
-                self._sel.unregister(self._control_fd)
-            except (KeyError, ValueError):
-                pass
-        for sock in (self.listener, self._wake_r, self._wake_w):
-            try:
-                self._sel.unregister(sock)
-            except (KeyError, ValueError):
-                pass
-            sock.close()
-        self._sel.close()
-
-    # -- logging -----------------------------------------------------------------------------------
-
-    def _note(self, message: str) -> None:
-        """Per-connection log line, rate limited so a flood of bad clients cannot flood the log."""
-        now = time.monotonic()
-        if now >= self._notes_reset:
-            self._notes_left, self._notes_reset = NOTE_BUDGET, now + NOTE_WINDOW
-        if self._notes_left > 0:
-            self._notes_left -= 1
-            self._log(message)
-        else:
-            self._notes_dropped += 1
+        self._io.close()
 
     def progress(self) -> str:
         workers = self.nnodes - 1
@@ -271,9 +173,9 @@ class BarrierServer:
         )
         if self._waiters["image"]:
             text += f", {len(self._waiters['image'])} waiting for the image"
-        if self._notes_dropped:
-            text += f", {self._notes_dropped} connection events not logged"
-            self._notes_dropped = 0
+        dropped = self._io.take_dropped()
+        if dropped:
+            text += f", {dropped} connection events not logged"
         return text
 
     # -- main loop ---------------------------------------------------------------------------------
@@ -312,56 +214,18 @@ class BarrierServer:
                 everyone_told = len(self._told_abort) >= self.nnodes - 1
                 if self._state == LINGERING and (now >= linger_until or everyone_told):
                     self._state, flush_until = FINISHING, now + FLUSH_SECONDS
-                if self._state == FINISHING and (not self._writers or now >= flush_until):
+                if self._state == FINISHING and (not self._io.writing or now >= flush_until):
                     assert self._outcome is not None
                     return self._outcome
                 if self._state == WAITING and now >= next_progress:
                     self._log(self.progress())
                     next_progress = now + self.progress_every
-                self._expire(now)
-                if self._listen_paused_until and now >= self._listen_paused_until:
-                    self._listen_paused_until = 0.0
-                    self._sel.register(self.listener, selectors.EVENT_READ, "listen")
                 wait = 0.5
                 if self._state == WAITING and deadline is not None:
                     wait = min(wait, deadline - now)
-                for key, mask in self._sel.select(max(0.0, wait)):
-                    if key.data == "listen":
-                        self._accept()
-                    elif key.data == "wake":
-                        self._drain_wakeups()
-                    elif key.data == "control":
-                        self._on_control()
-                    else:
-                        self._on_event(key.data, mask)
+                self._io.poll(now, wait)
         finally:
             self.close()
-
-    def _on_event(self, conn: _Conn, mask: int) -> None:
-        try:
-            if mask & selectors.EVENT_WRITE and not conn.closed:
-                self._flush(conn)
-            if mask & selectors.EVENT_READ and not conn.closed:
-                self._on_readable(conn)
-        except Exception as exc:  # one connection's surprise must not take the whole barrier down
-            self._log(f"internal error on {conn.peer} ({type(exc).__name__}); dropped that connection")
-            self._gone(conn)
-
-    def _drain_wakeups(self) -> None:
-        try:
-            while self._wake_r.recv(64):
-                pass
-        except OSError:
-            pass
-
-    def _expire(self, now: float) -> None:
-        while self._line_deadlines and self._line_deadlines[0][0] <= now:
-            _, conn = self._line_deadlines.popleft()
-            if conn.kind == "new" and not conn.closed:
-                self._reject(conn, "line timeout")
-        while self._drain_deadlines and self._drain_deadlines[0][0] <= now:
-            _, conn = self._drain_deadlines.popleft()
-            self._close(conn)
 
     def _deadline(self, started: float, until: float | None) -> float | None:
         """The budget that runs now: the image timeout before the release, the barrier timeout after."""
@@ -394,171 +258,33 @@ class BarrierServer:
             parts.append("rank 0 never released its image")
         return "; ".join(parts)
 
-    def _on_control(self) -> None:
-        """Lines from rank 0's task on the control pipe: RELEASE <image-id> or ABORT <reason>."""
-        assert self._control_fd is not None
-        try:
-            data = os.read(self._control_fd, 4096)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            data = b""
-        if not data:
-            self._sel.unregister(self._control_fd)
-            self._control_fd = None
-            if not self.image_id and not self._abort_reason and self._stop_reason is None:
-                # Like an ABORT: late workers still hear it for the linger time.
-                self._abort("rank 0's task ended before it released the image")
-            return
-        self._control_buf += data
-        while b"\n" in self._control_buf:
-            line, _, rest = bytes(self._control_buf).partition(b"\n")
-            self._control_buf = bytearray(rest)
-            text = line.decode("utf-8", "replace").strip()
-            verb, _, arg = text.partition(" ")
-            if verb == "RELEASE" and is_image_id(arg):
-                self._release(arg)
-            elif verb == "ABORT" and arg:
-                self._abort("".join(ch if ch.isprintable() else " " for ch in arg))
-            else:
-                self._log(f"ignored a control line from rank 0's task: {text[:80]!r}")
+    # -- what the connections tell us (barrier_conns.Handler) ---------------------------------------
 
-    # -- connections -------------------------------------------------------------------------------
+    def on_control_line(self, text: str) -> None:
+        """A line from rank 0's task on the control pipe: RELEASE <image-id> or ABORT <reason>."""
+        verb, _, arg = text.partition(" ")
+        if verb == "RELEASE" and is_image_id(arg):
+            self._release(arg)
+        elif verb == "ABORT" and arg:
+            self._abort("".join(ch if ch.isprintable() else " " for ch in arg))
+        else:
+            self._log(f"ignored a control line from rank 0's task: {text[:80]!r}")
 
-    def _accept(self) -> None:
-        for _ in range(256):  # bounded, so a connection flood cannot starve the readers
-            try:
-                sock, addr = self.listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    self._shed_load(exc)
-                    return
-                if exc.errno in (errno.ECONNABORTED, errno.EPROTO, errno.EPERM):
-                    continue
-                self._note(f"accept failed: {exc.strerror}")
-                return
-            sock.setblocking(False)
-            try:
-                keepalive(sock, KEEPALIVE)
-            except OSError:
-                pass
-            conn = _Conn(sock, peer(addr), challenge=auth.new_nonce())
-            self._conns.add(conn)
-            self._sel.register(sock, selectors.EVENT_READ, conn)
-            self._line_deadlines.append((time.monotonic() + self.line_timeout, conn))
-            self._queue(conn, challenge_line(conn.challenge))
+    def on_control_closed(self) -> None:
+        if not self.image_id and not self._abort_reason and self._stop_reason is None:
+            # Like an ABORT: late workers still hear it for the linger time.
+            self._abort("rank 0's task ended before it released the image")
 
-    def _shed_load(self, exc: OSError) -> None:
-        """Out of file descriptors: drop the oldest connection that has not said anything yet."""
-        while self._line_deadlines:
-            _, conn = self._line_deadlines.popleft()
-            if conn.kind == "new" and not conn.closed:
-                self._note(f"out of file descriptors ({exc.strerror}); dropped idle {conn.peer}")
-                self._close(conn)
-                return
-        self._note(f"out of file descriptors ({exc.strerror}); pausing accept for 0.2 s")
-        self._sel.unregister(self.listener)
-        self._listen_paused_until = time.monotonic() + 0.2
-
-    def _on_readable(self, conn: _Conn) -> None:
-        try:
-            data = conn.sock.recv(65536 if conn.draining else 4096)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            data = b""
-        if not data:
-            self._gone(conn)
-            return
-        if conn.kind != "new" or conn.draining:
-            return  # one line each way: whatever follows is ignored (still read, to see EOF)
-        conn.buf += data
-        newline = conn.buf.find(b"\n")
-        if newline < 0:
-            if len(conn.buf) >= MAX_LINE:
-                self._reject(conn, "line too long")
-            return
-        if newline + 1 > MAX_LINE:
-            self._reject(conn, "line too long")
-            return
-        line = bytes(conn.buf[:newline])
-        conn.buf.clear()
-        self._on_line(conn, line)
-
-    def _gone(self, conn: _Conn) -> None:
+    def on_gone(self, conn: Conn) -> None:
         if conn.kind == "worker" and self._waiters[conn.phase].get(conn.rank) is conn:
             del self._waiters[conn.phase][conn.rank]
-            self._note(f"rank {conn.rank} ({conn.phase}) from {conn.peer} disconnected before GO")
-        self._close(conn)
+            self._io.note(f"rank {conn.rank} ({conn.phase}) from {conn.peer} disconnected before GO")
 
-    def _close(self, conn: _Conn) -> None:
-        if conn.closed:
-            return
-        conn.closed = True
-        self._writers.discard(conn)
-        self._conns.discard(conn)
-        try:
-            self._sel.unregister(conn.sock)
-        except (KeyError, ValueError):
-            pass
-        conn.sock.close()
-
-    def _queue(self, conn: _Conn, line: bytes) -> None:
-        """Send a line and keep the connection open (the challenge)."""
-        conn.out += line
-        self._flush(conn)
-
-    def _send(self, conn: _Conn, line: bytes, close: bool = True) -> None:
-        conn.out += line
-        conn.close_after_flush = close
-        conn.kind = "done"
-        self._flush(conn)
-
-    def _reply(self, conn: _Conn, verb: str, *fields: str) -> None:
-        """The one answer to a verified line, signed over the connection's S and the client's C."""
-        self._send(conn, reply_line(self.token, verb, conn.challenge, conn.nonce, *fields))
-
-    def _flush(self, conn: _Conn) -> None:
-        try:
-            sent = conn.sock.send(conn.out)
-        except (BlockingIOError, InterruptedError):
-            sent = 0
-        except OSError:
-            self._close(conn)
-            return
-        del conn.out[:sent]
-        if conn.out:
-            if conn not in self._writers:
-                self._writers.add(conn)
-                self._sel.modify(conn.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, conn)
-            return
-        if conn in self._writers:
-            self._writers.discard(conn)
-            self._sel.modify(conn.sock, selectors.EVENT_READ, conn)
-        if conn.close_after_flush and not conn.draining:
-            # Half-close and read until the peer closes: close() with unread input would send a
-            # RST that can destroy the answer before the peer reads it.
-            conn.draining = True
-            try:
-                conn.sock.shutdown(socket.SHUT_WR)
-            except OSError:
-                self._close(conn)
-                return
-            self._drain_deadlines.append((time.monotonic() + DRAIN_SECONDS, conn))
-
-    def _reject(self, conn: _Conn, reason: str) -> None:
-        self._note(f"rejected {conn.peer}: {reason}")
-        self._send(conn, f"ERR {reason}\n".encode())
-
-    # -- protocol ----------------------------------------------------------------------------------
-
-    def _on_line(self, conn: _Conn, line: bytes) -> None:
+    def on_line(self, conn: Conn, line: bytes) -> None:
         try:
             msg = parse_line(line, self.token, self.nnodes, conn.challenge)
         except ProtocolError as exc:
-            self._reject(conn, str(exc))
+            self._io.reject(conn, str(exc))
             return
         conn.nonce = msg.nonce
         if msg.kind == "READY":
@@ -568,11 +294,17 @@ class BarrierServer:
         else:
             self._on_abort(conn, msg.reason)
 
-    def _go(self, conn: _Conn, rank: int) -> None:
+    # -- protocol ----------------------------------------------------------------------------------
+
+    def _reply(self, conn: Conn, verb: str, *fields: str) -> None:
+        """The one answer to a verified line, signed over the connection's S and the client's C."""
+        self._io.send(conn, reply_line(self.token, verb, conn.challenge, conn.nonce, *fields))
+
+    def _go(self, conn: Conn, rank: int) -> None:
         assert self.image_id is not None
         self._reply(conn, "GO", str(rank), self.image_id)
 
-    def _on_ready(self, conn: _Conn, msg: Message) -> None:
+    def _on_ready(self, conn: Conn, msg: Message) -> None:
         if self._abort_reason:
             self._reply(conn, "ABORT", self._abort_reason)
             self._told_abort.add(msg.rank)
@@ -581,15 +313,15 @@ class BarrierServer:
             self._go(conn, msg.rank)
             return
         if self._state != WAITING:
-            self._close(conn)
+            self._io.drop(conn)
             return
         conn.kind, conn.rank, conn.phase = "worker", msg.rank, msg.phase
         waiting = self._waiters[msg.phase]
         older = waiting.get(msg.rank)
         if older is not None:
-            self._note(f"rank {msg.rank} ({msg.phase}) reconnected from {conn.peer}; closing {older.peer}")
+            self._io.note(f"rank {msg.rank} ({msg.phase}) reconnected from {conn.peer}; closing {older.peer}")
             older.kind = "done"
-            self._close(older)
+            self._io.drop(older)
         waiting[msg.rank] = conn
         if msg.phase == "image" and self._holds_fd is not None:
             try:  # one short write to an O_APPEND file: whole lines, whoever reads it meanwhile
@@ -599,18 +331,17 @@ class BarrierServer:
                 self._holds_fd = None
         # Signed at once, so a worker knows within seconds that this is our rank 0, and a port
         # where something greets like us but never answers is one it leaves in seconds, not hours.
-        conn.out += reply_line(self.token, "WAIT", conn.challenge, conn.nonce, str(msg.rank))
-        self._flush(conn)
-        self._note(f"rank {msg.rank} ready ({msg.phase}) from {conn.peer}")
+        self._io.queue(conn, reply_line(self.token, "WAIT", conn.challenge, conn.nonce, str(msg.rank)))
+        self._io.note(f"rank {msg.rank} ready ({msg.phase}) from {conn.peer}")
         if msg.phase == "start":
             self._maybe_release()
 
-    def _on_release(self, conn: _Conn, image_id: str) -> None:
+    def _on_release(self, conn: Conn, image_id: str) -> None:
         if self._abort_reason:
             self._reply(conn, "ABORT", self._abort_reason)
             return
         if self.image_id and self.image_id != image_id:
-            self._reject(conn, "already released with another image")
+            self._io.reject(conn, "already released with another image")
             return
         self._reply(conn, "OK")
         self._release(image_id)
@@ -627,7 +358,7 @@ class BarrierServer:
         waiting.clear()
         self._maybe_release()
 
-    def _on_abort(self, conn: _Conn, reason: str) -> None:
+    def _on_abort(self, conn: Conn, reason: str) -> None:
         self._reply(conn, "OK")
         self._abort(reason)
 

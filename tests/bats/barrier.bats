@@ -65,14 +65,14 @@ load_docs_recipe() {
 start_fake_rank0() {
   local script='
 import socket, sys
-from slurm_multi import auth, barrier
+from slurm_multi import auth, wire
 server = socket.create_server(("127.0.0.1", 0))
 print(server.getsockname()[1], flush=True)
 conn, _ = server.accept()
 challenge = auth.new_nonce()
-conn.sendall(barrier.challenge_line(challenge))
+conn.sendall(wire.challenge_line(challenge))
 nonce = conn.makefile("rb").readline().decode().split(" ")[2]
-conn.sendall(barrier.reply_line(sys.argv[1], "GO", challenge, nonce, "1", "sha256:evil"))
+conn.sendall(wire.reply_line(sys.argv[1], "GO", challenge, nonce, "1", "sha256:evil"))
 conn.close()
 '
   "${SM_PYTHON}" -c "${script}" "$1" >"${BATS_TEST_TMPDIR}/fake.port" 3>&- &

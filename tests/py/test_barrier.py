@@ -1399,6 +1399,67 @@ def test_the_token_has_no_command_line_option() -> None:
         assert "--token-env" in help_text and "--token " not in help_text
 
 
+def test_each_command_prints_its_help_on_stdout() -> None:
+    for command in ("port", "serve", "join", "release", "abort"):
+        done = slurm_multi(f"barrier {command} --help")
+        assert done.returncode == 0 and done.stdout.startswith(f"Usage: slurm-multi barrier {command} ")
+
+
+def test_barrier_options_take_their_environment_variables() -> None:
+    """MASTER_PORT, SLURM_JOB_ID and SM_BARRIER_PORT fill the options not given; a given option wins;
+    a bad value in a variable is one line naming both."""
+    env = {k: v for k, v in cli_env().items() if k != "SLURM_JOB_ID"}
+    flags = slurm_multi("barrier port --master-port 29500 --job-id 4242", env=env)
+    from_env = slurm_multi("barrier port", env={**env, "MASTER_PORT": "29500", "SLURM_JOB_ID": "4242"})
+    assert flags.returncode == from_env.returncode == 0, flags.stderr + from_env.stderr
+    assert flags.stdout == from_env.stdout and len(flags.stdout.split()) == 4
+    given = slurm_multi("barrier port --override 21000 --count 2", env={**env, "SM_BARRIER_PORT": "30000"})
+    assert given.stdout.split() == ["21000", "21001"]
+    bad = slurm_multi("barrier port", env={**env, "MASTER_PORT": "29500", "SLURM_JOB_ID": "x"})
+    assert bad.returncode == 2 and bad.stdout == ""
+    (line,) = bad.stderr.splitlines()
+    assert line.startswith(
+        "slurm-multi: barrier port: Invalid value for '--job-id' (env var: 'SLURM_JOB_ID'): 'x' "
+    )
+    assert line.endswith("; Usage: slurm-multi barrier port [OPTIONS] (--help lists the options)")
+    nothing = slurm_multi("barrier port", env=env)  # no derivation input at all: a usage error
+    assert nothing.returncode == 2 and len(nothing.stderr.splitlines()) == 1, nothing.stderr
+    required = slurm_multi(
+        "barrier join --rank 1 --nnodes 2 --connect-timeout 0",
+        env={**env, "MASTER_ADDR": LOOPBACK, "MASTER_PORT": "1"},
+    )
+    assert "Missing option" not in required.stderr  # --master-addr came from MASTER_ADDR
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        ("--nnodes 0", "Invalid value for '--nnodes': 0 is not in the range x>=1"),
+        ("--nnodes 2 --count 33", "'--count': 33 is not in the range 1<=x<=32"),
+        ("--nnodes 2 --timeout -1", "'--timeout': -1.0 is not in the range x>=0"),
+        ("--nnodes 2 --timeout nan", "'--timeout': 'nan' is not a finite number"),
+        ("--nnodes 2 --image-timeout inf", "'--image-timeout': 'inf' is not a finite number"),
+        ("--nnodes 2 --port 70000", "'--port': 70000 is not in the range 1<=x<=65535"),
+        ("--nnodes 2 --bogus", "No such option '--bogus'"),
+        ("", "Missing option '--nnodes'"),
+    ],
+)
+def test_barrier_serve_refuses_in_one_line_naming_the_option(argv: str, says: str) -> None:
+    done = slurm_multi(f"barrier serve {argv}")
+    assert done.returncode == 2, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("slurm-multi: barrier serve: ") and line.endswith(
+        f"{says}; Usage: slurm-multi barrier serve [OPTIONS] (--help lists the options)"
+    )
+
+
+def test_barrier_join_refuses_a_phase_it_does_not_know() -> None:
+    done = slurm_multi(f"barrier join --rank 1 --nnodes 2 --master-addr {LOOPBACK} --phase late")
+    assert done.returncode == 2
+    (line,) = done.stderr.splitlines()
+    assert "Invalid value for '--phase': 'late' is not one of 'image', 'start', 'both'" in line
+
+
 # --------------------------------------------------------------------------------------------------
 # rank 0's own task on the control pipe, and the two budgets
 
