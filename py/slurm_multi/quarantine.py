@@ -431,8 +431,8 @@ def _lock(state_dir: str, timeout: float) -> int:
 
 
 def _write(state_dir: str, current: Sequence[Entry]) -> None:
-    """quarantine.json replaced atomically (shell.write_atomic: temp file in the same dir, fsync,
-    rename), then the directory fsynced: the rename itself survives a crash."""
+    """quarantine.json replaced through the project's one atomic writer, durably: a temp file in the
+    same dir, fsynced, renamed over the old one, the dir fsynced (shell.write_atomic)."""
     path = file_path(state_dir)
     document = {"version": VERSION, "nodes": [entry.to_json() for entry in current]}
     text = json.dumps(document, indent=2, ensure_ascii=False) + "\n"
@@ -440,20 +440,6 @@ def _write(state_dir: str, current: Sequence[Entry]) -> None:
         shell.write_atomic(path, text, FILE_MODE, durable=True)
     except OSError as exc:
         raise QuarantineError(f"{AREA}: cannot write {path}: {exc.strerror or exc}") from None
-    _fsync_dir(state_dir)
-
-
-def _fsync_dir(state_dir: str) -> None:
-    try:
-        fd = os.open(state_dir, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some filesystems refuse fsync on a directory; the rename is done either way
-    finally:
-        os.close(fd)
 
 
 def _set_aside(state_dir: str, now: float) -> str:
