@@ -34,7 +34,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
     "coordinator": ("slurm_multi.coordinator:cli", "Probe a ZeroMQ endpoint as nsight-slurm dials it."),
     "redact": ("slurm_multi.redact:cli", "Redact secret values from text on stdin."),
-    "quarantine": ("slurm_multi.quarantine:cli", "Show and edit the shared list of nodes later jobs avoid."),
+    "quarantine": (
+        "slurm_multi.quarantine_cli:cli",
+        "Show and edit the shared list of nodes later jobs avoid.",
+    ),
 }
 
 
