@@ -30,11 +30,12 @@ The file (version 1; this module is its one writer and its one reader):
 
 Writes (add, remove) take an exclusive `flock` on `<state-dir>/quarantine.lock` (created if absent,
 never removed: removing a lock file lets two writers lock two different files), read, change,
-write a temp file in the same dir, fsync it, `os.replace` it over quarantine.json and fsync the dir,
-then unlock. Concurrent writers on any node therefore lose nothing, provided flock works across
-nodes on that filesystem (NFSv4 and GPFS do; Lustre only with `-o flock`, not `localflock`: see
-docs/image-cache.md for a two-node check). The lock wait is bounded (10 s by default). Readers take
-no lock: a rename is atomic, so they see the old file or the new one.
+write through the project's one atomic writer (`shell.write_atomic(..., durable=True)`: a temp file
+in the same dir, fsynced, renamed over quarantine.json, the dir fsynced), then unlock. Concurrent
+writers on any node therefore lose nothing, provided flock works across nodes on that filesystem
+(NFSv4 and GPFS do; Lustre only with `-o flock`, not `localflock`: see docs/image-cache.md for a
+two-node check). The lock wait is bounded (10 s by default). Readers take no lock: a rename is
+atomic, so they see the old file or the new one.
 
 A state dir that does not exist is created by the first add, mode 2775 whatever the umask (group
 members may add and remove, and the setgid bit gives every file in it the dir's group); a dir that
@@ -59,9 +60,11 @@ import os
 import re
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from slurm_multi import EXIT_FAILURE, EXIT_USAGE, shell
+from slurm_multi.logline import short
 
 AREA = "quarantine"
 FILE_NAME = "quarantine.json"
@@ -109,19 +112,16 @@ def iso(epoch: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
 
 
+@dataclass
 class Entry:
-    """One quarantined node. A plain class, not a dataclass: importing dataclasses costs the batch
-    step's check ~10 ms."""
+    """One quarantined node; `since` and `expires` are UTC epoch seconds."""
 
-    __slots__ = ("node", "reason", "job", "since", "expires", "who")
-
-    def __init__(self, node: str, reason: str, job: str, since: float, expires: float, who: str) -> None:
-        self.node = node
-        self.reason = reason
-        self.job = job
-        self.since = since  # UTC epoch seconds
-        self.expires = expires
-        self.who = who
+    node: str
+    reason: str
+    job: str
+    since: float
+    expires: float
+    who: str
 
     def is_active(self, now: float) -> bool:
         return self.expires > now
@@ -145,12 +145,6 @@ class Entry:
             "expires_epoch": round(self.expires, 3),
             "who": self.who,
         }
-
-    def _key(self) -> tuple[Any, ...]:
-        return (self.node, self.reason, self.job, self.since, self.expires, self.who)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Entry) and self._key() == other._key()
 
     def __repr__(self) -> str:
         return (
@@ -202,8 +196,6 @@ def check_hours(value: float | str, flag: str = "--hours") -> float:
 
 
 def check_reason(reason: str, flag: str = "--reason") -> str:
-    from slurm_multi.logline import short  # not on the check's path
-
     line = short(" ".join(str(reason).split()), REASON_LIMIT)
     if not line:
         raise QuarantineUsageError(f"{AREA}: {flag} is empty; say in one line why the node is quarantined")
