@@ -384,8 +384,8 @@ job::on_bad_nodes() {
   for entry in "${JOB_BAD_NODES[@]}"; do nodes+=("${entry%%$'\t'*}"); done
   if [[ -n ${SM_STATE_DIR:-} ]] && ((SM_QUARANTINE_HOURS > 0)); then
     for entry in "${JOB_BAD_NODES[@]}"; do
-      util::py -m slurm_multi.quarantine add --state-dir "${SM_STATE_DIR}" --job "${SLURM_JOB_ID}" \
-        --hours "${SM_QUARANTINE_HOURS}" --reason "${entry#*$'\t'}" "${entry%%$'\t'*}" ||
+      util::sm quarantine add --quiet --state-dir "${SM_STATE_DIR}" --job "${SLURM_JOB_ID}" \
+        --hours "${SM_QUARANTINE_HOURS}" --reason "${entry#*$'\t'}" -- "${entry%%$'\t'*}" ||
         log::warn multi "could not quarantine ${entry%%$'\t'*} in ${SM_STATE_DIR} (see the line above)"
     done
     log::info multi "quarantined for ${SM_QUARANTINE_HOURS} h in ${SM_STATE_DIR}: ${nodes[*]} (bin/slurm-multi quarantine list)"

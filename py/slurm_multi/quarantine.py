@@ -30,11 +30,12 @@ The file (version 1; this module is its one writer and its one reader):
 
 Writes (add, remove) take an exclusive `flock` on `<state-dir>/quarantine.lock` (created if absent,
 never removed: removing a lock file lets two writers lock two different files), read, change,
-write a temp file in the same dir, fsync it, `os.replace` it over quarantine.json and fsync the dir,
-then unlock. Concurrent writers on any node therefore lose nothing, provided flock works across
-nodes on that filesystem (NFSv4 and GPFS do; Lustre only with `-o flock`, not `localflock`: see
-docs/image-cache.md for a two-node check). The lock wait is bounded (10 s by default). Readers take
-no lock: a rename is atomic, so they see the old file or the new one.
+write through the project's one atomic writer (`shell.write_atomic(..., durable=True)`: a temp file
+in the same dir, fsynced, renamed over quarantine.json, the dir fsynced), then unlock. Concurrent
+writers on any node therefore lose nothing, provided flock works across nodes on that filesystem
+(NFSv4 and GPFS do; Lustre only with `-o flock`, not `localflock`: see docs/image-cache.md for a
+two-node check). The lock wait is bounded (10 s by default). Readers take no lock: a rename is
+atomic, so they see the old file or the new one.
 
 A state dir that does not exist is created by the first add, mode 2775 whatever the umask (group
 members may add and remove, and the setgid bit gives every file in it the dir's group); a dir that
@@ -42,17 +43,11 @@ exists is left as it is (pre-create it with the mode you want for a private quar
 file is created 0664 (a writer opens it for writing: NFS emulates flock with POSIX locks, which need
 that), quarantine.json is written 0644.
 
-Click-free for the batch step, which runs it on every job (stdlib only):
-
-    python -m slurm_multi.quarantine check --state-dir DIR --nodes "node1 node2 node3"
-    python -m slurm_multi.quarantine add --state-dir DIR --reason TEXT [--job ID] [--hours H] NODE...
-
-`check` prints `<node>\\t<reason>\\t<job>\\t<expires ISO>` for each quarantined node of the list
-(nothing: none) and exits 0. `add` prints nothing. `--state-dir` defaults to $SM_STATE_DIR, `--job`
-to $SLURM_JOB_ID or `manual`, `--hours` to 24; `--lock-timeout SECONDS` (default 10) bounds the
-lock wait. Exit 2 with one line on a usage error; exit 1 with one line when the file cannot be read
-or written or the lock stays held. People use `slurm-multi quarantine list|add|remove` (the click
-CLI below, the same functions).
+The command line over these functions, for the batch step and for people alike, is
+slurm_multi.quarantine_cli (`slurm-multi quarantine check|add|list|remove`). The job plan reads the
+quarantine in its own process (`in_allocation`). Errors are QuarantineError: one line
+(`quarantine: <what failed>; <what to do>`) and its exit status (2: a value that cannot be used;
+1: the file cannot be read or written, or the lock stays held).
 """
 
 from __future__ import annotations
@@ -63,12 +58,13 @@ import json
 import math
 import os
 import re
-import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from slurm_multi import EXIT_FAILURE, EXIT_USAGE, shell
+from slurm_multi.logline import short
 
 AREA = "quarantine"
 FILE_NAME = "quarantine.json"
@@ -116,19 +112,16 @@ def iso(epoch: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
 
 
+@dataclass
 class Entry:
-    """One quarantined node. A plain class, not a dataclass: importing dataclasses costs the batch
-    step's check ~10 ms."""
+    """One quarantined node; `since` and `expires` are UTC epoch seconds."""
 
-    __slots__ = ("node", "reason", "job", "since", "expires", "who")
-
-    def __init__(self, node: str, reason: str, job: str, since: float, expires: float, who: str) -> None:
-        self.node = node
-        self.reason = reason
-        self.job = job
-        self.since = since  # UTC epoch seconds
-        self.expires = expires
-        self.who = who
+    node: str
+    reason: str
+    job: str
+    since: float
+    expires: float
+    who: str
 
     def is_active(self, now: float) -> bool:
         return self.expires > now
@@ -152,12 +145,6 @@ class Entry:
             "expires_epoch": round(self.expires, 3),
             "who": self.who,
         }
-
-    def _key(self) -> tuple[Any, ...]:
-        return (self.node, self.reason, self.job, self.since, self.expires, self.who)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Entry) and self._key() == other._key()
 
     def __repr__(self) -> str:
         return (
@@ -209,8 +196,6 @@ def check_hours(value: float | str, flag: str = "--hours") -> float:
 
 
 def check_reason(reason: str, flag: str = "--reason") -> str:
-    from slurm_multi.logline import short  # not on the check's path
-
     line = short(" ".join(str(reason).split()), REASON_LIMIT)
     if not line:
         raise QuarantineUsageError(f"{AREA}: {flag} is empty; say in one line why the node is quarantined")
@@ -224,6 +209,16 @@ def check_job(job: str, flag: str = "--job") -> str:
             f"{MANUAL_JOB!r}; letters, digits, '.', '_', '+', ':', '-')"
         )
     return job
+
+
+def check_lock_timeout(value: float | str, flag: str = "--lock-timeout") -> float:
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise QuarantineUsageError(f"{AREA}: {flag} {value!r}: expected seconds (a number, 0 or more)")
+    return seconds
 
 
 def default_job(environ: dict[str, str] | None = None) -> str:
@@ -431,8 +426,8 @@ def _lock(state_dir: str, timeout: float) -> int:
 
 
 def _write(state_dir: str, current: Sequence[Entry]) -> None:
-    """quarantine.json replaced atomically (shell.write_atomic: temp file in the same dir, fsync,
-    rename), then the directory fsynced: the rename itself survives a crash."""
+    """quarantine.json replaced through the project's one atomic writer, durably: a temp file in the
+    same dir, fsynced, renamed over the old one, the dir fsynced (shell.write_atomic)."""
     path = file_path(state_dir)
     document = {"version": VERSION, "nodes": [entry.to_json() for entry in current]}
     text = json.dumps(document, indent=2, ensure_ascii=False) + "\n"
@@ -440,20 +435,6 @@ def _write(state_dir: str, current: Sequence[Entry]) -> None:
         shell.write_atomic(path, text, FILE_MODE, durable=True)
     except OSError as exc:
         raise QuarantineError(f"{AREA}: cannot write {path}: {exc.strerror or exc}") from None
-    _fsync_dir(state_dir)
-
-
-def _fsync_dir(state_dir: str) -> None:
-    try:
-        fd = os.open(state_dir, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some filesystems refuse fsync on a directory; the rename is done either way
-    finally:
-        os.close(fd)
 
 
 def _set_aside(state_dir: str, now: float) -> str:
@@ -516,11 +497,12 @@ def add(
     hours: float | str = DEFAULT_HOURS,
     now: float | None = None,
     who: str | None = None,
-    lock_timeout: float = LOCK_TIMEOUT_S,
+    lock_timeout: float | str = LOCK_TIMEOUT_S,
 ) -> list[Entry]:
     """Quarantine `nodes` for `hours` from `now`; their entries as written, in the order given."""
     names = check_nodes(nodes)
     reason, job, span = check_reason(reason), check_job(job), check_hours(hours)
+    wait = check_lock_timeout(lock_timeout)
     # to the millisecond, as the file keeps it: what add returns is what is read back
     now = round(time.time() if now is None else now, 3)
     user = who or current_user()
@@ -535,7 +517,7 @@ def add(
         return list(kept.values())
 
     _ensure_dir(state_dir)
-    _update(state_dir, change, lock_timeout)
+    _update(state_dir, change, wait)
     return [written[name] for name in names]
 
 
@@ -544,7 +526,7 @@ def remove(
     nodes: Iterable[str] = (),
     all_nodes: bool = False,
     now: float | None = None,
-    lock_timeout: float = LOCK_TIMEOUT_S,
+    lock_timeout: float | str = LOCK_TIMEOUT_S,
 ) -> list[str]:
     """Lift the quarantine of `nodes` (or of every node with `all_nodes`, which also starts a broken
     file afresh, see `remove_all`); the names of the active entries removed."""
@@ -553,6 +535,7 @@ def remove(
             raise QuarantineUsageError(f"{AREA}: remove: give NODE... or --all, not both")
         return remove_all(state_dir, now, lock_timeout)[0]
     names = check_nodes(nodes)
+    wait = check_lock_timeout(lock_timeout)
     now = time.time() if now is None else now
     removed: list[str] = []
 
@@ -561,14 +544,15 @@ def remove(
         return [e for e in current if e.node not in names and e.is_active(now)]
 
     if os.path.isdir(state_dir):  # no state dir: nothing is quarantined, nothing to create
-        _update(state_dir, change, lock_timeout)
+        _update(state_dir, change, wait)
     return [name for name in names if name in removed]
 
 
 def remove_all(
-    state_dir: str, now: float | None = None, lock_timeout: float = LOCK_TIMEOUT_S
+    state_dir: str, now: float | None = None, lock_timeout: float | str = LOCK_TIMEOUT_S
 ) -> tuple[list[str], str]:
     """Empty the quarantine: (the active nodes removed, the name a broken file was moved to or "")."""
+    wait = check_lock_timeout(lock_timeout)
     now = time.time() if now is None else now
     removed: list[str] = []
 
@@ -578,252 +562,5 @@ def remove_all(
 
     if not os.path.isdir(state_dir):
         return [], ""
-    moved = _update(state_dir, change, lock_timeout, set_aside_broken=True, now=now)
+    moved = _update(state_dir, change, wait, set_aside_broken=True, now=now)
     return removed, moved
-
-
-# ---- python -m slurm_multi.quarantine (the batch step) -------------------------------------
-
-USAGE = (
-    "usage: python -m slurm_multi.quarantine check [--state-dir DIR] --nodes 'NODE NODE...'\n"
-    "       python -m slurm_multi.quarantine add [--state-dir DIR] --reason TEXT [--job ID] "
-    "[--hours H] [--lock-timeout SECONDS] NODE...\n"
-    f"--state-dir defaults to ${STATE_DIR_ENV}, --job to $SLURM_JOB_ID or {MANUAL_JOB}, --hours to "
-    f"{DEFAULT_HOURS:g}, --lock-timeout to {LOCK_TIMEOUT_S:g}.\n"
-    "check prints NODE<TAB>REASON<TAB>JOB<TAB>EXPIRES per quarantined node of the list.\n"
-    "Exit 0 done, 2 usage error, 1 unreadable file, failed write or lock held.\n"
-)
-FLAGS = {
-    "check": ("--state-dir", "--nodes"),
-    "add": ("--state-dir", "--reason", "--job", "--hours", "--lock-timeout"),
-}
-
-
-def _options(command: str, argv: Sequence[str]) -> tuple[dict[str, str], list[str]]:
-    """`--flag VALUE` / `--flag=VALUE` for the command's flags, the other words in order."""
-    allowed = FLAGS[command]
-    values: dict[str, str] = {}
-    words: list[str] = []
-    index = 0
-    while index < len(argv):
-        word = argv[index]
-        index += 1
-        if word == "--":
-            words.extend(argv[index:])
-            break
-        if not word.startswith("-"):
-            words.append(word)
-            continue
-        flag, equals, value = word.partition("=")
-        if flag not in allowed:
-            raise QuarantineUsageError(
-                f"{AREA}: {command}: unknown option {flag}; it takes {', '.join(allowed)}"
-            )
-        if not equals:
-            if index >= len(argv):
-                raise QuarantineUsageError(f"{AREA}: {command}: {flag} needs a value")
-            value = argv[index]
-            index += 1
-        values[flag] = value
-    return values, words
-
-
-def _lock_timeout(values: dict[str, str]) -> float:
-    text = values.get("--lock-timeout", str(LOCK_TIMEOUT_S))
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = math.nan
-    if not (math.isfinite(seconds) and seconds >= 0):
-        raise QuarantineUsageError(f"{AREA}: --lock-timeout {text!r}: expected seconds (a number, 0 or more)")
-    return seconds
-
-
-def run(argv: Sequence[str]) -> int:
-    """The click-free commands; raises QuarantineError."""
-    if not argv or argv[0] not in FLAGS:
-        got = repr(argv[0]) if argv else "nothing"
-        raise QuarantineUsageError(
-            f"{AREA}: expected the command check or add, got {got}; --help shows the usage"
-        )
-    command = argv[0]
-    values, words = _options(command, argv[1:])
-    state_dir = resolve_state_dir(values.get("--state-dir"))
-    if command == "check":
-        if words:
-            raise QuarantineUsageError(
-                f"{AREA}: check: unexpected {words[0]!r}; give the nodes as --nodes 'N1 N2'"
-            )
-        if "--nodes" not in values:
-            raise QuarantineUsageError(f"{AREA}: check: --nodes is missing; give the job's node names")
-        for entry in in_allocation(state_dir, split_nodes(values["--nodes"])):
-            sys.stdout.write(f"{entry.node}\t{entry.reason}\t{entry.job}\t{entry.expires_iso}\n")
-        return 0
-    if "--reason" not in values:
-        raise QuarantineUsageError(
-            f"{AREA}: add: --reason is missing; say in one line why the nodes are quarantined"
-        )
-    add(
-        state_dir, check_nodes(words), values["--reason"], values.get("--job") or default_job(),
-        values.get("--hours", str(DEFAULT_HOURS)), lock_timeout=_lock_timeout(values),
-    )  # fmt: skip
-    return 0
-
-
-def main(argv: Sequence[str]) -> int:
-    if argv and argv[0] in ("-h", "--help"):
-        sys.stdout.write(USAGE)
-        return 0
-    try:
-        return run(argv)
-    except QuarantineError as exc:
-        sys.stderr.write(f"slurm-multi: {exc}\n")
-        return exc.exit_code
-
-
-# ---- slurm-multi quarantine list|add|remove (people; click, imported only here) ----------------
-
-
-def _expires_in(entry: Entry, now: float) -> str:
-    seconds = entry.expires - now
-    span = abs(seconds)
-    text = f"{int(span // 3600)}h{int(span % 3600 // 60):02d}m" if span >= 3600 else f"{int(span // 60)}m"
-    return text if seconds > 0 else f"expired {text} ago"
-
-
-def table(rows: Sequence[Entry], now: float) -> str:
-    """The `list` table; the reason last, so that a long one does not push the other columns."""
-    header = ("NODE", "JOB", "SINCE", "EXPIRES IN", "REASON")
-    lines = [header] + [(e.node, e.job, e.since_iso, _expires_in(e, now), e.reason) for e in rows]
-    widths = [max(len(line[column]) for line in lines) for column in range(len(header) - 1)]
-    return "".join(
-        "  ".join(cell.ljust(width) for cell, width in zip(line[:-1], widths)) + "  " + line[-1] + "\n"
-        for line in lines
-    )
-
-
-def _click_cli() -> Any:
-    import click
-
-    from slurm_multi.common import HelperError, talk
-
-    def fail(exc: QuarantineError) -> HelperError:
-        return HelperError(str(exc), exc.exit_code)
-
-    state_dir_option = click.option(
-        "--state-dir",
-        metavar="DIR",
-        help=f"The shared dir that holds {FILE_NAME} (default: ${STATE_DIR_ENV}).",
-    )
-    lock_option = click.option(
-        "--lock-timeout", type=float, default=LOCK_TIMEOUT_S, show_default=True, metavar="SECONDS",
-        help=f"How long to wait for {LOCK_NAME}.",
-    )  # fmt: skip
-
-    @click.group("quarantine", context_settings={"help_option_names": ["-h", "--help"]})
-    def group() -> None:
-        """The nodes later jobs avoid, shared through <state-dir>/quarantine.json."""
-
-    @group.command("list")
-    @state_dir_option
-    @click.option("--all", "show_all", is_flag=True, help="Include expired entries.")
-    @click.option("--json", "as_json", is_flag=True, help="Print JSON (the file's entries, plus 'active').")
-    def list_command(state_dir: str | None, show_all: bool, as_json: bool) -> None:
-        """Show the quarantined nodes.
-
-        \b
-        Example: slurm-multi quarantine list --state-dir /shared/sm-state --all
-        """
-        now = time.time()
-        try:
-            directory = resolve_state_dir(state_dir)
-            rows = entries(directory) if show_all else active(directory, now)
-        except QuarantineError as exc:
-            raise fail(exc) from None
-        if as_json:
-            nodes = [dict(entry.to_json(), active=entry.is_active(now)) for entry in rows]
-            click.echo(json.dumps({"version": VERSION, "nodes": nodes}, indent=2, ensure_ascii=False))
-        elif rows:
-            click.echo(table(rows, now), nl=False)
-        else:
-            talk(AREA, f"no node is quarantined in {directory}")
-
-    @group.command("add")
-    @click.argument("nodes", nargs=-1, required=True, metavar="NODE...")
-    @click.option("--reason", required=True, metavar="TEXT", help="One line: why the nodes are quarantined.")
-    @click.option(
-        "--hours",
-        default=f"{DEFAULT_HOURS:g}",
-        show_default=True,
-        metavar="HOURS",
-        help="How long (fractions allowed).",
-    )
-    @click.option(
-        "--job", metavar="ID", help=f"The job to record (default: $SLURM_JOB_ID, else {MANUAL_JOB})."
-    )
-    @state_dir_option
-    @lock_option
-    def add_command(
-        nodes: tuple[str, ...], reason: str, hours: str, job: str | None, state_dir: str | None,
-        lock_timeout: float,
-    ) -> None:  # fmt: skip
-        """Quarantine NODE... (a node already there is refreshed).
-
-        \b
-        Example: slurm-multi quarantine add node3 --reason "disk full" --hours 48 --state-dir /shared/sm-state
-        """
-        try:
-            written = add(resolve_state_dir(state_dir), nodes, reason, job or default_job(), hours,
-                          lock_timeout=lock_timeout)  # fmt: skip
-        except QuarantineError as exc:
-            raise fail(exc) from None
-        until = max(entry.expires for entry in written)
-        talk(AREA, f"{' '.join(e.node for e in written)} quarantined until {iso(until)}: {written[0].reason}")
-
-    @group.command("remove")
-    @click.argument("nodes", nargs=-1, metavar="[NODE...]")
-    @click.option("--all", "all_nodes", is_flag=True, help="Every node (and a broken file, set aside).")
-    @state_dir_option
-    @lock_option
-    def remove_command(
-        nodes: tuple[str, ...], all_nodes: bool, state_dir: str | None, lock_timeout: float
-    ) -> None:
-        """Lift the quarantine of NODE... or of --all.
-
-        \b
-        Example: slurm-multi quarantine remove node3 --state-dir /shared/sm-state
-        """
-        try:
-            if bool(nodes) == all_nodes:
-                raise QuarantineUsageError(f"{AREA}: remove: give NODE... or --all (one of the two)")
-            directory = resolve_state_dir(state_dir)
-            if all_nodes:
-                removed, moved = remove_all(directory, lock_timeout=lock_timeout)
-            else:
-                removed, moved = remove(directory, nodes, lock_timeout=lock_timeout), ""
-        except QuarantineError as exc:
-            raise fail(exc) from None
-        if moved:
-            talk(AREA, f"{file_path(directory)} could not be read: kept as {moved}; the quarantine is empty")
-        if removed:
-            talk(AREA, f"removed {' '.join(removed)}")
-        missing = [name for name in nodes if name not in removed]
-        if missing:
-            talk(AREA, f"not quarantined: {' '.join(missing)}")
-        if all_nodes and not removed and not moved:
-            talk(AREA, "no node was quarantined")
-
-    return group
-
-
-def __getattr__(name: str) -> Any:
-    # `slurm_multi.quarantine:cli` (cli.py) builds the click group on first use, so that the batch
-    # step's `python -m slurm_multi.quarantine check` never imports click (it has none there).
-    if name == "cli":
-        globals()["cli"] = command = _click_cli()
-        return command
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

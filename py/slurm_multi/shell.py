@@ -61,7 +61,9 @@ def write_atomic(
 
     text: UTF-8 (surrogates written back as the bytes they stand for); bytes as they are.
     mode: the new file's permission bits, whatever the umask; None: 0666 less the umask.
-    durable: fsync before the rename (a verdict must survive a crash; a derived file need not).
+    durable: fsync the file before the rename and its directory after it (a verdict, the node
+    quarantine: a crash leaves the old whole file or the new one, and a rename that returned stays
+    done; a derived file need not pay for it). A directory that refuses fsync is let be.
 
     A path that is there and is neither a regular file nor a directory (`/dev/null`, `/dev/stdout`,
     a FIFO) is written through, as a shell's `>` writes it: a rename would replace the device or
@@ -101,6 +103,22 @@ def write_atomic(
         except OSError:
             pass
         raise
+    if durable:
+        _fsync_dir(directory)
+
+
+def _fsync_dir(directory: str) -> None:
+    """The rename itself on disk: fsync the directory that holds the new name."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems refuse fsync on a directory; the rename is done either way
+    finally:
+        os.close(fd)
 
 
 def _umask() -> int:

@@ -135,9 +135,9 @@ def test_the_plan_reads_the_quarantine_for_the_jobs_nodes_so_no_helper_starts_fo
     env = {**os.environ, "PYTHONPATH": str(ROOT / "py")}
     for node, reason in (("node2", "disk full"), ("node9", "not in this job")):
         add = ["add", "--state-dir", str(state), "--job", "7", "--reason", reason, node]
-        subprocess.run([sys.executable, "-m", "slurm_multi.quarantine", *add], env=env, check=True)
+        subprocess.run([sys.executable, "-m", "slurm_multi", "quarantine", *add], env=env, check=True)
     checked = subprocess.run(
-        [sys.executable, "-m", "slurm_multi.quarantine", "check", "--state-dir", str(state),
+        [sys.executable, "-m", "slurm_multi", "quarantine", "check", "--state-dir", str(state),
          "--nodes", "node1 node2 node3"], env=env, capture_output=True, text=True, check=True,
     )  # fmt: skip
     _, quarantined, error = _quarantine_plan(tmp_path, state)

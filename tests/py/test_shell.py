@@ -49,6 +49,65 @@ def test_a_failed_write_leaves_the_old_file_and_no_temp_file(
     assert target.read_text() == "old\n" and sorted(os.listdir(tmp_path)) == ["summary.json"]
 
 
+def test_a_durable_write_syncs_the_file_before_the_rename_and_the_directory_after_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "quarantine.json"
+    target.write_text("old\n")
+    calls: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        calls.append("fsync dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else f"fsync {os.pread(fd, 9, 0)!r}")
+        real_fsync(fd)
+
+    def replace(source: str, destination: str) -> None:
+        calls.append(f"replace {Path(destination).name}")
+        real_replace(source, destination)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    shell.write_atomic(str(target), "new whole\n", durable=True)
+    assert calls == ["fsync b'new whole'", "replace quarantine.json", "fsync dir"]
+    assert target.read_text() == "new whole\n" and sorted(os.listdir(tmp_path)) == ["quarantine.json"]
+    calls.clear()
+    shell.write_atomic(str(target), "derived\n")  # not durable: no fsync at all
+    assert calls == ["replace quarantine.json"]
+
+
+def test_a_durable_write_that_fails_before_the_rename_leaves_the_old_whole_file_and_no_temp_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "quarantine.json"
+    target.write_text("old whole\n")
+    renamed: list[str] = []
+
+    def failing_fsync(fd: int) -> None:  # between the write and the rename: the disk gave up
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fsync", failing_fsync)
+    monkeypatch.setattr(os, "replace", lambda *a: renamed.append("replace"))
+    with pytest.raises(OSError, match="Input/output error"):
+        shell.write_atomic(str(target), "new\n", durable=True)
+    assert renamed == []  # never renamed into place unsynced
+    assert target.read_text() == "old whole\n" and sorted(os.listdir(tmp_path)) == ["quarantine.json"]
+
+
+def test_a_directory_that_refuses_fsync_does_not_fail_a_durable_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(22, "Invalid argument")  # some filesystems refuse it on a directory
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    shell.write_atomic(str(tmp_path / "status.json"), "done\n", durable=True)
+    assert (tmp_path / "status.json").read_text() == "done\n"
+
+
 def test_a_pipe_or_device_given_as_the_path_is_written_through_never_replaced(tmp_path: Path) -> None:
     """`--out /dev/null` once turned /dev/null into a root-only regular file (a rename over it),
     and every later open of it by another user failed. A FIFO stands in for the device here."""
