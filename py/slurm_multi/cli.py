@@ -35,7 +35,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "coordinator": ("slurm_multi.coordinator:cli", "Probe a ZeroMQ endpoint as nsight-slurm dials it."),
     "redact": ("slurm_multi.redact:cli", "Redact secret values from text on stdin."),
     "settings": ("slurm_multi.settings_cli:cli", "Resolve the settings alone, or print their table."),
-    "quarantine": ("slurm_multi.quarantine_cli:cli", "Show and edit the shared list of nodes later jobs avoid."),
+    "quarantine": (
+        "slurm_multi.quarantine_cli:cli",
+        "Show and edit the shared list of nodes later jobs avoid.",
+    ),
     "warm": ("slurm_multi.warm:cli", "Start a command before its moment; its arguments come on stdin."),
 }
 

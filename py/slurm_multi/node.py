@@ -2,8 +2,7 @@
 slurm_multi.node_cli; status.json: slurm_multi.statusfile).
 
 `slurm-multi node prepare` is the node's one look at its settings, its GPUs and the manifest, in one
-Python start (every task runs it first, as `python -m slurm_multi.node prepare ...`: no click; the
-click command is a passthrough to the same `prepare_main`): it detects the GPUs, resolves the run
+Python start (every task runs it first): it detects the GPUs, resolves the run
 context, checks that the GPUs asked for are here (what the node detects wins; asking for more is an
 error naming both lists), de-duplicates the mounts (our /sm-out first: results are never displaced),
 splits the workload's arguments, and writes into the task's scratch dir (mode 0700):
