@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import time
 from typing import Any
 
@@ -53,28 +54,14 @@ TAIL_BYTES = 16384  # a node writes a few dozen events; its last stage_start is 
 _TO_ENCODE = {code: f"%{code:02X}" for code in (0x25, *range(0x21), 0x7F)}
 
 
-# The readers' two patterns, compiled at their first use: the writers (the hang watch, beside every
-# rank's workload) then start without `re` (~9 ms of CPU). Each rebinds its name on the first call.
-def _number(token: bytes) -> object:
-    """A plain JSON number, the whole token (re.fullmatch's match, or None)."""
-    global _number
-    import re
-
-    _number = re.compile(rb"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?").fullmatch
-    return _number(token)
+# The readers' two patterns: a plain JSON number (the whole token) and a %XX escape.
+_number = re.compile(rb"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?").fullmatch
+_PERCENT = re.compile(rb"%([0-9A-Fa-f]{2})")
 
 
 def _percent_decoded(token: bytes) -> bytes:
     """Every %XX of the token as the byte it stands for."""
-    global _percent_decoded
-    import re
-
-    sub = re.compile(rb"%([0-9A-Fa-f]{2})").sub
-
-    def _percent_decoded(token: bytes) -> bytes:
-        return sub(lambda m: bytes((int(m.group(1), 16),)), token)
-
-    return _percent_decoded(token)
+    return _PERCENT.sub(lambda m: bytes((int(m.group(1), 16),)), token)
 
 
 # ---- writing -------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""One log line on stderr, as every slurm-multi helper writes it (no click: click-free helpers use it)."""
+"""One log line on stderr, as every slurm-multi helper writes it."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ import os
 import sys
 import time
 
-# The control characters a log excerpt shows as \xNN (tab stays), as a str.translate table: no `re`,
-# whose import costs every helper that logs ~9 ms of CPU at start.
+# The control characters a log excerpt shows as \xNN (tab stays), as a str.translate table.
 CONTROL_CHARS = {code: f"\\x{code:02x}" for code in (*range(0x09), *range(0x0A, 0x20), 0x7F)}
 
 

@@ -28,7 +28,7 @@ class SettingsError(Exception):
 
 
 class Setting(NamedTuple):
-    """One setting (a NamedTuple, not a dataclass: dataclasses cost the plan ~12 ms of imports)."""
+    """One setting of the table (immutable)."""
 
     name: str  # SM_*
     option: str | None  # --flag, or None for an environment-only knob

@@ -14,6 +14,7 @@ pays for its imports while the workload runs, not while the nodes and their cont
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Sequence
 
@@ -38,7 +39,6 @@ def _alive(pid: int) -> bool:
 
 def slurm_node_states(nodes: Sequence[str]) -> dict[str, str]:
     """Slurm's state of each node (`scontrol show node -o`), e.g. IDLE, MIXED, DOWN*, ALLOCATED+DRAIN."""
-    import re  # (here, not at the top: ~7 ms of the watch's start, beside every job's first stages)
     import subprocess
 
     try:

@@ -68,8 +68,7 @@ class ProtocolError(ValueError):
 
 
 class Message(NamedTuple):
-    """A parsed request line (immutable: a NamedTuple, not a dataclass, which costs every helper
-    that speaks the protocol ~12 ms of imports)."""
+    """A parsed request line (immutable)."""
 
     kind: str  # READY | RELEASE | ABORT
     rank: int = 0
