@@ -1,10 +1,12 @@
-"""The fitness stage's network (slurm_multi.fitness.mesh, .protocol), through node processes started
-as the nodes start them: healthy jobs, network faults, the ring probe, the protocol's lines.
+"""The fitness stage's network (slurm_multi.fitness.mesh, .links, .protocol): in process (two meshes
+on loopback), and through node processes started as the nodes start them: healthy jobs, network
+faults, the ring probe, the protocol's lines.
 """
 
 from __future__ import annotations
 
 import json
+import selectors
 import socket
 import threading
 import time
@@ -30,12 +32,72 @@ from fitness_nodes import (
 from slurm_multi import auth
 from slurm_multi.fitness import cli as fitness_cli
 from slurm_multi.fitness import protocol
+from slurm_multi.fitness.mesh import Mesh
 from slurm_multi.fitness.verdict import judge, judge_reports
 
 
 @pytest.fixture
 def tools(tmp_path: Path) -> Path:
     return make_tools(tmp_path)
+
+
+# --------------------------------------------------------------------------------------------------
+# In process: Mesh (what each line means) over Links (the sockets)
+
+
+def mesh_pair(tokens: tuple[str, str], probe_bytes: int, seconds: float = 10.0) -> list[Mesh]:
+    """Ranks 0 and 1 of a 2-node job, each with its own selector, driven as run_stage drives one
+    (timers, then events) until both are done or the deadline passes; each says its HELLO at once."""
+    ports = free_ports(2)
+    start = time.monotonic()
+    deadline = start + seconds
+    sels = [selectors.DefaultSelector() for _ in range(2)]
+    meshes = [
+        Mesh(sels[r], r, ["127.0.0.1"] * 2, ports, JOB, tokens[r], probe_bytes, 2.0, deadline - 2, deadline)
+        for r in range(2)
+    ]
+    for rank, mesh in enumerate(meshes):
+        mesh.listen()
+        mesh.set_hello(protocol.Hello(rank, "127.0.0.1", 0.0, None, None, "ok"), start)
+    try:
+        while not all(mesh.done() for mesh in meshes) and time.monotonic() < deadline:
+            for mesh, sel in zip(meshes, sels):
+                mesh.on_timers(time.monotonic())
+                for key, mask in sel.select(0.01):
+                    mesh.on_event(key, mask, time.monotonic())
+    finally:
+        for mesh, sel in zip(meshes, sels):
+            mesh.close(0.0)
+            sel.close()
+    return meshes
+
+
+def test_two_meshes_deliver_their_hellos_measure_the_ring_and_close_every_socket() -> None:
+    meshes = mesh_pair((TOKEN, TOKEN), probe_bytes=1 << 20)
+    for rank, mesh in enumerate(meshes):
+        other = 1 - rank
+        assert mesh.done()
+        figures = mesh.figures()
+        assert set(figures) == NETWORK_KEYS
+        assert (figures["reached"], figures["heard"], figures["errors"]) == ([other], [other], {})
+        assert figures["listening"] is True and figures["listen_error"] == ""
+        assert figures["peers"][str(other)]["verdict"] == "ok"
+        ring = figures["ring"]
+        assert (ring["to"], ring["bytes"], ring["complete"], ring["error"]) == (other, 1 << 20, True, "")
+        assert ring["bytes_per_s"] > 0
+        assert not mesh.links.conns and mesh.links.listener is not None and mesh.links.listener.fileno() == -1
+
+
+def test_a_mesh_with_another_token_is_refused_and_counts_for_nothing() -> None:
+    meshes = mesh_pair((TOKEN, "some-other-jobs-token"), probe_bytes=0, seconds=3.0)
+    for rank, mesh in enumerate(meshes):
+        other = 1 - rank
+        figures = mesh.figures()
+        assert figures["reached"] == [] and figures["heard"] == []
+        assert figures["token_rejected_by"] == [other]
+        assert figures["errors"] == {str(other): "rejected: bad token"}
+        assert {entry["rank"] for entry in figures["rejected"]} == {other}  # each retry is refused too
+        assert figures["ring"]["error"] == "no probe (--probe-bytes 0)"
 
 
 # --------------------------------------------------------------------------------------------------
