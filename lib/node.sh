@@ -208,7 +208,7 @@ node::stage_prepare() {
 # node::stage_fitness: before any image moves, every node checks itself (the container runtime
 # answers, free disk where the image and the outputs land, GPUs free of other jobs' processes) and
 # the network between the nodes (each reaches every other on the job's fitness port, a bandwidth
-# probe along the ring, the clocks), in one click-free helper (slurm_multi.fitness). Every node
+# probe along the ring, the clocks), in one helper (`slurm-multi fitness run`). Every node
 # learns every other's verdict, so a bad node stops all of them here, in seconds, each naming it;
 # the batch step judges the fitness.json files, requeues without the node or fails (lib/job.sh).
 # With several tasks per node, the node's first task checks it. In a whole job the helper started
@@ -259,7 +259,7 @@ node::start_fitness() {
     pyxis) argv+=(--disk "${SM_IMAGE_CACHE:-${SM_JOBDIR}}=0") ;;
   esac
   util::remove "${SM_SCRATCH}/fitness.error"
-  SM_ERROR_FILE=${SM_SCRATCH}/fitness.error util::py_fast fitness "${argv[@]}" &
+  SM_ERROR_FILE=${SM_SCRATCH}/fitness.error util::sm fitness "${argv[@]}" &
   NODE_FITNESS_PID=$!
 }
 
@@ -348,7 +348,7 @@ node::fitness_cmd() {
     NODE_IMAGE_FAILED=${why}
     log::error fitness "${why}"
   fi
-  util::py -m slurm_multi.fitness record-cmd "${SM_NODE_DIR}/fitness-cmd.json" "$(hostname)" "${rc}" "${why}" ||
+  util::sm fitness record-cmd "${SM_NODE_DIR}/fitness-cmd.json" "$(hostname)" "${rc}" "${why}" ||
     log::warn fitness "could not write ${SM_NODE_DIR}/fitness-cmd.json"
   ((rc == 0))
 }

@@ -86,9 +86,9 @@ def start_node(tmp_path: Path, env: dict[str, str], rank: int, hosts: str, *args
     out.parent.mkdir(exist_ok=True)
     argv = [
         sys.executable,
-        "-S",
         "-m",
-        "slurm_multi.fitness",
+        "slurm_multi",
+        "fitness",
         "run",
         "--rank",
         str(rank),
@@ -184,7 +184,7 @@ def reasons(found: list[dict]) -> dict[int, str]:
 def cli(argv: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     base = {"PYTHONPATH": str(REPO / "py"), "PATH": os.environ["PATH"], **(env or {})}
     return subprocess.run(
-        [sys.executable, "-m", "slurm_multi.fitness", *argv],
+        [sys.executable, "-m", "slurm_multi", "fitness", *argv],
         env=base,
         capture_output=True,
         text=True,

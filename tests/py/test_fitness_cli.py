@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import click
 import pytest
 
 from fitness_nodes import REPO, TOKEN, cli, view
@@ -34,9 +36,9 @@ RUN = ["run", "--rank", "0", "--nnodes", "2", "--hosts", "a b", "--port", "23456
         ),
         ([*RUN, "--timeout", "0"], "--timeout '0' is not allowed; use a number more than 0"),
         ([*RUN, "--slow-factor", "nan"], "--slow-factor 'nan' is not allowed"),
-        ([*RUN, "--tmeout", "3"], "No such option '--tmeout'; Usage: python -m slurm_multi.fitness run"),
-        ([*RUN, "stray"], "Unexpected extra argument 'stray'"),
-        (["rn", *RUN[1:]], "'rn' is not a command; use run or judge"),
+        ([*RUN, "--tmeout", "3"], ("No such option '--tmeout'", "; Usage: slurm-multi fitness run")),
+        ([*RUN, "stray"], "Got unexpected extra argument (stray)"),
+        (["rn", *RUN[1:]], "No such command 'rn'"),
         (RUN[:5], "Missing option '--hosts'"),
         ([*RUN, "--token-env", "NO_SUCH_TOKEN"], "--token-env NO_SUCH_TOKEN: $NO_SUCH_TOKEN is not set"),
         ([*RUN[:-2]], "--job-id '' is not allowed; give the job ID"),
@@ -45,15 +47,21 @@ RUN = ["run", "--rank", "0", "--nnodes", "2", "--hosts", "a b", "--port", "23456
             ["judge", "--jobdir", "/", "--nnodes", "0"],
             "--nnodes '0' is not allowed; use an integer 1 or more",
         ),
-        ([], "no command given; use run or judge"),
+        ([], "Missing command; Usage: slurm-multi fitness"),
+        (["record-cmd", "f.json", "node1", "-1", "why"], "No such option '-1'"),
+        (["record-cmd", "f.json", "node1", "x", "why"], "Invalid value for 'EXIT_CODE'"),
     ],
 )
-def test_usage_errors_are_one_line_naming_the_flag_and_exit_2(argv: list[str], expected: str) -> None:
+def test_usage_errors_are_one_line_naming_the_flag_and_exit_2(
+    argv: list[str], expected: str | tuple[str, ...]
+) -> None:
     result = cli(argv, {"SM_BARRIER_TOKEN": TOKEN})
     assert result.returncode == 2, result.stderr
     assert result.stdout == ""
     (line,) = result.stderr.splitlines()
-    assert line.startswith("slurm-multi: fitness: ") and expected in line, line
+    assert re.match(r"slurm-multi: fitness( run| judge| record-cmd)?: ", line), line
+    for part in [expected] if isinstance(expected, str) else expected:
+        assert part in line, line
 
 
 def test_the_token_value_is_never_shown_in_a_usage_error() -> None:
@@ -144,31 +152,39 @@ def test_collect_writes_the_bad_nodes_the_judge_finds_and_holds_the_perf_csv_for
     assert (tmp_path / "bad").read_text() == ""
 
 
-def test_every_run_option_is_in_the_docstrings_table_with_its_default() -> None:
-    import re
-
-    options = {option.name: option for option in fitness_cli._run_options()}
-    doc = fitness_cli.__doc__ or ""
-    table = doc[doc.find("`run` options") : doc.find("`judge` reads")]
-    documented = re.findall(r"^    (--[a-z-]+) ", table, re.M)
-    assert sorted(documented) == sorted(options)
-    for flag, option in options.items():
-        if isinstance(option.default, str) and option.default and flag not in ("--job-id", "--token-env"):
-            entry = table[table.find(f"    {flag} ") :].split("\n    --")[0]
-            try:
-                number = float(option.default)
-            except ValueError:
-                shown = option.default
-            else:
-                shown = f"{number:g}" if number != int(number) or number < 1e6 else str(int(number))
-            assert f"({shown}" in entry, (flag, option.default, entry)
+RUN_OPTIONS = (
+    "--rank --nnodes --hosts --port --master-port --job-id --token-env --timeout --runtime --runtime-timeout "
+    "--disk --disk-reserve --min-inodes --disk-timeout --gpus-needed --gpu-mem-fraction --gpu-timeout "
+    "--probe-bytes --probe-seconds --slow-factor --clock-bound --out --docker-image --image-bytes"
+).split()
 
 
-def test_help_prints_the_docstring_on_stdout_and_exits_0() -> None:
-    for argv in (["--help"], ["run", "--help"], ["judge", "-h"]):
+def test_every_run_option_says_what_it_does_and_its_default_in_its_help() -> None:
+    result = cli(["run", "--help"])
+    assert (result.returncode, result.stderr) == (0, "")
+    shown = " ".join(result.stdout.split())
+    options = [param for param in fitness_cli.run_cmd.params if isinstance(param, click.Option)]
+    starts = [shown.index(f" {option.opts[0]} {option.metavar} ") for option in options]
+    assert starts == sorted(starts)
+    assert [option.opts[0] for option in options] == RUN_OPTIONS
+    for option, start, end in zip(options, starts, [*starts[1:], len(shown)]):
+        entry = "".join(shown[start:end].split())  # as wrapped, `--job-id` may be `--job- id`
+        assert option.help and "".join(option.help.split()) in entry, entry
+        if isinstance(option.default, str) and option.default:
+            assert f"[default:{option.default}]" in entry, entry
+    assert "[env var: SLURM_JOB_ID]" in shown  # --job-id's default
+
+
+def test_help_goes_to_stdout_and_exits_0() -> None:
+    for argv in (["--help"], ["run", "--help"], ["judge", "-h"], ["record-cmd", "--help"]):
         result = cli(argv)
         assert (result.returncode, result.stderr) == (0, "")
-        assert result.stdout == fitness_cli.__doc__
+        command = "" if argv[0].startswith("-") else f" {argv[0]}"
+        assert result.stdout.startswith(f"Usage: slurm-multi fitness{command} "), result.stdout
+    assert (
+        "Exit codes: run 0 = this node's view finds nothing bad; 3 = it finds a bad node"
+        in cli(["-h"]).stdout
+    )
 
 
 def test_the_token_rule_is_the_barriers() -> None:
@@ -186,20 +202,16 @@ def test_the_token_rule_is_the_barriers() -> None:
 def test_the_job_port_is_the_same_on_every_node_and_none_of_the_barriers_or_relays() -> None:
     from slurm_multi import net
 
-    args = fitness_cli.parse_command(
-        ["run", "--rank", "0", "--nnodes", "2", "--hosts", "a b", "--master-port", "29500", "--job-id", "77"]
-    )
-    port = fitness_cli._job_port(args)
-    assert port == fitness_cli._job_port(args)
+    port = fitness_cli.job_port("", "29500", "77")
+    assert port == fitness_cli.job_port("", "29500", "77")
     window = net.read_local_port_range()
     barrier = net.derive_ports(29500, 77, window, 4)
     relay = net.derive_ports(29500, 77 + 64, window, 8)
     assert port not in barrier + relay + [29500]
-    other_job = fitness_cli.parse_command(
-        ["run", "--rank", "0", "--nnodes", "2", "--hosts", "a b", "--master-port", "29500", "--job-id", "78"]
-    )
-    assert fitness_cli._job_port(other_job) != port
-    explicit = fitness_cli.parse_command(
-        ["run", "--rank", "0", "--nnodes", "1", "--hosts", "a", "--port", "12345", "--master-port", "29500"]
-    )
-    assert fitness_cli._job_port(explicit) == 12345
+    assert fitness_cli.job_port("", "29500", "78") != port
+    assert fitness_cli.job_port("12345", "29500", "") == 12345
+    # `run` takes it: a node alone listens on nothing, but its report names the job's port
+    alone = ["--rank", "0", "--nnodes", "1", "--hosts", "127.0.0.1", "--runtime", "none"]
+    result = cli(["run", *alone, "--master-port", "29500", "--job-id", "77"])
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["ports"] == [port]

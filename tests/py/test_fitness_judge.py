@@ -5,14 +5,12 @@ step's over every report (judge_reports), one attempt of a job from its node dir
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from fitness_nodes import REPO, reasons, view
+from fitness_nodes import cli, reasons, view
 from slurm_multi.fitness import verdict
 from slurm_multi.fitness.verdict import judge, judge_reports
 
@@ -306,22 +304,7 @@ def test_one_attempts_verdict_places_reports_by_node_index_with_several_tasks_pe
     write_node(job, 2, "n2", "ok", fit_report(1, hosts, ok=False, reason="/tmp: 1 MiB free"))
     write_node(job, 3, "n2", "ok", None)
     assert verdict.judge_job(str(job), hosts) == [{"rank": 1, "host": "n2", "reason": "/tmp: 1 MiB free"}]
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-S",
-            "-m",
-            "slurm_multi.fitness",
-            "judge",
-            "--jobdir",
-            str(job),
-            "--nodes",
-            "n1 n2",
-        ],
-        capture_output=True,
-        text=True,
-        env={"PYTHONPATH": str(REPO / "py")},
-    )
+    out = cli(["judge", "--jobdir", str(job), "--nodes", "n1 n2"])
     assert (out.returncode, out.stdout) == (0, "1\tn2\t/tmp: 1 MiB free\n"), out.stderr
 
 
@@ -330,15 +313,10 @@ def test_a_node_whose_own_fitness_command_failed_is_bad_unless_every_node_failed
     job = tmp_path / "job"
     for rank, host in enumerate(hosts):
         write_node(job, rank, host, "ok", fit_report(rank, hosts))
-    env = {"PYTHONPATH": str(REPO / "py")}
     for rank, (code, why) in enumerate(
         [(0, ""), (0, ""), (3, "fitness command on n3: exited 3: no IB link")]
     ):
-        out = subprocess.run(
-            [sys.executable, "-m", "slurm_multi.fitness", "record-cmd",
-             str(job / f"node_{rank}" / "fitness-cmd.json"), hosts[rank], str(code), why],
-            capture_output=True, text=True, env=env,
-        )  # fmt: skip
+        out = cli(["record-cmd", str(job / f"node_{rank}" / "fitness-cmd.json"), hosts[rank], str(code), why])
         assert out.returncode == 0, out.stderr
     assert verdict.judge_job(str(job), hosts) == [
         {"rank": 2, "host": "n3", "reason": "fitness command on n3: exited 3: no IB link"}
@@ -347,6 +325,5 @@ def test_a_node_whose_own_fitness_command_failed_is_bad_unless_every_node_failed
     for rank in (0, 1):
         verdict.write_cmd_record(str(job / f"node_{rank}" / "fitness-cmd.json"), hosts[rank], 1, "exited 1")
     assert verdict.judge_job(str(job), hosts) == []
-    bad = subprocess.run([sys.executable, "-m", "slurm_multi.fitness", "record-cmd", "x"],
-                         capture_output=True, text=True, env=env)  # fmt: skip
+    bad = cli(["record-cmd", "x"])
     assert bad.returncode == 2 and len(bad.stderr.splitlines()) == 1

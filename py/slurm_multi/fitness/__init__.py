@@ -2,13 +2,14 @@
 
 One bad node (a hung docker engine, a full disk, GPUs held by a stale job, a port nobody can reach,
 a slow link, a clock far off) is the most common reason a multi-node job fails. This stage finds it
-in seconds and names it with a one-line reason. Its rooms:
+in seconds and names it with a one-line reason (docs/bad-nodes.md). Its rooms:
 
     protocol   the lines the nodes exchange, their signatures, their rules
-    mesh       the sockets: the listener, the dials, the ring probe
+    links      the sockets: the listener, the dials, every connection's buffers
+    mesh       what each line means: the HELLOs, the ring probe, retries, the network's figures
     checks     the local checks (runtime, disk) and a tool run within a bound; gpucheck the GPUs'
     stage      one node's run: checks and mesh at once, within --timeout; its report
-    verdict    the verdict over one node's report, every node's, or one attempt's files
+    verdict    the bad nodes, from one node's report, every node's, or one attempt's files
     cli        `slurm-multi fitness run|judge|record-cmd`
 """
 

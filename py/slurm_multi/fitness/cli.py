@@ -1,61 +1,18 @@
-"""The fitness stage: a fast check on every node of a job, before any image moves.
+"""`slurm-multi fitness run|judge|record-cmd`: the fitness stage's command line.
 
-One bad node (a hung docker engine, a full disk, GPUs held by a stale job, a port nobody can reach,
-a slow link, a clock far off) is the most common reason a multi-node job fails. This stage finds it
-in seconds and names it with a one-line reason. Click-free, started on every node at once:
+`run` is started on every node at once (lib/node.sh), before any image moves:
 
-    python -m slurm_multi.fitness run --rank R --nnodes N --hosts "h0 h1 ..." --master-port M \\
-        --job-id J [--runtime docker|pyxis|none] [--disk PATH=BYTES]... [--gpus-needed K] \\
-        [--out FILE] [options below]
-    python -m slurm_multi.fitness judge --jobdir DIR --nodes "h0 h1 ..." [--json]
-
-`run` options (defaults):
-    --rank R               this node's rank, 0 <= R < N (required)
-    --nnodes N             nodes in the job, >= 1 (required)
-    --hosts "h0 h1 ..."    host names by rank, space-separated, N of them (required). A test aid: an
-                           entry may be `host:port` (that node listens and is dialled on that port),
-                           so several "nodes" can share one host in tests.
-    --port P               the job's fitness port, the same on every node (1-65535)
-    --master-port M        without --port: derive it from MASTER_PORT and --job-id, as the barrier's
-                           and the relay's are, at an offset of its own (PORT_OFFSET)
-    --job-id J             the job ID, signed into every line (default $SLURM_JOB_ID; required when
-                           N > 1): two jobs that share a port never mix
-    --token-env NAME       the environment variable holding the job token (SM_BARRIER_TOKEN); the
-                           token is never printed and never sent
-    --timeout S            the whole stage's bound (10)
-    --runtime KIND         docker | pyxis | none (docker)
-    --runtime-timeout S    the runtime's bound (3)
-    --disk PATH=BYTES      free bytes needed at PATH (repeatable; BYTES may be 0)
-    --disk-reserve BYTES   free space kept on top of what is needed, per filesystem (1073741824 =
-                           1 GiB: room for docker's temporary files and the node's logs)
-    --min-inodes N         free inodes needed on each checked filesystem (10000)
-    --disk-timeout S       the disk check's bound (a hung network filesystem) (3)
-    --gpus-needed K        GPUs the job needs (0 = no count check) (0)
-    --gpu-mem-fraction F   a GPU with more than F of its memory in use is taken (0.1)
-    --gpu-timeout S        the GPU tools' bound (5)
-    --probe-bytes B        bytes of the ring bandwidth probe (16777216 = 16 MiB; 0 = no probe)
-    --probe-seconds S      the probe's bound (2)
-    --slow-factor F        a ring link slower than F x the median link is slow (0.1)
-    --clock-bound S        a clock further than S from the job's median is bad (2)
-    --out FILE             where the report goes (atomically); without it, on stdout
-    --docker-image REF     docker: also check docker's data root (from the engine's /info) for
-                           the image: nothing needed when the node holds REF, else --image-bytes
-    --image-bytes B        the image's size where known (the cache's tar) (0)
+    slurm-multi fitness run --rank R --nnodes N --hosts "h0 h1 ..." --master-port M --job-id J \\
+        [--runtime docker|pyxis|none] [--disk PATH=BYTES]... [--gpus-needed K] [--out FILE] ...
 
 `record-cmd FILE HOST EXIT_CODE REASON` writes node_<rank>/fitness-cmd.json, how --fitness-cmd (the
-user's own check, run by lib/node.sh in the image once it is there) ended on that node.
+user's own check, run by lib/node.sh in the image once it is there) ended on that node. `judge`
+judges one attempt of a job as the batch step and collect do (lib/job.sh). `--help` of each
+command says what every option does and its default.
 
-`judge --nodes "h0 h1 ..."` (the job's hosts in node order) judges one attempt of a job as the batch
-step and collect do (`judge_job`): every node_*/fitness.json, placed by the node index it holds,
-and a node whose prepare or --fitness-cmd failed for a reason of its own (another node passed it)
-is bad with that reason. `judge --nnodes N` reads DIR/node_<r>/fitness.json for r in 0..N-1 only.
-Either prints the bad nodes, one line each, `<rank>\\t<host>\\t<reason>` (nothing when all fit), or
-a JSON list with --json; it takes --slow-factor and --clock-bound too (the same defaults).
-
-Exit codes: `run` 0 = this node's view finds nothing bad; 3 = it finds a bad node (stderr: one line
-per bad node, `fitness: <host> (rank R): <reason>`; the first also goes to $SM_ERROR_FILE when that
-is set); 2 = usage error (one line naming the flag, the value and what is allowed); 1 = the report
-could not be written. `judge` 0 whether or not a node is bad; 2 usage error.
+Every option of `run` is taken as a string and checked here (`parse_run`), so that a bad value is
+one line naming the flag, the value and what is allowed: `slurm-multi: fitness: --port 'http' is
+not allowed; use an integer 1-65535`.
 """
 
 from __future__ import annotations
@@ -63,10 +20,14 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from types import SimpleNamespace
 from typing import Any
 
-from slurm_multi import dockerapi
+import click
+
+from slurm_multi import EXIT_FAILURE, dockerapi
+from slurm_multi.common import HelperError, record_error, usage_error
 from slurm_multi.fitness.protocol import DEFAULT_TIMEOUT, GIB, MAX_PROBE_BYTES, MIB
 from slurm_multi.fitness.stage import AREA, Options, run_stage
 from slurm_multi.fitness.verdict import (
@@ -81,9 +42,9 @@ from slurm_multi.fitness.verdict import (
 from slurm_multi.logline import short, talk
 from slurm_multi.net import derive_ports, describe, read_local_port_range
 from slurm_multi.shell import write_json
-from slurm_multi.words import is_count, is_host, is_job_id, is_token
+from slurm_multi.words import is_host, is_job_id, is_token
 
-EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_BAD = 0, 1, 2, 3
+EXIT_BAD = 3  # this node's view finds a bad node
 EXIT_STOPPED = 143  # SIGTERM's, as a shell reports a process it ended
 DEFAULT_RUNTIME_TIMEOUT = dockerapi.PING_TIMEOUT  # docker's; enroot's too
 DEFAULT_DISK_RESERVE = GIB
@@ -101,14 +62,209 @@ DEFAULT_TOKEN_ENV = "SM_BARRIER_TOKEN"
 # relay's from + 64: slurm_multi.relay).
 PORT_OFFSET = 32
 RUNTIMES = ("docker", "pyxis", "none")
+CONTEXT = {"help_option_names": ["-h", "--help"]}
 
 
-class UsageError(Exception):
-    """A bad command line; str() is the one line shown, exit 2."""
+@click.group("fitness", context_settings=CONTEXT, no_args_is_help=False)
+def cli() -> None:
+    """The fitness stage: every node checks itself and the network between the nodes, in seconds.
+
+    \b
+    Exit codes: run 0 = this node's view finds nothing bad; 3 = it finds a bad node (stderr: one
+    line per bad node, `fitness: <host> (rank R): <reason>`; the first also goes to $SM_ERROR_FILE
+    when that is set); 143 = stopped by SIGTERM before its verdict (the report is still written);
+    2 = usage error (one line naming the flag, the value and what is allowed); 1 = the report could
+    not be written. judge and record-cmd: 0, 2 usage error, 1 a file that cannot be written.
+    """
 
 
-def _usage(flag: str, value: str, allowed: str) -> UsageError:
-    return UsageError(f"{flag} {short(value, 80)!r} is not allowed; {allowed}")
+def _text(name: str, default: str, metavar: str, text: str, **more: Any) -> Any:
+    """An option taken as text (parse_run words a bad value), its default shown."""
+    return click.option(name, default=default, show_default=bool(default), metavar=metavar, help=text, **more)
+
+
+@cli.command("run", context_settings=CONTEXT)
+@click.option("--rank", required=True, metavar="R", help="This node's rank, 0 <= R < N.")
+@click.option("--nnodes", required=True, metavar="N", help="Nodes in the job, >= 1.")
+@click.option(
+    "--hosts",
+    required=True,
+    metavar='"h0 h1 ..."',
+    help="Host names by rank, space-separated, N of them. A test aid: an entry may be host:port (that "
+    'node listens and is dialled on that port), so several "nodes" can share one host in tests.',
+)
+@_text("--port", "", "P", "The job's fitness port, the same on every node (1-65535).")
+@_text(
+    "--master-port",
+    "",
+    "M",
+    "Without --port: derive it from MASTER_PORT and --job-id, as the barrier's and the relay's are, "
+    f"at an offset of its own ({PORT_OFFSET}).",
+)
+@_text(
+    "--job-id",
+    "",
+    "J",
+    "The job ID, signed into every line (required when N > 1): two jobs that share a port never mix.",
+    envvar="SLURM_JOB_ID",
+    show_envvar=True,
+)
+@_text(
+    "--token-env",
+    DEFAULT_TOKEN_ENV,
+    "NAME",
+    "The environment variable holding the job token; the token is never printed and never sent.",
+)
+@_text("--timeout", str(DEFAULT_TIMEOUT), "S", "The whole stage's bound.")
+@_text("--runtime", "docker", "KIND", "docker | pyxis | none.")
+@_text("--runtime-timeout", str(DEFAULT_RUNTIME_TIMEOUT), "S", "The runtime's bound.")
+@click.option(
+    "--disk",
+    multiple=True,
+    metavar="PATH=BYTES",
+    help="Free bytes needed at PATH (repeatable; BYTES may be 0).",
+)
+@_text(
+    "--disk-reserve",
+    str(DEFAULT_DISK_RESERVE),
+    "BYTES",
+    "Free space kept on top of what is needed, per filesystem (1 GiB: room for docker's temporary "
+    "files and the node's logs).",
+)
+@_text("--min-inodes", str(DEFAULT_MIN_INODES), "N", "Free inodes needed on each checked filesystem.")
+@_text(
+    "--disk-timeout", str(DEFAULT_DISK_TIMEOUT), "S", "The disk check's bound (a hung network filesystem)."
+)
+@_text("--gpus-needed", "0", "K", "GPUs the job needs (0 = no count check).")
+@_text(
+    "--gpu-mem-fraction",
+    str(DEFAULT_GPU_MEM_FRACTION),
+    "F",
+    "A GPU with more than F of its memory in use is taken.",
+)
+@_text("--gpu-timeout", str(DEFAULT_GPU_TIMEOUT), "S", "The GPU tools' bound.")
+@_text(
+    "--probe-bytes",
+    str(DEFAULT_PROBE_BYTES),
+    "B",
+    "Bytes of the ring bandwidth probe (16 MiB; 0 = no probe).",
+)
+@_text("--probe-seconds", str(DEFAULT_PROBE_SECONDS), "S", "The probe's bound.")
+@_text("--slow-factor", str(DEFAULT_SLOW_FACTOR), "F", "A ring link slower than F x the median link is slow.")
+@_text("--clock-bound", str(DEFAULT_CLOCK_BOUND), "S", "A clock further than S from the job's median is bad.")
+@_text("--out", "", "FILE", "Where the report goes (atomically); without it, on stdout.")
+@_text(
+    "--docker-image",
+    "",
+    "REF",
+    "docker: also check docker's data root (from the engine's /info) for the image: nothing needed "
+    "when the node holds REF, else --image-bytes.",
+)
+@_text("--image-bytes", "0", "B", "The image's size where known (the cache's tar).")
+@click.pass_context
+def run_cmd(ctx: click.Context, **options: Any) -> None:
+    """This node's local checks (runtime, disk, GPUs) and the mesh with every other node (reach,
+    ring bandwidth, clocks), within --timeout; the report goes to --out.
+
+    \b
+    Example (rank 1 of 2):
+      slurm-multi fitness run --rank 1 --nnodes 2 --hosts "node1 node2" --master-port 29500 \\
+          --job-id "$SLURM_JOB_ID" --out node_1/fitness.json
+    """
+    opts = parse_run(SimpleNamespace(**options), os.environ)
+    try:
+        report = run_stage(opts, os.environ)
+    except Exception as exc:  # noqa: BLE001 - one line for the node log, never a traceback
+        raise HelperError(
+            f"{AREA}: the stage broke ({type(exc).__name__}: {short(str(exc), 160)})", EXIT_FAILURE
+        ) from None
+    if opts.out:
+        try:
+            write_json(opts.out, report)
+        except OSError as exc:
+            raise HelperError(
+                f"{AREA}: cannot write {opts.out} ({describe(exc)}); check --out's directory", EXIT_FAILURE
+            ) from None
+    else:
+        click.echo(json.dumps(report, indent=2))
+    lines = [f"{AREA}: {b['host']} (rank {b['rank']}): {b['reason']}" for b in report["bad"]]
+    for line in lines:
+        print(line, file=sys.stderr)
+    if report["stopped"]:
+        where = f" (report in {opts.out}, marked stopped)" if opts.out else ""
+        raise HelperError(f"{AREA}: stopped by {report['stopped']}{where}", EXIT_STOPPED)
+    if lines:
+        record_error(lines[0])
+        ctx.exit(EXIT_BAD)
+    ring = report["checks"]["network"].get("ring") or {}
+    rate = f"; ring to rank {ring.get('to')}: {mbps(ring['bytes_per_s'])}" if ring.get("bytes_per_s") else ""
+    talk(AREA, f"all {opts.nnodes} node(s) fit in this node's view ({report['seconds']:.2f} s{rate})")
+
+
+@cli.command("judge", context_settings=CONTEXT)
+@click.option("--jobdir", required=True, metavar="DIR", help="The job directory (node_<rank>/fitness.json).")
+@_text(
+    "--nodes",
+    "",
+    '"h0 h1 ..."',
+    "The job's hosts in node order: judge one attempt as the batch step and collect do: every "
+    "node_*/fitness.json, placed by the node index it holds, and a node whose prepare or --fitness-cmd "
+    "failed for a reason of its own (another node passed it) is bad with that reason.",
+)
+@_text("--nnodes", "", "N", "Without --nodes: read DIR/node_<r>/fitness.json for r in 0..N-1 only.")
+@click.option("--json", "as_json", is_flag=True, help="A JSON list instead of lines.")
+@_text("--slow-factor", str(DEFAULT_SLOW_FACTOR), "F", "A ring link slower than F x the median link is slow.")
+@_text("--clock-bound", str(DEFAULT_CLOCK_BOUND), "S", "A clock further than S from the job's median is bad.")
+def judge_cmd(
+    jobdir: str, nodes: str, nnodes: str, as_json: bool, slow_factor: str, clock_bound: str
+) -> None:
+    """Print the bad nodes, one line each, `<rank> TAB <host> TAB <reason>` (nothing when all fit).
+
+    \b
+    Example: slurm-multi fitness judge --jobdir "$SM_JOBDIR" --nodes "node1 node2"
+    """
+    slow = _parse_float("--slow-factor", slow_factor, 0.0, 1.0, low_open=True)
+    bound = _parse_float("--clock-bound", clock_bound, 0.0, low_open=True)
+    if not os.path.isdir(jobdir):
+        raise _usage("--jobdir", jobdir, "give the job directory (it holds node_<rank>/fitness.json)")
+    if nodes:
+        found = judge_job(jobdir, nodes.split(), slow, bound)
+    else:
+        if not nnodes:
+            raise _usage("--nnodes", "", 'give --nodes "h0 h1 ..." (the job\'s) or --nnodes N')
+        count = _parse_int("--nnodes", nnodes, 1)
+        found = judge_reports(read_reports(jobdir, count), count, slow, bound)
+    if as_json:
+        click.echo(json.dumps(found))
+    else:
+        for entry in found:
+            click.echo(f"{entry['rank']}\t{entry['host']}\t{entry['reason']}")
+
+
+@cli.command("record-cmd", context_settings=CONTEXT)
+@click.argument("file")
+@click.argument("host")
+@click.argument("exit_code", type=click.IntRange(min=0))
+@click.argument("reason")
+def record_cmd(file: str, host: str, exit_code: int, reason: str) -> None:
+    """Write FILE (node_<rank>/fitness-cmd.json): how --fitness-cmd ended on HOST (REASON: why it
+    failed, or empty). The batch step's judge reads it.
+
+    \b
+    Example: slurm-multi fitness record-cmd node_2/fitness-cmd.json node3 1 "exited 1: no IB link"
+    """
+    try:
+        write_cmd_record(file, host, exit_code, reason)
+    except OSError as exc:
+        raise HelperError(f"{AREA}: cannot write {file} ({describe(exc)})", EXIT_FAILURE) from None
+
+
+# --------------------------------------------------------------------------------------------------
+# Checking `run`'s options
+
+
+def _usage(flag: str, value: str, allowed: str) -> HelperError:
+    return usage_error(f"{AREA}: {flag} {short(value, 80)!r} is not allowed; {allowed}")
 
 
 def _parse_int(flag: str, value: str, low: int, high: int | None = None) -> int:
@@ -157,64 +313,17 @@ def _parse_disk(value: str) -> tuple[str, int]:
     return path, _parse_int("--disk", nbytes, 0)
 
 
-def _run_options() -> list[Any]:
-    """`run`'s options, every value a string (parse_run checks each and words its own error)."""
-    from slurm_multi.argv import MULTIPLE, Option
-
-    defaults = {
-        "--port": "", "--master-port": "", "--job-id": os.environ.get("SLURM_JOB_ID", ""),
-        "--token-env": DEFAULT_TOKEN_ENV, "--timeout": str(DEFAULT_TIMEOUT), "--runtime": "docker",
-        "--runtime-timeout": str(DEFAULT_RUNTIME_TIMEOUT), "--disk-reserve": str(DEFAULT_DISK_RESERVE),
-        "--min-inodes": str(DEFAULT_MIN_INODES), "--disk-timeout": str(DEFAULT_DISK_TIMEOUT),
-        "--gpus-needed": "0", "--gpu-mem-fraction": str(DEFAULT_GPU_MEM_FRACTION),
-        "--gpu-timeout": str(DEFAULT_GPU_TIMEOUT), "--probe-bytes": str(DEFAULT_PROBE_BYTES),
-        "--probe-seconds": str(DEFAULT_PROBE_SECONDS), "--slow-factor": str(DEFAULT_SLOW_FACTOR),
-        "--clock-bound": str(DEFAULT_CLOCK_BOUND), "--out": "", "--docker-image": "", "--image-bytes": "0",
-    }  # fmt: skip
-    required = [Option(name, required=True) for name in ("--rank", "--nnodes", "--hosts")]
-    return [*required, Option("--disk", MULTIPLE), *(Option(n, default=v) for n, v in defaults.items())]
-
-
-def _judge_options() -> list[Any]:
-    from slurm_multi.argv import FLAG, Option
-
-    return [
-        Option("--jobdir", required=True), Option("--nnodes", default=""), Option("--nodes", default=""),
-        Option("--json", FLAG), Option("--slow-factor", default=str(DEFAULT_SLOW_FACTOR)),
-        Option("--clock-bound", default=str(DEFAULT_CLOCK_BOUND)),
-    ]  # fmt: skip
-
-
-def parse_command(argv: Sequence[str]) -> Any:
-    """`run ...` or `judge ...` with slurm_multi.argv (no argparse on a node's critical path: ~8 ms
-    of its fitness verdict). A Given with `command`; None after --help (printed on stdout: the
-    docstring, whose table is what each option does); UsageError for a bad command line."""
-    from slurm_multi.argv import HELP_NAMES, Parser
-    from slurm_multi.common import HelperError
-
-    command, rest = (argv[0], list(argv[1:])) if argv else ("", [])
-    if command in HELP_NAMES or (command in ("run", "judge") and any(w in HELP_NAMES for w in rest)):
-        sys.stdout.write(__doc__ or "")
-        return None
-    if command not in ("run", "judge"):
-        shown = f"{short(command, 40)!r} is not a command" if command else "no command given"
-        raise UsageError(f"{shown}; use run or judge (--help says what each does)")
-    prog = f"python -m slurm_multi.fitness {command}"
-    parser = Parser(prog, "", "", _run_options() if command == "run" else _judge_options(), max_words=0)
-    try:
-        given = parser.parse(rest)
-    except HelperError as exc:  # `<prog>: <what>; Usage: ...`: the stage words its own area
-        raise UsageError(str(exc).removeprefix(f"{parser.area}: ")) from None
-    assert given is not None  # --help was answered above
-    given.command = command
-    return given
-
-
 def parse_run(args: Any, env: Mapping[str, str]) -> Options:
+    """`run`'s options (`args`: as click gives them, every value a string) checked one by one, each
+    with its own one-line usage error."""
     nnodes = _parse_int("--nnodes", args.nnodes, 1)
     rank = _parse_int("--rank", args.rank, 0, nnodes - 1)
     # A single node listens on nothing: it needs no port (a stage run alone may not know MASTER_PORT).
-    port = _job_port(args) if nnodes > 1 or args.port or args.master_port else 0
+    port = (
+        job_port(args.port, args.master_port, args.job_id)
+        if nnodes > 1 or args.port or args.master_port
+        else 0
+    )
     hosts, ports = _parse_hosts(args.hosts, nnodes, port)
     if len(set(zip(hosts, ports))) != nnodes:
         raise _usage("--hosts", args.hosts, "give each rank its own host (or host:port)")
@@ -228,8 +337,8 @@ def parse_run(args: Any, env: Mapping[str, str]) -> Options:
         token = env.get(args.token_env, "")
         if not is_token(token):
             # the value is never shown: only the variable's name
-            raise UsageError(
-                f"--token-env {args.token_env}: ${args.token_env} is not set or not 1-64 printable "
+            raise usage_error(
+                f"{AREA}: --token-env {args.token_env}: ${args.token_env} is not set or not 1-64 printable "
                 "ASCII characters without spaces; export the job token (the batch step makes one)"
             )
     if args.runtime not in RUNTIMES:
@@ -262,108 +371,17 @@ def parse_run(args: Any, env: Mapping[str, str]) -> Options:
     )
 
 
-def _job_port(args: Any) -> int:
+def job_port(port: str, master_port: str, job_id: str) -> int:
     """--port, else the job's fitness port derived from --master-port and --job-id the way the
     barrier's and the relay's are (slurm_multi.net), at an offset of its own: the same on every node,
     outside the ephemeral range, never the barrier's candidates, the relay's or MASTER_PORT."""
-    if args.port:
-        return _parse_int("--port", args.port, 1, 65535)
-    if not args.master_port:
+    if port:
+        return _parse_int("--port", port, 1, 65535)
+    if not master_port:
         raise _usage("--port", "", "give --port P, or --master-port and --job-id to derive the job's port")
-    master = _parse_int("--master-port", args.master_port, 1, 65535)
-    digits = "".join(c for c in (args.job_id or "0") if c.isdigit())[:12] or "0"
+    master = _parse_int("--master-port", master_port, 1, 65535)
+    digits = "".join(c for c in (job_id or "0") if c.isdigit())[:12] or "0"
     try:
         return derive_ports(master, int(digits) + PORT_OFFSET, read_local_port_range(), 1)[0]
     except ValueError as exc:
-        raise _usage(
-            "--master-port", args.master_port, f"no port left for the fitness check ({exc})"
-        ) from None
-
-
-def _record_error(line: str) -> None:
-    """The caller asked for our one-line reason in $SM_ERROR_FILE (as slurm_multi.common does)."""
-    path = os.environ.get("SM_ERROR_FILE")
-    if path:
-        try:
-            with open(path, "w", encoding="utf-8") as handle:
-                handle.write(line + "\n")
-        except OSError:
-            pass
-
-
-def _fail(message: str, code: int) -> int:
-    line = f"slurm-multi: {AREA}: {message}"
-    print(line, file=sys.stderr)
-    _record_error(line)
-    return code
-
-
-def main(argv: Sequence[str], env: Mapping[str, str] | None = None) -> int:
-    env = os.environ if env is None else env
-    argv = list(argv)
-    if argv[:1] == ["record-cmd"]:
-        if len(argv) != 5 or not is_count(argv[3]):
-            return _fail("usage: record-cmd FILE HOST EXIT_CODE REASON", EXIT_USAGE)
-        try:
-            write_cmd_record(argv[1], argv[2], int(argv[3]), argv[4])
-        except OSError as exc:
-            return _fail(f"cannot write {argv[1]} ({describe(exc)})", EXIT_FAILURE)
-        return EXIT_OK
-    try:
-        args = parse_command(argv)
-        if args is None:
-            return EXIT_OK
-        if args.command == "judge":
-            slow = _parse_float("--slow-factor", args.slow_factor, 0.0, 1.0, low_open=True)
-            bound = _parse_float("--clock-bound", args.clock_bound, 0.0, low_open=True)
-            if not os.path.isdir(args.jobdir):
-                raise _usage(
-                    "--jobdir", args.jobdir, "give the job directory (it holds node_<rank>/fitness.json)"
-                )
-            if args.nodes:
-                found = judge_job(args.jobdir, args.nodes.split(), slow, bound)
-            else:
-                if not args.nnodes:
-                    raise _usage("--nnodes", "", 'give --nodes "h0 h1 ..." (the job\'s) or --nnodes N')
-                nnodes = _parse_int("--nnodes", args.nnodes, 1)
-                found = judge_reports(read_reports(args.jobdir, nnodes), nnodes, slow, bound)
-            if args.json:
-                print(json.dumps(found))
-            else:
-                for entry in found:
-                    print(f"{entry['rank']}\t{entry['host']}\t{entry['reason']}")
-            return EXIT_OK
-        opts = parse_run(args, env)
-    except UsageError as exc:
-        return _fail(str(exc), EXIT_USAGE)
-    try:
-        report = run_stage(opts, env)
-    except Exception as exc:  # noqa: BLE001 - one line for the node log, never a traceback
-        return _fail(f"the stage broke ({type(exc).__name__}: {short(str(exc), 160)})", EXIT_FAILURE)
-    if opts.out:
-        try:
-            write_json(opts.out, report)
-        except OSError as exc:
-            return _fail(f"cannot write {opts.out} ({describe(exc)}); check --out's directory", EXIT_FAILURE)
-    else:
-        print(json.dumps(report, indent=2))
-    lines = [f"{AREA}: {b['host']} (rank {b['rank']}): {b['reason']}" for b in report["bad"]]
-    for line in lines:
-        print(line, file=sys.stderr)
-    if report["stopped"]:
-        where = f" (report in {opts.out}, marked stopped)" if opts.out else ""
-        return _fail(f"stopped by {report['stopped']}{where}", EXIT_STOPPED)
-    if lines:
-        _record_error(lines[0])
-        return EXIT_BAD
-    ring = report["checks"]["network"].get("ring") or {}
-    rate = f"; ring to rank {ring.get('to')}: {mbps(ring['bytes_per_s'])}" if ring.get("bytes_per_s") else ""
-    talk(AREA, f"all {opts.nnodes} node(s) fit in this node's view ({report['seconds']:.2f} s{rate})")
-    return EXIT_OK
-
-
-if __name__ == "__main__":
-    try:
-        sys.exit(main(sys.argv[1:]))
-    except KeyboardInterrupt:
-        sys.exit(130)
+        raise _usage("--master-port", master_port, f"no port left for the fitness check ({exc})") from None
