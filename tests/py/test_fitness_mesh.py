@@ -263,7 +263,7 @@ def test_a_port_already_in_use_is_a_local_failure_naming_it(tmp_path: Path, tool
 
 
 class HandPeer:
-    """Rank 1 of a 2-node job, written by hand from the module docstring's protocol: it takes the
+    """Rank 1 of a 2-node job, written by hand from slurm_multi.fitness.protocol's docstring: it takes the
     node's HELLO, delivers its own, and reads only `probe_read` bytes of the ring probe (acking
     them), then nothing more: a link that stalls."""
 
