@@ -124,7 +124,7 @@ def test_collect_writes_the_bad_nodes_the_judge_finds_and_holds_the_perf_csv_for
     judged = cli(["judge", "--jobdir", str(jobdir), "--nodes", "node0 node1"])
     assert judged.returncode == 0 and judged.stdout, judged.stderr
     env = {"PYTHONPATH": str(REPO / "py"), "PATH": os.environ["PATH"]}
-    collect = [sys.executable, "-m", "slurm_multi.results.collect_main", str(jobdir), "--no-picture"]
+    collect = [sys.executable, "-m", "slurm_multi", "results", "collect", str(jobdir), "--no-picture"]
     shared = tmp_path / "perf.csv"
     hold = ["--bad-nodes", str(tmp_path / "bad"), "--perf-csv", str(shared), "--no-perf-csv-on-bad-nodes"]
     held = subprocess.run([*collect, *hold], capture_output=True, text=True, env=env)
