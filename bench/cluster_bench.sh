@@ -88,7 +88,7 @@ overhead_row() {
     row --row "toolkit CPU per node, warm 2-node toy job" --paired --nodes 2 --cpu-samples "${CPU_OPTS[@]}" \
       --what "CPU s per node of every process of the toolkit's job but the workload container's own (process accounting; the batch step counted with the nodes)" \
       --baseline "the same for ${bare_cmd} --steps 20 (srun, slurmstepd, docker CLI, engine)" \
-      --target "<= ${BENCH_CPU_TARGET:-1.5} CPU-s added" \
+      --target "<= 1.0 CPU-s added" \
       --notes "$((${#CPU_OPTS[@]} / 4)) pairs in the same allocation, each run under the CPU recorder" \
       --out "${out}/toolkit-cpu.json"
   else
