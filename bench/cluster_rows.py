@@ -48,7 +48,7 @@ def job_note(measured: dict[str, Any], baseline: dict[str, Any], nodes: int) -> 
     biggest = ", ".join(
         f"{label} {value:.2f}" for label, value in list(measured.get("job_by_label", {}).items())[:6]
     )
-    text = f"CPU s per node per job outside the workload's containers (mean of {measured['runs']} runs): "
+    text = f"CPU s per node per job outside the workload's containers ({measured['runs']} runs, mean): "
     text += f"toolkit {mine:.2f} vs bare {base:.2f}; the toolkit's by node {by_node}; biggest {biggest}"
     if not (measured.get("acct") and baseline.get("acct")):
         text += " (no process accounting: short processes undercounted)"

@@ -66,11 +66,11 @@ pairs() {
   shift 3
   for ((i = 1; i <= count; i++)); do
     if ((i % 2)); then
-      run_one "${kind}" "${i}" toolkit "${profile}" "$@"
-      run_one "${kind}" "${i}" bare "${profile}" "$@"
+      run_one "${kind}" "${i}" toolkit "${profile}" "$@" || return
+      run_one "${kind}" "${i}" bare "${profile}" "$@" || return
     else
-      run_one "${kind}" "${i}" bare "${profile}" "$@"
-      run_one "${kind}" "${i}" toolkit "${profile}" "$@"
+      run_one "${kind}" "${i}" bare "${profile}" "$@" || return
+      run_one "${kind}" "${i}" toolkit "${profile}" "$@" || return
     fi
   done
 }
@@ -96,11 +96,12 @@ main() {
   local profile=1
   [[ ${BENCH_CPU_PROFILE:-1} != 0 ]] || profile=0 cpu_count=0
   # Warm-up, not counted: fills the cache, loads node2, warms both sides' page cache.
-  toolkit 20 0.05
-  bare 20 0.05
-  pairs short "${count}" 0 20 0.05
-  pairs cpu "${cpu_count}" 1 20 0.05
+  toolkit 20 0.05 || { echo "overhead_job: the toolkit's warm-up job failed; see ${WORK}/out" >&2; return 1; }
+  bare 20 0.05 || { echo "overhead_job: the bare warm-up run failed" >&2; return 1; }
+  pairs short "${count}" 0 20 0.05 || return
+  pairs cpu "${cpu_count}" 1 20 0.05 || return
   pairs long "${long_count}" "${profile}" "${long_seconds}" 1
 }
 
-main "$@"
+# Sourced (tests/bats/bench.bats): functions only.
+[[ ${BASH_SOURCE[0]} != "$0" ]] || main "$@"

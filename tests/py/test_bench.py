@@ -678,7 +678,7 @@ def test_the_cpu_row_is_the_cpu_per_node_the_toolkit_adds_pair_by_pair(tmp_path:
     assert row["added_samples_s"] == pytest.approx([0.45, 0.55]) and row["added_s"] == pytest.approx(0.5)
     assert row["met"] is True
     assert (
-        "CPU s per node per job outside the workload's containers (mean of 2 runs): toolkit 0.75 vs bare 0.25"
+        "CPU s per node per job outside the workload's containers (2 runs, mean): toolkit 0.75 vs bare 0.25"
         in (row["notes"])
     )
     assert "by node batch step 1.25, node1 0.25" in row["notes"]
