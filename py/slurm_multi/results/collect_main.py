@@ -11,14 +11,16 @@ Under -S the site packages are not on the path, matplotlib neither: the batch st
 
 from __future__ import annotations
 
+import os
 import sys
+import traceback
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from slurm_multi import EXIT_FAILURE, EXIT_OK
 from slurm_multi import argv as options
-from slurm_multi.common import run_main, talk, usage_error
+from slurm_multi.common import HelperError, internal_error, run_main, talk, usage_error
 from slurm_multi.results.collect import collect
 from slurm_multi.results.logscan import compile_patterns
 from slurm_multi.results.shared import AREA, write_atomic
@@ -60,6 +62,11 @@ PARSER = options.Parser(
         options.Option("--no-perf-csv-on-bad-nodes", options.FLAG, dest="hold_perf_csv",
                        help="With --perf-csv: append nothing when there are bad nodes (the batch step "
                        "requeues the job without them; the attempt that counts appends)."),
+        options.Option("--mad-outputs", options.FLAG,
+                       help="Then write madengine's perf_entry/perf_super files of a manifest model, as "
+                       "`slurm-multi results mad-outputs` does with this JOBDIR, --perf-csv and "
+                       "--no-perf-csv-on-bad-nodes (needs pandas); its failure is a warning, never the "
+                       "exit status (bin/sm-collect)."),
     ],
     min_words=1,
     max_words=1,
@@ -107,6 +114,7 @@ def _main(argv: Sequence[str]) -> int:
         given.picture,
         given.bad_nodes,
         given.hold_perf_csv,
+        given.mad_outputs,
     )
 
 
@@ -121,9 +129,10 @@ def run_collect(
     picture: bool,
     bad_nodes: str | None = None,
     hold_perf_csv: bool = False,
+    mad_outputs: bool = False,
 ) -> int:
     """Collect JOBDIR: summary.json, perf.csv, the timeline, the table on stderr, --perf-csv,
-    --bad-nodes; the exit."""
+    --bad-nodes, --mad-outputs; the exit."""
     if not jobdir.is_dir():
         raise usage_error(f"{AREA}: job directory {jobdir} does not exist; pass the directory the job wrote")
     if manifest is not None and not manifest.is_file():
@@ -151,7 +160,28 @@ def run_collect(
         grown = f"; new columns: {', '.join(done.new_columns)}" if done.new_columns else ""
         verb = "created" if done.created else "appended to"
         talk(AREA, f"{done.rows} rows {verb} {done.path}{grown}; this run's rows: {done.entry}")
+    if mad_outputs:
+        mad_outputs_or_warn(jobdir, perf_csv, hold_perf_csv)
     return EXIT_OK if summary.verdict == "SUCCESS" else EXIT_FAILURE
+
+
+def mad_outputs_or_warn(jobdir: Path, perf_csv: str | None, hold_perf_csv: bool) -> None:
+    """--mad-outputs: `results mad-outputs` for what collect was given, once the job is judged. Its
+    failure is its own one line, then a warning: never collect's exit status."""
+    from slurm_multi.results.madoutputs import mad_outputs
+
+    try:
+        mad_outputs(jobdir, perf_csv, hold_perf_csv)
+    except HelperError as exc:
+        exc.show()
+    except Exception as exc:  # a bug of ours: one line, as every helper says one (SM_DEBUG=1: the traceback)
+        if os.environ.get("SM_DEBUG") == "1":
+            traceback.print_exc()
+        else:
+            internal_error(exc)
+    else:
+        return
+    talk("collect", "warning: madengine's perf_entry/perf_super files not written (see above)")
 
 
 if __name__ == "__main__":

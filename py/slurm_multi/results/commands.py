@@ -11,7 +11,7 @@ import click
 
 from slurm_multi import EXIT_FAILURE
 from slurm_multi.cli import passthrough
-from slurm_multi.common import HelperError, talk
+from slurm_multi.common import HelperError
 from slurm_multi.results.collect_main import talk_warnings
 from slurm_multi.results.pick import no_candidate_message, pick_best
 from slurm_multi.results.shared import AREA
@@ -83,8 +83,6 @@ def mad_outputs_command(jobdir: str, perf_csv: str | None, hold: bool) -> None:
 
     Example: slurm-multi results mad-outputs /shared/jobs/4711 --perf-csv /shared/perf.csv
     """
-    from slurm_multi.results.madoutputs import write_mad_outputs
+    from slurm_multi.results.madoutputs import mad_outputs
 
-    done = write_mad_outputs(Path(jobdir), perf_csv, hold)
-    talk_warnings(done.warnings)
-    talk(AREA, done.describe())
+    mad_outputs(Path(jobdir), perf_csv, hold)
