@@ -30,7 +30,7 @@ import json
 import os
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from slurm_multi.common import usage_error
@@ -328,8 +328,12 @@ def resolve_data(names: Sequence[str], checkout: str | None) -> list[DataSource]
 # ---- the command ---------------------------------------------------------------------------------
 
 
-def plan_run(parts: MadParts, checkout: str | None, values: Mapping[str, str], nnodes: int) -> MadRun:
-    """The run around the model's script, resolved (raises a one-line usage error)."""
+def plan_run(parts: MadParts, checkout: str | None, values: Mapping[str, str], nnodes: int,
+             bare_root: str | None = None) -> MadRun:  # fmt: skip
+    """The run around the model's script, resolved (raises a one-line usage error). `bare_root`: the
+    node's directory of a bare-metal run (no container to mount into): a mounted provider's data is
+    seen where it is, a custom provider's made under `bare_root` (its home there), and MAD_DATAHOME
+    names those."""
     run = MadRun()
     run.common = find_common(checkout, values.get("SM_MAD_COMMON", ""))
     if parts.tools:
@@ -358,6 +362,9 @@ def plan_run(parts: MadParts, checkout: str | None, values: Mapping[str, str], n
         if (os.path.abspath(host), script.path) not in run.files:
             run.files.append((os.path.abspath(host), script.path))
     run.data = resolve_data(parts.data, checkout)
+    if bare_root is not None:
+        homes = [d.path if d.mounted else os.path.join(bare_root, d.home.strip("/")) for d in run.data]
+        run.data = [replace(d, home=home) for d, home in zip(run.data, homes)]
     run.files += [(d.path, d.script) for d in run.data if d.script and (d.path, d.script) not in run.files]
     if run.data:
         run.env["MAD_DATAHOME"] = ",".join(d.home for d in run.data)

@@ -315,3 +315,42 @@ def test_a_custom_provider_whose_script_is_not_in_the_checkout_is_one_line(tmp_p
     root = data_checkout(tmp_path, {"d": {"custom": {"path": "scripts/none.sh"}}})
     with pytest.raises(HelperError, match="custom: script scripts/none.sh is not a file in the checkout"):
         plan(root, model={"data": "d"})
+
+
+def test_bare_metal_sees_mounted_data_where_it_is_and_makes_custom_data_under_its_root(tmp_path: Path):
+    root = data_checkout(tmp_path, {"d1": {"local": {"path": "ds"}}, "d2": {"custom": {"path": "scripts/m/run.sh"}}})  # fmt: skip # noqa: E501
+    parts = madrun.read_parts(manifest(model={"data": "d1,d2"}), "k")
+    bare = madrun.plan_run(parts, str(root), {}, 2, bare_root="/scratch/r0")
+    assert [d.home for d in bare.data] == [str(root / "ds"), "/scratch/r0/data_dlm_1"]
+    assert bare.env["MAD_DATAHOME"] == f"{root / 'ds'},/scratch/r0/data_dlm_1"
+    # In a container: the mount point and the custom provider's home there.
+    assert madrun.plan_run(parts, str(root), {}, 2).env["MAD_DATAHOME"] == "/data_dlm_0,/data_dlm_1"
+
+
+def prepare_data_model(tmp_path: Path, runtime: str) -> Path:
+    """`node prepare` of a model with a local and a custom data provider, the manifest giving its own
+    MAD_DATAHOME; returns the scratch dir."""
+    from slurm_multi import node
+
+    root = data_checkout(tmp_path, {"d1": {"local": {"path": "ds"}}, "d2": {"custom": {"path": "scripts/m/run.sh"}}})  # fmt: skip # noqa: E501
+    doc = {"built_images": {"k": {"docker_image": "toy/model:local"}},
+           **manifest({"docker_env_vars": {"MAD_DATAHOME": "/theirs"}}, {"data": "d1,d2"})}  # fmt: skip
+    (root / "build_manifest.json").write_text(json.dumps(doc))
+    scratch = tmp_path / "scratch"
+    env = {"SM_MANIFEST": str(root / "build_manifest.json"), "SM_RUNTIME": runtime, "PATH": "/usr/bin:/bin"}
+    node.prepare(env, str(scratch), (), detect=False)
+    return scratch
+
+
+def test_prepare_on_bare_metal_names_the_data_by_its_paths_on_the_node(tmp_path: Path) -> None:
+    scratch = prepare_data_model(tmp_path, "none")
+    workload = (scratch / "workload.env").read_text().splitlines()
+    home = f"{tmp_path / 'mad' / 'ds'},{scratch}/data_dlm_1"
+    assert f"declare -gx MAD_DATAHOME={home}" in workload  # ours, over the manifest's
+    assert "MAD_DATAHOME=/theirs" not in "\n".join(workload)
+
+
+def test_prepare_in_a_container_mounts_the_data_and_keeps_the_manifests_datahome(tmp_path: Path) -> None:
+    scratch = prepare_data_model(tmp_path, "pyxis")
+    assert "declare -gx MAD_DATAHOME=/theirs" in (scratch / "workload.env").read_text().splitlines()
+    assert f"{tmp_path / 'mad' / 'ds'}:/data_dlm_0:ro" in (scratch / "context.sh").read_text()
