@@ -379,22 +379,25 @@ def model_line(run: MadRun, argv: Sequence[str], raw_args: str) -> str:
     return " ".join(w for w in words if w)
 
 
-# The wrapper's two helpers: a script is copied from the workspace into the run directory and run
-# there by bash with its args (madengine's run_pre_post_script); a failed pre-script stops the
-# model, a failed post-script fails a model that succeeded.
+# The wrapper's helpers: a step before the model (a pre-script, a custom provider's data) runs only
+# while every step so far succeeded, and its failure stops the model (sm_step); a script is copied
+# from the workspace into the run directory and run there by bash with its args (madengine's
+# run_pre_post_script); a failed post-script fails a model that succeeded.
 _HELPERS = """sm_rc=0
+sm_step() {
+  [ "$sm_rc" = 0 ] || return 0
+  sm_what=$1; shift
+  "$@" || {
+    sm_rc=$?
+    printf 'mad: %s failed (exit %s): the model does not run\\n' "$sm_what" "$sm_rc" >&2
+  }
+}
 sm_script() {
   sm_kind=$1 sm_from=$2 sm_path=$3; shift 3
   printf 'mad: %s-script %s %s (%s)\\n' "$sm_kind" "$sm_path" "$*" "$sm_from"
   cp -LR "../$sm_path" . && bash "${sm_path##*/}" "$@"
 }
-sm_pre() {
-  [ "$sm_rc" = 0 ] || return 0
-  sm_script pre "$@" || {
-    sm_rc=$?
-    printf 'mad: pre-script %s failed (exit %s): the model does not run\\n' "$2" "$sm_rc" >&2
-  }
-}
+sm_pre() { sm_step "pre-script $2" sm_script pre "$@"; }
 sm_post() {
   sm_script post "$@" || {
     sm_p=$?
@@ -426,17 +429,16 @@ def wrapper(run: MadRun, line: str, missing: tuple[str, str] | None = None) -> s
     if not (run.pre or run.post or run.prefix or run.tools or fetch):
         # Only the script and its args: bash becomes the model (signals reach it as without us).
         return "\n".join([*out, f"exec {line}"])
-    out.append(_HELPERS if run.pre or run.post else "sm_rc=0")
+    out.append(_HELPERS if run.pre or run.post or fetch else "sm_rc=0")
     out += [_call("sm_pre", script) for script in run.pre]
-    for data in fetch:  # madengine's data prepare: after the pre-scripts, before the model
-        what = f"data {data.name} ({data.provider}): {data.script} {data.args}".strip()
+    for i, data in enumerate(fetch):  # madengine's data prepare: after the pre-scripts, before the model
+        what = shlex.quote(f"data {data.name} ({data.provider}): {data.script} {data.args}".strip())
         home, script = shlex.quote(data.home), shlex.quote(data.script)
+        # A function: its args expand when it runs, in <home>, as madengine's `cd <home>; bash ...`.
         out.append(
-            f"if [ \"$sm_rc\" = 0 ]; then printf 'mad: %s into %s\\n' {shlex.quote(what)} {home}; "
+            f"sm_data_{i}() {{ printf 'mad: %s into %s\\n' {what} {home}; "
             f'mkdir -p {home} && (sm_ws=$(cd .. && pwd) && cd {home} && bash "$sm_ws/"{script}'
-            f"{' ' + data.args if data.args else ''}) || {{ sm_rc=$?; "
-            f"printf 'mad: %s failed (exit %s): the model does not run\\n' {shlex.quote(what)} "
-            '"$sm_rc" >&2; }; fi'
+            f"{' ' + data.args if data.args else ''}); }}; sm_step {what} sm_data_{i}"
         )
     out.append(f"if [ \"$sm_rc\" = 0 ]; then printf 'mad: model: %s\\n' {shlex.quote(line)}")
     out.append(line)

@@ -305,10 +305,19 @@ def test_a_custom_provider_runs_its_script_in_datahome_before_the_model(tmp_path
                           env={**os.environ, "H": str(home), "X": "x"}, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert f"made 2 x in {home}" in done.stdout
-    # A script that fails: the model does not run.
+    assert done.stdout.startswith(f"mad: data d (custom): scripts/m/make.sh 2 $X into {home}\nmade\n")
+    # A script that fails: the model does not run, and the wrapper says so in one line.
     (root / "scripts" / "m" / "make.sh").write_text("exit 4\n")
     done = subprocess.run(["bash", "-c", text], cwd=work, capture_output=True, text=True, check=False)
-    assert done.returncode == 4 and "the model does not run" in done.stderr and "made" not in done.stdout
+    assert done.returncode == 4 and "made" not in done.stdout
+    said = "mad: data d (custom): scripts/m/make.sh 2 $X failed (exit 4): the model does not run\n"
+    assert done.stderr == said
+    # After a failed pre-script the data is not made either (one failure, one line).
+    run.pre = [madrun.Script("scripts/m/make.sh", "", "context")]
+    text = madrun.wrapper(run, madrun.model_line(run, ["bash", "run.sh"], ""))
+    done = subprocess.run(["bash", "-c", text], cwd=work, capture_output=True, text=True, check=False)
+    assert done.returncode == 4 and " into " not in done.stdout
+    assert done.stderr == "mad: pre-script scripts/m/make.sh failed (exit 4): the model does not run\n"
 
 
 def test_a_custom_provider_whose_script_is_not_in_the_checkout_is_one_line(tmp_path: Path) -> None:
