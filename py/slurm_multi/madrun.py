@@ -111,7 +111,7 @@ class MadRun:
     prefix: str = ""  # the tools' commands and encapsulate_script, in madengine's order
     env: dict[str, str] = field(default_factory=dict)
     data: list[DataSource] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # said once, by the plan (not by every node)
 
     @property
     def profilers(self) -> list[str]:

@@ -251,8 +251,6 @@ def wrap_model(ctx: RunContext, env: Mapping[str, str], runtime: str, scratch: s
     for name, value in mad_run.env.items():
         if name not in env and (name not in ctx.docker_env or name in ours):
             ctx.docker_env[name] = value
-    for note in mad_run.notes:
-        talk(AREA, note)
     raw_args = ctx.get("SM_MODEL_ARGS")
     missing = None
     if script.host_dir is None:

@@ -363,3 +363,26 @@ def test_prepare_in_a_container_mounts_the_data_and_keeps_the_manifests_datahome
     scratch = prepare_data_model(tmp_path, "pyxis")
     assert "declare -gx MAD_DATAHOME=/theirs" in (scratch / "workload.env").read_text().splitlines()
     assert f"{tmp_path / 'mad' / 'ds'}:/data_dlm_0:ro" in (scratch / "context.sh").read_text()
+
+
+def test_rocprof_as_rocprofv3_is_said_once_by_the_plan_not_by_every_node(tmp_path: Path, capfd) -> None:
+    from slurm_multi import node
+
+    root = checkout(tmp_path)
+    doc = manifest({"tools": [{"name": "rocprof"}]})
+    doc["built_images"] = {"k": {"docker_image": "toy/model:local"}}
+    path = root / "build_manifest.json"
+    path.write_text(json.dumps(doc))
+    note = "tool rocprof runs as rocprofv3 on a multi-node job (madengine's rule)"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SM_", "SLURM_", "MAD_"))}
+    env.update(PYTHONPATH=str(Path(madrun.__file__).parents[1]), SLURM_JOB_ID="7", SLURM_JOB_NUM_NODES="2")
+    argv = [sys.executable, "-m", "slurm_multi", "job", "plan", "--batch-args", "--emit", str(tmp_path / "p")]
+    argv += ["--submit-dir", str(tmp_path), "--", "--manifest", str(path), "--runtime", "none"]
+    planned = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+    assert planned.returncode == 0, planned.stderr
+    assert planned.stderr.count(note) == 1
+    capfd.readouterr()
+    node_env = {"SM_MANIFEST": str(path), "SM_RUNTIME": "none", "PATH": "/usr/bin:/bin", "NNODES": "2"}
+    node.prepare(node_env, str(tmp_path / "scratch"), (), detect=False)
+    said = capfd.readouterr().err
+    assert "madengine's run of scripts/m/run.sh: tools rocprofv3" in said and note not in said
