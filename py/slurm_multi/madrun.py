@@ -76,13 +76,18 @@ class DataSource:
     provider: str
     path: str  # on the host (the node): the data (local, nas) or the custom provider's script
     home: str  # MAD_DATAHOME: where the container sees it
-    writable: bool
+    writable: bool = False  # mounted: data.json's "readwrite": "true" (else read-only)
     script: str = ""  # custom: the script, relative to the workspace (madengine's /myworkspace)
     args: str = ""  # custom: its args
 
     @property
     def mounted(self) -> bool:
         return self.provider in MOUNTED_PROVIDERS
+
+    @property
+    def mount(self) -> str:
+        """A mounted provider's `<path>:<home>[:ro]` (docker -v, pyxis --container-mounts)."""
+        return f"{self.path}:{self.home}{'' if self.writable else ':ro'}"
 
 
 @dataclass
@@ -307,7 +312,8 @@ def resolve_data(names: Sequence[str], checkout: str | None) -> list[DataSource]
                     )
                     continue
                 args = str(config.get("args") or "")
-                found.append(DataSource(name, provider, os.path.abspath(host), home, True, script, args))
+                host = os.path.abspath(host)
+                found.append(DataSource(name, provider, host, home, script=script, args=args))
                 break
             source = str(config.get("path") or "")
             if source and not os.path.isabs(source):  # ours: relative to the checkout, as data.json is

@@ -240,7 +240,7 @@ def wrap_model(ctx: RunContext, env: Mapping[str, str], runtime: str, scratch: s
                 _link(host, os.path.join(scratch, rel))
     else:
         mounts = [f"{host}:{mad.WORKSPACE}/{rel}:ro" for host, rel in links]
-        mounts += [f"{d.path}:{d.home}{'' if d.writable else ':ro'}" for d in mad_run.data if d.mounted]
+        mounts += [d.mount for d in mad_run.data if d.mounted]
         for mount in mounts:
             if runtime == "docker":
                 run.docker_mounts += ["-v", mount]

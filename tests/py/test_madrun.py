@@ -164,6 +164,7 @@ def test_a_local_provider_is_mounted_read_only_at_madengines_datahome(tmp_path: 
         ("d2", "local", str(tmp_path), "/data", True),
     ]
     assert run.env == {"MAD_DATAHOME": "/data_dlm_0,/data", "MAD_DATANAME": "d1,d2"}
+    assert [d.mount for d in run.data] == [f"{root / 'ds'}:/data_dlm_0:ro", f"{tmp_path}:/data"]
     assert run.data_columns() == {"dataname": "d1,d2", "data_provider_type": "local,local", "data_size": "",
                                   "data_download_duration": "0"}  # fmt: skip
 
@@ -290,8 +291,8 @@ def test_a_custom_provider_runs_its_script_in_datahome_before_the_model(tmp_path
     root = data_checkout(tmp_path, {"d": {"custom": {"path": "scripts/m/make.sh", "args": "2 $X"}}})
     (root / "scripts" / "m" / "make.sh").write_text('echo "made $1 $2 in $(pwd)" >made.txt; echo made\n')
     run = plan(root, model={"data": "d"})
-    assert [(d.provider, d.script, d.args, d.home, d.mounted) for d in run.data] == [
-        ("custom", "scripts/m/make.sh", "2 $X", "/data_dlm_0", False)
+    assert [(d.provider, d.script, d.args, d.home, d.mounted, d.writable) for d in run.data] == [
+        ("custom", "scripts/m/make.sh", "2 $X", "/data_dlm_0", False, False)  # made by its script
     ]
     assert (str(root / "scripts" / "m" / "make.sh"), "scripts/m/make.sh") in run.files
     home = tmp_path / "home"
@@ -362,7 +363,9 @@ def test_prepare_on_bare_metal_names_the_data_by_its_paths_on_the_node(tmp_path:
 def test_prepare_in_a_container_mounts_the_data_and_keeps_the_manifests_datahome(tmp_path: Path) -> None:
     scratch = prepare_data_model(tmp_path, "pyxis")
     assert "declare -gx MAD_DATAHOME=/theirs" in (scratch / "workload.env").read_text().splitlines()
-    assert f"{tmp_path / 'mad' / 'ds'}:/data_dlm_0:ro" in (scratch / "context.sh").read_text()
+    context = (scratch / "context.sh").read_text()
+    assert f"{tmp_path / 'mad' / 'ds'}:/data_dlm_0:ro" in context
+    assert ":/data_dlm_1" not in context  # the custom provider's data is made by its script, not mounted
 
 
 def test_rocprof_as_rocprofv3_is_said_once_by_the_plan_not_by_every_node(tmp_path: Path, capfd) -> None:
