@@ -163,7 +163,10 @@ def bad_nodes_and_attempts(
     if settings.get("SM_FITNESS") == "off" or not isinstance(hosts, list) or not hosts:
         return [], earlier
     found = fitness.judge_job(str(root), [str(h) for h in hosts])
-    return [{"rank": b["rank"], "node": b["host"], "reason": b["reason"]} for b in found], earlier
+    return [
+        {"rank": b["rank"], "node": b["host"], "reason": b["reason"], "evidence": b["evidence"]}
+        for b in found
+    ], earlier
 
 
 def known_job_facts(job: dict[str, Any]) -> dict[str, Any]:
