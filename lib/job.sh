@@ -260,6 +260,7 @@ job::teardown() {
   if ! settings::truthy "${SM_COLLECT}"; then
     job::judge_fitness && job::on_bad_nodes
     util::log_drain
+    util::remove_private_dir
     exit "${rc}"
   fi
   rc=0
@@ -302,6 +303,7 @@ job::teardown() {
       log::warn multi "madengine's perf_entry/perf_super files not written: ${UTIL_ERROR}"
   fi
   util::log_drain
+  util::remove_private_dir
   exit "${rc}"
 }
 
@@ -435,6 +437,7 @@ job::requeue_without() {
     return 1
   fi
   trap - EXIT
+  util::remove_private_dir
   exit 0
 }
 

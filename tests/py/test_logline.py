@@ -16,8 +16,13 @@ CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # every C0 control character 
 
 
 def slow_short(text: str, limit: int) -> str:
-    """short as it reads in its docstring: every control character but the tab as \\xNN, then cut."""
+    """short as it reads in its docstring: every character str.isprintable() refuses but the tab (the
+    C0 controls and DEL, the C1 controls, bidi overrides) as \\xNN or \\uNNNN, then cut."""
     text = CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text.strip())
+    text = "".join(
+        c if c.isprintable() or c == "\t" else f"\\x{ord(c):02x}" if ord(c) < 256 else f"\\u{ord(c):04x}"
+        for c in text
+    )
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -28,6 +33,8 @@ def test_the_printable_fast_path_changes_nothing(text: str, limit: int):
 
 def test_control_characters_and_ansi_colours_are_shown_not_sent():
     assert short("\x1b[31mred\x1b[0m\tdone\x7f") == "\\x1b[31mred\\x1b[0m\tdone\\x7f"
+    # 8-bit controls (CSI as one byte) and a right-to-left override are not sent either
+    assert short("a\x9b2Jb\u202ec\nd") == "a\\x9b2Jb\\u202ec\\x0ad"
     assert short("  ok  ") == "ok"
     assert short("x" * 300, 10) == "xxxxxxx..."
 

@@ -28,7 +28,7 @@ import click
 
 from slurm_multi import EXIT_FAILURE, dockerapi
 from slurm_multi.common import HelperError, record_error, usage_error
-from slurm_multi.fitness.protocol import DEFAULT_TIMEOUT, GIB, MAX_PROBE_BYTES, MIB
+from slurm_multi.fitness.protocol import DEFAULT_TIMEOUT, GIB, MAX_PROBE_BYTES, MAX_REASON, MIB
 from slurm_multi.fitness.stage import AREA, Options, run_stage
 from slurm_multi.fitness.verdict import (
     DEFAULT_CLOCK_BOUND,
@@ -41,6 +41,7 @@ from slurm_multi.fitness.verdict import (
 )
 from slurm_multi.logline import short, talk
 from slurm_multi.net import derive_ports, describe, override_ports, read_local_port_range
+from slurm_multi.secret_rule import reason_line
 from slurm_multi.shell import write_json
 from slurm_multi.words import is_host, is_job_id, is_token
 
@@ -266,15 +267,19 @@ def judge_cmd(
 @click.argument("reason")
 def record_cmd(file: str, host: str, exit_code: int, reason: str) -> None:
     """Write FILE (node_<rank>/fitness-cmd.json): how --fitness-cmd ended on HOST (REASON: why it
-    failed, or empty). The batch step's judge reads it.
+    failed, or empty), and print the reason as it was stored: the log filter's secrets masked, on
+    one line, control characters escaped, cut to fit. The batch step's judge reads it.
 
     \b
     Example: slurm-multi fitness record-cmd node_2/fitness-cmd.json node3 1 "exited 1: no IB link"
     """
+    stored = reason_line(reason, MAX_REASON) if reason else ""
     try:
-        write_cmd_record(file, host, exit_code, reason)
+        write_cmd_record(file, host, exit_code, stored)
     except OSError as exc:
         raise HelperError(f"{AREA}: cannot write {file} ({describe(exc)})", EXIT_FAILURE) from None
+    if stored:
+        click.echo(stored)
 
 
 def job_hosts(jobdir: str, nnodes: int) -> list[str] | None:

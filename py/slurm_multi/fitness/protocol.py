@@ -44,7 +44,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from slurm_multi import auth
-from slurm_multi.logline import short
+from slurm_multi.logline import escaped, short
 from slurm_multi.words import is_count, is_decimal, is_host, is_rank
 
 MIB, GIB = 1 << 20, 1 << 30
@@ -77,8 +77,8 @@ def ports_text(ports: Sequence[int]) -> str:
 
 
 def one_line(text: str, limit: int = MAX_REASON) -> str:
-    """Free text as one bounded line (a reason, a verdict)."""
-    text = " ".join(str(text).split())
+    """Free text as one bounded line (a reason, a verdict), control characters escaped."""
+    text = escaped(" ".join(str(text).split()))
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
