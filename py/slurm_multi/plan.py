@@ -345,7 +345,7 @@ def _quarantine(state_dir: str, node_list: str, batch_args: bool, dry: bool) -> 
         found = quarantine.in_allocation(state_dir, node_list.split())
     except quarantine.QuarantineError as exc:
         return [], str(exc)
-    return [f"{e.node}\t{e.reason}\t{e.job}\t{e.expires_iso}" for e in found], ""
+    return [entry.check_line() for entry in found], ""
 
 
 def _emit(path: str | None, text: str) -> None:
