@@ -215,7 +215,7 @@ node::stage_prepare() {
 
 # node::stage_fitness: before any image moves, every node checks itself (the container runtime
 # answers, free disk where the image and the outputs land, GPUs free of other jobs' processes) and
-# the network between the nodes (each reaches every other on the job's fitness port, a bandwidth
+# the network between the nodes (each reaches every other on the job's fitness ports, a bandwidth
 # probe along the ring, the clocks), in one helper (`slurm-multi fitness run`). Every node
 # learns every other's verdict, so a bad node stops all of them here, in seconds, each naming it;
 # the batch step judges the fitness.json files, requeues without the node or fails (lib/job.sh).

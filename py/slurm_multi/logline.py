@@ -6,6 +6,8 @@ import os
 import sys
 import time
 
+from slurm_multi.secret_rule import masked
+
 
 def escaped(text: str) -> str:
     """`text` safe for a terminal and for a line of fields: every character str.isprintable() refuses
@@ -20,8 +22,10 @@ def escaped(text: str) -> str:
 
 
 def short(text: str, limit: int = 240) -> str:
-    """A log excerpt safe for a terminal (`escaped`), at most `limit` characters."""
-    text = escaped(text.strip())
+    """A log excerpt safe for a terminal (`escaped`) and for a log: the log filter's secrets masked
+    before it is cut (secret_rule.masked: a secret cut in half would pass the filter later), at most
+    `limit` characters."""
+    text = escaped(masked(text.strip()))
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

@@ -67,10 +67,28 @@ def masked(text: str, env: Mapping[str, str] | None = None) -> str:
     shows of text it did not write (a command's output, a reason) passes here before it is cut:
     a secret cut in half would pass the filter later."""
     env = os.environ if env is None else env
-    secrets = set(secret_values(env))
+    secrets = secret_values(env)
     if env.get(SECRETS_FILE_ENV):
-        secrets.update(read_secrets_file(env[SECRETS_FILE_ENV]))
-    return redact(text, sorted(secrets, key=len, reverse=True))
+        listed = _listed_secrets(env[SECRETS_FILE_ENV])
+        if listed:
+            secrets = sorted(set(secrets) | set(listed), key=len, reverse=True)
+    return redact(text, secrets) if secrets else text
+
+
+_LISTED: dict[str, tuple[tuple[float, int], list[str]]] = {}  # path -> ((mtime, size), its values)
+
+
+def _listed_secrets(path: str) -> list[str]:
+    """read_secrets_file, read again only when the file changed (a stat per call)."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return []
+    stamp = (info.st_mtime, info.st_size)
+    known = _LISTED.get(path)
+    if known is None or known[0] != stamp:
+        known = _LISTED[path] = (stamp, read_secrets_file(path))
+    return known[1]
 
 
 SECRETS_FILE_ENV = "SM_SECRETS_FILE"  # the node task's secrets list (lib/node.sh exports it)

@@ -47,3 +47,14 @@ def test_a_line_names_slurm_s_node_else_the_host_name(monkeypatch: pytest.Monkey
     assert capsys.readouterr().err.endswith(f" {socket.gethostname()} r3 area: said\n")
     monkeypatch.setenv("SLURMD_NODENAME", "node7")
     assert this_host() == "node7"
+
+
+def test_an_excerpt_is_masked_before_it_is_cut(monkeypatch: pytest.MonkeyPatch, tmp_path):
+    # Cut first, a secret across the cut left its first half for the log filter to miss.
+    secret = "hf_" + "0123456789abcdef" * 3
+    monkeypatch.setenv("HF_TOKEN", secret)
+    assert short("x" * 230 + secret, 240) == "x" * 230 + "***"
+    listed = tmp_path / "secrets"  # a node's list of the manifest's literal secrets
+    listed.write_text("literal-from-manifest\n")
+    monkeypatch.setenv("SM_SECRETS_FILE", str(listed))
+    assert short("pw literal-from-manifest", 40) == "pw ***"
