@@ -599,8 +599,8 @@ def judge_job(jobdir: str, nodes: Sequence[str], slow_factor: float = DEFAULT_SL
     if any(ok for ok, _ in cmds.values()):
         own.update({i: why for i, (ok, why) in cmds.items() if not ok and i not in own})
 
-    def own_entry(i: int) -> dict[str, Any]:
-        return {"rank": i, "host": nodes[i], "reason": own[i], "evidence": LOCAL}
+    def own_entry(i: int) -> dict[str, Any]:  # (a file's reason: one line, nothing raw)
+        return {"rank": i, "host": nodes[i], "reason": one_line(own[i], 2 * MAX_REASON), "evidence": LOCAL}
 
     if not any(reports):
         return [own_entry(i) for i in sorted(own)]
