@@ -180,7 +180,7 @@ requeued_without_bad() {
   ports=$("${REPO_ROOT}/tests/cluster/exec" node2 env PYTHONPATH="${REPO_ROOT}/py" "${SM_PYTHON}" -c \
     'import sys; from slurm_multi.fitness.cli import job_ports; print(*job_ports("", "29500", sys.argv[1]))' "${JOB_ID}")
   read -r port next _ <<<"${ports}"
-  "${REPO_ROOT}/tests/cluster/exec" node2 runuser -u nobody -- python3 -c '
+  "${REPO_ROOT}/tests/cluster/exec" node2 runuser -u nobody -- python3 -I -c '
 import os, socket, sys, time
 s = socket.socket()
 s.bind(("0.0.0.0", int(sys.argv[1])))
