@@ -140,9 +140,10 @@ def test_the_batch_steps_judge_never_names_a_node_for_a_port_another_process_hol
 
     job = tmp_path / "job"
     for rank in range(3):
-        report = view(
-            rank, 3, reached=[q for q in (0, 2) if q != rank], heard=[q for q in range(3) if q != rank]
-        )
+        # rank 1 listened nowhere: nobody reached it and it heard nobody; its HELLO reached both
+        reached = [q for q in range(3) if q != rank] if rank == 1 else [q for q in (0, 2) if q != rank]
+        heard = [] if rank == 1 else [q for q in range(3) if q != rank]
+        report = view(rank, 3, reached=reached, heard=heard)
         if rank == 1:
             report["checks"]["network"].update(listening=False, port=None, ports_taken=[20001])
         else:
