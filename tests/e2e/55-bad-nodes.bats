@@ -175,7 +175,7 @@ requeued_without_bad() {
   # The port is a function of MASTER_PORT and the job ID: anybody can work it out and hold it before
   # the job starts (here `nobody` on node2, for the ID of the job submitted held). It made node2 a
   # bad node (`port ... is already in use on this node`), and quarantined it for 24 h.
-  e2e::submit_job -N3 -w "node1,node2,${BAD}" -H -- "${ARGS[@]}" --on-bad-node requeue
+  e2e::submit_job -N3 -w "node1,node2,${BAD}" -H -- "${ARGS[@]}"
   local ports port next pidfile=${BATS_TEST_TMPDIR}/squatter.pid
   ports=$("${REPO_ROOT}/tests/cluster/exec" node2 env PYTHONPATH="${REPO_ROOT}/py" "${SM_PYTHON}" -c \
     'import sys; from slurm_multi.fitness.cli import job_ports; print(*job_ports("", "29500", sys.argv[1]))' "${JOB_ID}")
