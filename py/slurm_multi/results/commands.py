@@ -199,8 +199,10 @@ def run_collect(
         talk(AREA, f"bad nodes: no rows appended to {perf_csv} (the job is to be requeued without them)")
     elif perf_csv is not None:
         from slurm_multi.results.perfcsv import append_perf_csv
+        from slurm_multi.results.stagehistory import stage_record
 
-        done = append_perf_csv(perf_csv, summary.perf_header, summary.perf_rows)
+        stages = stage_record(summary.job_id, summary.model, summary.verdict, summary.nodes)
+        done = append_perf_csv(perf_csv, summary.perf_header, summary.perf_rows, stages=stages)
         grown = f"; new columns: {', '.join(done.new_columns)}" if done.new_columns else ""
         verb = "created" if done.created else "appended to"
         talk(AREA, f"{done.rows} rows {verb} {done.path}{grown}; this run's rows: {done.entry}")
