@@ -297,3 +297,22 @@ def test_ticks_are_round_numbers_over_the_wall_time():
     assert ticks(10) == [0, 2, 4, 6, 8, 10]
     assert ticks(96.5)[:3] == [0, 20, 40]
     assert ticks(0) == [0.0]
+
+
+# ----------------------------------------------------------------------------- bin/sm-collect's --page
+
+
+def test_collect_with_page_writes_the_page_after_the_verdict_and_its_failure_is_only_a_warning(
+    tmp_path: Path,
+):
+    jobdir = Path(shutil.copytree(PRIMUS_JOB, tmp_path / "4711"))
+    result = CliRunner().invoke(group, ["results", "collect", str(jobdir), "--page"])
+    assert result.exit_code == 0, result.output
+    assert Dom((jobdir / "report.html").read_text()).by_id["verdict"] == "SUCCESS"
+    assert result.stderr.index("results: job 4711") < result.stderr.index("report: page: ")  # the table first
+    (jobdir / "report.html").unlink()
+    (jobdir / "report.html").mkdir()  # a page that cannot be written
+    result = CliRunner().invoke(group, ["results", "collect", str(jobdir), "--page"])
+    assert result.exit_code == 0  # still the verdict's
+    assert "slurm-multi: report: cannot write" in result.stderr
+    assert "warning: the job's page (report.html) not written (see above)" in result.stderr

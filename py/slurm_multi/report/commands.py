@@ -5,12 +5,13 @@ collect writes (no summary.json, a file that is not a perf.csv)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
 import click
 
-from slurm_multi.common import talk, usage_error
+from slurm_multi.common import HelperError, internal_error, talk, usage_error
 from slurm_multi.report.page import AREA
 
 MAX_TALKED = 20  # warnings on stderr; the page lists them all
@@ -21,6 +22,32 @@ def talk_warnings(warnings: Sequence[str]) -> None:
         talk(AREA, f"warning: {warning}")
     if len(warnings) > MAX_TALKED:
         talk(AREA, f"warning: +{len(warnings) - MAX_TALKED} more (the page lists them)")
+
+
+def write_job(jobdir: Path, out: Path | None = None) -> Path:
+    """The job's page, what it could not read and where it is said on stderr; its path."""
+    from slurm_multi.report.jobpage import write_job_page
+
+    path, data = write_job_page(jobdir, out)
+    talk_warnings(data.problems)
+    talk(AREA, f"page: {path} ({_size(path)}); open it in a browser")
+    return path
+
+
+def job_page_or_warn(jobdir: Path) -> None:
+    """The job's page for `results collect --page` (bin/sm-collect): its failure is its own one
+    line, then a warning, never the caller's exit status."""
+    try:
+        write_job(jobdir)
+    except HelperError as exc:
+        exc.show()
+    except Exception as exc:  # a bug of ours: one line, as every helper says one (SM_DEBUG=1: the traceback)
+        if os.environ.get("SM_DEBUG") == "1":
+            raise
+        internal_error(exc)
+    else:
+        return
+    talk(AREA, "warning: the job's page (report.html) not written (see above)")
 
 
 def _size(path: Path) -> str:
@@ -74,11 +101,7 @@ def cli(jobdir: str | None, perf_csv: str | None, regression_pct: float | None, 
     if perf_csv is None and regression_pct is not None:
         raise usage_error(f"{AREA}: --regression-pct is for --history PERF_CSV")
     if jobdir is not None:
-        from slurm_multi.report.jobpage import write_job_page
-
-        path, data = write_job_page(Path(jobdir), Path(out) if out else None)
-        talk_warnings(data.problems)
-        talk(AREA, f"page: {path} ({_size(path)}); open it in a browser")
+        write_job(Path(jobdir), Path(out) if out else None)
         return
     from slurm_multi.report.history import DEFAULT_REGRESSION_PCT
     from slurm_multi.report.historypage import write_history_page
