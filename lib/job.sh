@@ -303,7 +303,7 @@ job::teardown() {
   fi
   # The job's page (report.html) from what collect wrote, once the verdict is said and every node is
   # done: information for a person, so its failure is a warning, never the job's exit. It starts
-  # cold, as collect does (~0.08 s: less than the 0.1 s a warm start is for; `make bench`'s row).
+  # cold, as collect does: ~0.09 s, of which the page itself is ~1 ms (`make bench`'s report row).
   if [[ -f ${SM_JOBDIR}/summary.json ]]; then
     util::sm_logged multi report "${SM_JOBDIR}" ||
       log::warn multi "the job's page (report.html) not written: ${UTIL_ERROR}"
