@@ -31,7 +31,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
     "report": (
         "slurm_multi.report.commands:cli",
-        "Write a job's page (JOBDIR/report.html) or the page across runs (--history PERF_CSV).",
+        "Write a job's page (report.html) or the page across runs.",
     ),
     "reports": (
         "slurm_multi.reports_cli:cli",
