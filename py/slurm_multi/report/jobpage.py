@@ -72,11 +72,6 @@ def _inside(data: JobData, text: str) -> str | None:
         return None
 
 
-def _path_cell(data: JobData, text: str) -> str:
-    relative = _inside(data, text) if text else None
-    return tag("td", data.link(relative, text) if relative and data.present(relative) else esc(text))
-
-
 # ----------------------------------------------------------------------------- sections
 
 
