@@ -159,7 +159,7 @@ def analyse_group(frame: Any, threshold: float, lower_is_better: bool) -> Any:
     runs["median_before"] = runs["value"].expanding(min_periods=1).median().shift(1)
     runs["change_pct"] = [_change(v, b) for v, b in zip(runs["value"], runs["median_before"])]
     worse = runs["change_pct"] > threshold if lower_is_better else runs["change_pct"] < -threshold
-    runs["regression"] = worse.fillna(False).astype(bool)
+    runs["regression"] = worse.astype(bool)  # a change that is NaN compares False: never flagged
     return runs
 
 
