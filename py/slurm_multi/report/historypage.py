@@ -65,6 +65,13 @@ def _png(figure: Any) -> bytes:
     return buffer.getvalue()
 
 
+def _whole_runs(axes: Any) -> None:
+    """Runs are counted: ticks at whole numbers only."""
+    from matplotlib.ticker import MaxNLocator
+
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def group_plot(group: Group, threshold: float) -> bytes:
     """The configuration's value per run, the median of the earlier runs, regressions in red."""
     runs = group.runs
@@ -111,6 +118,7 @@ def group_plot(group: Group, threshold: float) -> bytes:
         )
     axes.set_title(group.label[:120], fontsize=8, loc="left")
     axes.set_xlabel("run (in perf.csv order)", fontsize=8)
+    _whole_runs(axes)
     axes.tick_params(labelsize=7)
     axes.grid(linestyle=":", linewidth=0.5)
     axes.legend(fontsize=7, loc="best", frameon=False)
@@ -146,6 +154,7 @@ def stages_plot(stages: NodeStages) -> bytes:
                 label=str(node),
             )
         axes.set_title(f"{stage} (s)", fontsize=8, loc="left")
+        _whole_runs(axes)
         axes.tick_params(labelsize=7)
         axes.grid(linestyle=":", linewidth=0.5)
         axes.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
