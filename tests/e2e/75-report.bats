@@ -131,3 +131,18 @@ PY
   run grep -c -E '<script|src="https?:|href="https?:' "${shared}/perf_history.html"
   assert_output 0
 }
+
+@test "a job with no manifest: collect writes its page in its own process (no helper of its own)" {
+  e2e::run_job -N2 -- --image toy/model:local --image-cache "${E2E_CACHE}" -- sh run.sh --steps 2
+  assert_equal "${JOB_RC}" 0
+  assert_file_exists "${JOB_DIR}/report.html"
+  run grep -F "report: page: ${JOB_DIR}/report.html" "${JOB_OUT}"
+  assert_success
+  # One writer: collect's call says it; no `slurm-multi report` helper ran.
+  run grep -E "bin/slurm-multi (report|results mad-outputs)" "${JOB_OUT}"
+  assert_failure
+  run grep -E "bin/slurm-multi results collect .*--page" "${JOB_OUT}"
+  assert_success
+  report::open "${JOB_DIR}/report.html" plain-job
+  assert_equal "$(report::dom plain-job id verdict)" SUCCESS
+}

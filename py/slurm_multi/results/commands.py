@@ -268,7 +268,11 @@ def page_or_warn(jobdir: Path) -> None:
 @click.option("--no-perf-csv-on-bad-nodes", "hold", is_flag=True,
               help="With --perf-csv: write nothing beside it when summary.json names bad nodes (as "
               "collect's option of the same name, which then appended nothing).")  # fmt: skip
-def mad_outputs_command(jobdir: str, perf_csv: str | None, hold: bool) -> None:
+@click.option("--page", is_flag=True,
+              help="Then write the job's page JOBDIR/report.html, as `slurm-multi report JOBDIR` does; "
+              "its failure is a warning (a manifest job's batch step: the page after madengine's "
+              "files).")  # fmt: skip
+def mad_outputs_command(jobdir: str, perf_csv: str | None, hold: bool, page: bool) -> None:
     """Write madengine's perf_entry.json/.csv, perf_super.json/.csv and perf_entry_super.json/.csv into
     a collected JOBDIR, from its perf.csv, summary.json and job.json.
 
@@ -281,4 +285,8 @@ def mad_outputs_command(jobdir: str, perf_csv: str | None, hold: bool) -> None:
     """
     from slurm_multi.results.madoutputs import mad_outputs
 
-    mad_outputs(Path(jobdir), perf_csv, hold)
+    try:
+        mad_outputs(Path(jobdir), perf_csv, hold)
+    finally:
+        if page:
+            page_or_warn(Path(jobdir))
