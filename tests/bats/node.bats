@@ -463,6 +463,7 @@ with_run_lib() {
   # fitness-cmd.log, fitness-cmd.json and status.json (and the quarantine), and `cut -c1-200` before
   # the mask left half of one that straddled the cut.
   export HF_TOKEN=hf_0123456789abcdefghijSECRET
+  # shellcheck disable=SC2016 # the command expands it, not this shell
   SM_RUNTIME=none SM_HANG_TIMEOUT=0 SM_FITNESS_CMD='echo "token is $HF_TOKEN"; printf "%0190d%s\n" 0 "$HF_TOKEN"; exit 3' \
     run "${REPO_ROOT}/bin/sm-node" --jobdir "${SM_JOBDIR}" -- sh -c 'echo ran'
   assert_failure
