@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -64,4 +65,22 @@ def internal_error(exc: BaseException) -> int:
     return EXIT_FAILURE
 
 
-from slurm_multi.logline import talk  # noqa: E402,F401 - one logger; re-exported for the helpers
+from slurm_multi.logline import talk  # noqa: E402 - one logger; re-exported for the helpers
+
+
+def run_or_warn(area: str, what: str, step: Callable[[], object]) -> bool:
+    """A step after the caller's own work (collect's madengine files, the job's page): its failure is
+    its own one line, then `AREA: warning: WHAT not written (see above)`, never the caller's exit
+    status. SM_DEBUG=1 lets a bug of ours raise with its traceback. True when the step ran."""
+    try:
+        step()
+    except HelperError as exc:
+        exc.show()
+    except Exception as exc:  # a bug of ours: one line, as every helper says one
+        if os.environ.get("SM_DEBUG") == "1":
+            raise
+        internal_error(exc)
+    else:
+        return True
+    talk(area, f"warning: {what} not written (see above)")
+    return False

@@ -2,7 +2,7 @@
 # The pages a person reads, from real jobs, opened in a real browser (Debian's chromium, headless):
 # the job page the batch step writes after the verdict (here a FAILURE with a hang), and the page
 # across runs of a shared perf.csv with a regression planted in its last run. The DOM is read as the
-# browser built it (tests/e2e/report_dom.py) and a screenshot of each page is kept: in
+# browser built it (tests/py/report_dom.py) and a screenshot of each page is kept: in
 # E2E_SCREENSHOTS when set, else in this file's output dir (its path is printed).
 
 load helpers
@@ -37,7 +37,7 @@ report::open() {
 
 # report::dom NAME id|class WHAT: the text of that element (or of each element of that class).
 report::dom() {
-  "${SM_PYTHON}" "${REPO_ROOT}/tests/e2e/report_dom.py" "${BATS_TEST_TMPDIR}/$1.dom" "${@:2}"
+  "${SM_PYTHON}" "${REPO_ROOT}/tests/py/report_dom.py" "${BATS_TEST_TMPDIR}/$1.dom" "${@:2}"
 }
 
 # report::manifest PCT: the toy manifest (absolute paths) with TOY_THROUGHPUT_PCT=PCT in the

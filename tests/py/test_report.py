@@ -10,12 +10,12 @@ import shutil
 import subprocess
 import sys
 import time
-from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
+from report_dom import Dom
 from slurm_multi import attempts
 from slurm_multi.cli import group
 from slurm_multi.report.jobpage import section_names
@@ -27,45 +27,6 @@ from test_results_profile import flush_record, profiled_job
 
 REPO = Path(__file__).resolve().parents[2]
 PRIMUS_JOB = REPO / "tests" / "py" / "data" / "results" / "jobs" / "primus_2node"
-
-
-class Dom(HTMLParser):
-    """Each element's text by id, the texts of elements by class, every href/src, every tag name."""
-
-    VOID = {"meta", "img", "br", "hr", "input", "link"}
-
-    def __init__(self, text: str) -> None:
-        super().__init__()
-        self.by_id: dict[str, str] = {}
-        self.by_class: dict[str, list[str]] = {}
-        self.refs: list[str] = []
-        self.tags: set[str] = set()
-        self.open: list[tuple[str, str | None, list[str], list[str]]] = []
-        self.feed(text)
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        found = dict(attrs)
-        self.tags.add(tag)
-        self.refs += [v for k, v in attrs if k in ("href", "src") and v is not None]
-        if tag not in self.VOID:
-            self.open.append((tag, found.get("id"), (found.get("class") or "").split(), []))
-
-    def handle_endtag(self, tag: str) -> None:
-        while self.open:
-            name, id_, classes, parts = self.open.pop()
-            text = "".join(parts)
-            if self.open:
-                self.open[-1][3].append(text)
-            if id_:
-                self.by_id[id_] = text
-            for c in classes:
-                self.by_class.setdefault(c, []).append(text)
-            if name == tag:
-                break
-
-    def handle_data(self, data: str) -> None:
-        if self.open:
-            self.open[-1][3].append(data)
 
 
 def report(*args: str):

@@ -5,13 +5,12 @@ collect writes (no summary.json, a file that is not a perf.csv)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
 import click
 
-from slurm_multi.common import HelperError, internal_error, talk, usage_error
+from slurm_multi.common import run_or_warn, talk, usage_error
 from slurm_multi.report.page import AREA
 
 MAX_TALKED = 20  # warnings on stderr; the page lists them all
@@ -37,17 +36,7 @@ def write_job(jobdir: Path, out: Path | None = None) -> Path:
 def job_page_or_warn(jobdir: Path) -> None:
     """The job's page for `results collect --page` (bin/sm-collect): its failure is its own one
     line, then a warning, never the caller's exit status."""
-    try:
-        write_job(jobdir)
-    except HelperError as exc:
-        exc.show()
-    except Exception as exc:  # a bug of ours: one line, as every helper says one (SM_DEBUG=1: the traceback)
-        if os.environ.get("SM_DEBUG") == "1":
-            raise
-        internal_error(exc)
-    else:
-        return
-    talk(AREA, "warning: the job's page (report.html) not written (see above)")
+    run_or_warn(AREA, "the job's page (report.html)", lambda: write_job(jobdir))
 
 
 def _size(path: Path) -> str:

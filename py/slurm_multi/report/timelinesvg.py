@@ -187,7 +187,7 @@ def timeline_svg(timeline: dict[str, Any]) -> str:
             )
     _legend(canvas, names, len(drawn) + 2)
     return (
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{canvas.height + 4}" '
+        f'<svg width="{WIDTH}" height="{canvas.height + 4}" '
         f'viewBox="0 0 {WIDTH} {canvas.height + 4}" font-family="sans-serif" role="img" '
         'aria-label="timeline: one lane per node">\n' + "\n".join(canvas.shapes) + "\n</svg>"
     )

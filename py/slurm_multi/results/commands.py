@@ -6,7 +6,6 @@ FAILURE, 2 usage / bad input file, 3 the --perf-csv lock stayed taken); `run_col
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Any
 import click
 
 from slurm_multi import EXIT_FAILURE, EXIT_OK
-from slurm_multi.common import HelperError, internal_error, talk, usage_error
+from slurm_multi.common import HelperError, run_or_warn, talk, usage_error
 from slurm_multi.results.collect import collect
 from slurm_multi.results.logscan import compile_patterns
 from slurm_multi.results.pick import no_candidate_message, pick_best
@@ -240,17 +239,10 @@ def mad_outputs_or_warn(jobdir: Path, perf_csv: str | None, hold_perf_csv: bool)
     failure is its own one line, then a warning: never collect's exit status."""
     from slurm_multi.results.madoutputs import mad_outputs
 
-    try:
-        mad_outputs(jobdir, perf_csv, hold_perf_csv)
-    except HelperError as exc:
-        exc.show()
-    except Exception as exc:  # a bug of ours: one line, as every helper says one (SM_DEBUG=1: the traceback)
-        if os.environ.get("SM_DEBUG") == "1":
-            raise
-        internal_error(exc)
-    else:
-        return
-    talk("collect", "warning: madengine's perf_entry/perf_super files not written (see above)")
+    run_or_warn(
+        "collect", "madengine's perf_entry/perf_super files",
+        lambda: mad_outputs(jobdir, perf_csv, hold_perf_csv),
+    )  # fmt: skip
 
 
 def page_or_warn(jobdir: Path) -> None:

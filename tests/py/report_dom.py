@@ -1,5 +1,6 @@
 """Read a page's DOM as a browser dumped it (`chromium --headless --dump-dom`): the text of the
 element with an id, or of every element with a class, one per line (tests/e2e/75-report.bats).
+The same reader of the page as tests/py/test_report.py's (`Dom(text)`).
 
     report_dom.py DOM_FILE id verdict
     report_dom.py DOM_FILE class reason
@@ -15,16 +16,22 @@ VOID = {"meta", "img", "br", "hr", "input", "link", "source", "wbr", "area", "ba
 
 
 class Dom(HTMLParser):
-    def __init__(self) -> None:
+    """Each element's text by id, the texts of elements by class, every href/src, every tag name."""
+
+    def __init__(self, text: str) -> None:
         super().__init__()
         self.by_id: dict[str, str] = {}
         self.by_class: dict[str, list[str]] = {}
+        self.refs: list[str] = []
         self.tags: set[str] = set()
         self.open: list[tuple[str, str | None, list[str], list[str]]] = []
+        self.feed(text)
+        self.close()
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         found = dict(attrs)
         self.tags.add(tag)
+        self.refs += [v for k, v in attrs if k in ("href", "src") and v is not None]
         if tag not in VOID:
             self.open.append((tag, found.get("id"), (found.get("class") or "").split(), []))
 
@@ -50,10 +57,8 @@ def main(argv: list[str]) -> int:
     if len(argv) < 2 or argv[1] not in ("id", "class", "tags") or (argv[1] != "tags" and len(argv) != 3):
         print(__doc__, file=sys.stderr)
         return 2
-    dom = Dom()
     with open(argv[0], encoding="utf-8") as handle:
-        dom.feed(handle.read())
-    dom.close()
+        dom = Dom(handle.read())
     if argv[1] == "tags":
         print("\n".join(sorted(dom.tags)))
     elif argv[1] == "id":
