@@ -1,0 +1,51 @@
+"""The nodes lost or failed during the run: bad nodes, as the fitness stage's are (collect judges both).
+
+A node is bad for what happened during the run when
+- the batch step lost it (slurm_multi.lost: Slurm reported it dead, it went silent on the
+  network, or a rank's task vanished without a status where the reaper could not reach it):
+  "lost during the run: <how>";
+- one of its ranks named its own node's fault (status.json `node_fault`, slurm_multi.nodefault:
+  its docker engine stopped answering, its local disk or its clock failed): that fault.
+
+A hang inside the workload, a workload's own exit, a rank stopped because a peer failed: none of
+them is a node's fault; its rank fails the job and no node is bad. Each bad node is
+{"rank": <the node's index>, "node": <host>, "cause": "run", "reason": <one line>}, the fitness
+judge's shape with the cause that the batch step's requeue records (slurm_multi.attempts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from slurm_multi import lost
+from slurm_multi.results.jobdir import NodeReport
+
+CAUSE = "run"
+
+
+def judge_run(
+    root: Path, nodes: Sequence[NodeReport], hosts: Sequence[str], tasks_per_node: int = 1
+) -> list[dict[str, Any]]:
+    """The bad nodes of this attempt's run, in node order, each once (its first reason)."""
+    per = max(tasks_per_node, 1)
+    found: dict[str, tuple[int, str]] = {}
+
+    def name(node: str, index: int, reason: str) -> None:
+        if node and node not in found:
+            found[node] = (index, " ".join(reason.split()))
+
+    for host, entry in lost.read(str(root)).items():
+        ranks = entry.get("ranks") if isinstance(entry.get("ranks"), list) else []
+        index = list(hosts).index(host) if host in hosts else (int(ranks[0]) // per if ranks else 0)
+        name(host, index, f"lost during the run: {entry.get('reason') or 'no reason recorded'}")
+    for node in sorted(nodes, key=lambda n: n.rank):
+        if node.node_fault:
+            index = node.rank // per
+            host = hosts[index] if index < len(hosts) and hosts[index] else node.node
+            name(node.node or host, index, node.node_fault)
+    return [
+        {"rank": index, "node": node, "cause": CAUSE, "reason": reason}
+        for node, (index, reason) in sorted(found.items(), key=lambda item: item[1][0])
+    ]
