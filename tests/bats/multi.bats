@@ -301,3 +301,65 @@ SCRIPT
   assert_output --partial "requeue_without returned 1"
   refute_output --partial "scontrol update"
 }
+
+# bad_nodes::take FILE_TEXT [JUDGE]: job::bad_nodes_from on collect's --bad-nodes file holding
+# FILE_TEXT (or, with JUDGE, the fitness judge's lines without collect), then job::on_bad_nodes with
+# --on-bad-node requeue; the quarantine and the requeue are recorded, not done.
+bad_nodes::take() {
+  printf '%b' "$1" >bad-nodes
+  cat >batch.sh <<SCRIPT
+for lib in log util settings teardown launch job slurm; do source "${REPO_ROOT}/lib/\${lib}.sh"; done
+SM_JOBDIR=${BATS_TEST_TMPDIR}/job SLURM_JOB_ID=77 SM_STATE_DIR=${BATS_TEST_TMPDIR}/state SM_QUARANTINE_HOURS=24
+SM_ON_BAD_NODE=requeue SM_FITNESS=on JOB_NODES=(node1 node2 node3)
+util::sm() { [[ \$1 == fitness ]] && { cat ${BATS_TEST_TMPDIR}/bad-nodes; return 0; }; echo "util::sm \$*"; }
+job::requeue_without() { echo "requeue without \${JOB_BAD_NODES[*]%%\$'\t'*}, cause \$1"; }
+if [[ -n "${2:-}" ]]; then job::judge_fitness; else job::bad_nodes_from bad-nodes; fi && job::on_bad_nodes
+SCRIPT
+  bash batch.sh 2>&1
+}
+
+@test "a node lost during the run (collect's cause run) is quarantined with its reason and the job requeued for run" {
+  run bad_nodes::take '1\tnode2\trun\tlost during the run: node2 stopped answering on the network\n'
+  assert_output --partial "bad node node2 (rank 1, run): lost during the run: node2 stopped answering on the network"
+  assert_output --partial "util::sm quarantine add --quiet --state-dir ${BATS_TEST_TMPDIR}/state --job 77 --hours 24 --reason lost during the run: node2 stopped answering on the network -- node2"
+  assert_output --partial "requeue without node2, cause run"
+  # The fitness stage's, from collect (with its cause) or from the judge alone (without one): fitness.
+  run bad_nodes::take '2\tnode3\tfitness\tdocker engine did not answer\n'
+  assert_output --partial "requeue without node3, cause fitness"
+  run bad_nodes::take '2\tnode3\tdocker engine did not answer\n' judge
+  assert_output --partial "bad node node3 (rank 2, fitness): docker engine did not answer"
+  assert_output --partial "requeue without node3, cause fitness"
+}
+
+@test "the attempt a workload is in: SM_ATTEMPT is Slurm's restart count + 1, in the job and in its dry run" {
+  run bash -c "source ${REPO_ROOT}/lib/job.sh; job::export_attempt; echo \${SM_ATTEMPT}"
+  assert_output 1
+  run env SLURM_RESTART_COUNT=2 bash -c "source ${REPO_ROOT}/lib/job.sh; job::export_attempt; echo \${SM_ATTEMPT}"
+  assert_output 3
+  run bash "${REPO_ROOT}/sbatch/multi.sbatch" --dry-run -N 2 --image toy/model:local -- true
+  assert_success
+  assert_output --partial "-e SM_ATTEMPT=1 "
+}
+
+# teardown::vanished SIGNAL: the teardown's mark-lost calls after a reaper that left a rank unstaged
+# (no collect); with SIGNAL, a signal came first.
+teardown::vanished() {
+  cat >batch.sh <<SCRIPT
+for lib in log util settings teardown launch job slurm; do source "${REPO_ROOT}/lib/\${lib}.sh"; done
+SM_JOBDIR=${BATS_TEST_TMPDIR}/job SLURM_JOB_ID=77 SLURM_JOB_NUM_NODES=2 SM_COLLECT=0 SM_FITNESS=off SM_STOP_GRACE=1
+JOB_NODES=(node1 node2) ${1:+JOB_SIGNAL_AT=1}
+mkdir -p "\${SM_JOBDIR}/node_0" && echo '{}' >"\${SM_JOBDIR}/node_0/status.json"
+util::sm() { echo "util::sm \$*"; }
+job::reap() { JOB_REAPED=1; }
+job::teardown "normal end"
+SCRIPT
+  bash batch.sh 2>&1
+}
+
+@test "after the reaper ran on every node, a rank still without a status loses its node; not after a signal" {
+  run teardown::vanished
+  assert_line --regexp "^util::sm job mark-lost .* --not-responding --vanished$"
+  run teardown::vanished signal
+  refute_output --partial "--vanished"
+  assert_output --partial "--not-responding"
+}
