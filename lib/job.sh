@@ -136,16 +136,21 @@ job::stop_step() {
   if [[ ${SM_RUNTIME} == pyxis ]]; then
     # Not the sm-node step: each sm-node's srun of its rank would SIGKILL the rank (see above).
     # SIGTERM to the ranks' steps; each sm-node then stages its rank as it ends.
-    for step in $(job::rank_steps); do
-      log::cmd multi scancel --signal=TERM "${SLURM_JOB_ID}.${step}"
-      scancel --signal=TERM "${SLURM_JOB_ID}.${step}" 2>/dev/null || true
-    done
+    for step in $(job::rank_steps); do job::signal_step TERM "${step}"; done
     return 0
   fi
   step=$(job::step_id)
   [[ -n ${step} ]] || return 0
-  log::cmd multi scancel --signal=TERM "${SLURM_JOB_ID}.${step}"
-  scancel --signal=TERM "${SLURM_JOB_ID}.${step}" 2>/dev/null || true
+  job::signal_step TERM "${step}"
+}
+
+# job::signal_step SIGNAL STEP: scancel --signal=SIGNAL <job>.STEP, at most JOB_SCANCEL_WAIT s: the
+# signal reaches the live nodes at once, but scancel itself waits for every node of the step to
+# answer, MessageTimeout (10 s by default) for one that was lost, and the teardown has no time for it.
+JOB_SCANCEL_WAIT=3
+job::signal_step() {
+  log::cmd multi scancel --signal="$1" "${SLURM_JOB_ID}.$2"
+  timeout "${JOB_SCANCEL_WAIT}" scancel --signal="$1" "${SLURM_JOB_ID}.$2" 2>/dev/null || true
 }
 
 # job::reap: a node task that died without staging (SIGKILL, crash) left a container and outputs
@@ -440,13 +445,15 @@ job::requeue_without() {
   excluded=$(scontrol show job -o "${SLURM_JOB_ID}" 2>/dev/null | grep -o 'ExcNodeList=[^ ]*' | cut -d= -f2)
   [[ ${excluded} != "(null)" ]] || excluded=
   excluded=$({ [[ -z ${excluded} ]] || slurm::hostnames "${excluded}"; printf '%s\n' "${nodes[@]}"; } | sort -u | paste -sd, -)
-  job::keep_attempt "${attempt}" "${cause}" "${excluded}"
   log::info multi "requeueing job ${SLURM_JOB_ID} without ${nodes[*]} (excluded now: ${excluded}); attempt $((attempt + 2)) runs on other nodes"
   # The requeue signals this batch step: the calls below must still run.
   trap '' TERM INT
   local rc=0
   scontrol update "JobId=${SLURM_JOB_ID}" Requeue=1 && scontrol requeuehold "${SLURM_JOB_ID}" || rc=$?
   if ((rc == 0)); then
+    # Held now, not running again before it is released: this attempt's files move aside (only
+    # when Slurm took the requeue: a refused one leaves the job's own summary where it was).
+    job::keep_attempt "${attempt}" "${cause}" "${excluded}"
     scontrol update "JobId=${SLURM_JOB_ID}" "ExcNodeList=${excluded}" || rc=$?
     # Released whatever the update did: a job left held would never run.
     scontrol release "${SLURM_JOB_ID}" || rc=$?

@@ -49,7 +49,7 @@ teardown() {
 midrun::job_pids() {
   local p
   for p in $(ip netns pids "$(cluster::netns "${BAD}")" 2>/dev/null); do
-    tr '\0' '\n' <"/proc/${p}/environ" 2>/dev/null | grep -qx "SLURM_JOB_ID=$1" && echo "${p}"
+    tr '\0' '\n' 2>/dev/null <"/proc/${p}/environ" | grep -qx "SLURM_JOB_ID=$1" && echo "${p}"
   done
   return 0
 }
