@@ -363,3 +363,34 @@ SCRIPT
   refute_output --partial "--vanished"
   assert_output --partial "--not-responding"
 }
+
+@test "requeue: Slurm refusing it leaves this attempt's files where they are (the job's own verdict)" {
+  mkdir -p shim
+  printf '#!/bin/sh\necho "scontrol $*" >>%q\ncase "$1" in requeuehold) exit 1 ;; esac\n' "${BATS_TEST_TMPDIR}/scontrol.calls" >shim/scontrol
+  chmod +x shim/scontrol
+  cat >batch.sh <<SCRIPT
+for lib in log util settings teardown launch job slurm; do source "${REPO_ROOT}/lib/\${lib}.sh"; done
+SM_JOBDIR=${BATS_TEST_TMPDIR}/job SLURM_JOB_ID=77 SLURM_RESTART_COUNT=0 SM_MAX_REQUEUES=2
+job::keep_attempt() { echo "kept attempt \$1"; }
+JOB_BAD_NODES=(\$'node2\tlost during the run')
+job::requeue_without run
+echo "requeue_without returned \$?"
+SCRIPT
+  PATH="${BATS_TEST_TMPDIR}/shim:${PATH}" run bash batch.sh
+  assert_output --partial "Slurm refused the requeue of job 77"
+  assert_output --partial "requeue_without returned 1"
+  refute_output --partial "kept attempt"
+}
+
+@test "stopping the step waits at most 3 s for scancel, which waits on a lost node for MessageTimeout" {
+  mkdir -p shim
+  printf '#!/bin/sh\necho "scancel $*" >>%q\nexec sleep 30\n' "${BATS_TEST_TMPDIR}/scancel.calls" >shim/scancel
+  chmod +x shim/scancel
+  local started=${SECONDS}
+  PATH="${BATS_TEST_TMPDIR}/shim:${PATH}" run bash -c "for lib in log util settings teardown launch job slurm; do source ${REPO_ROOT}/lib/\${lib}.sh; done
+    SM_JOBDIR=${BATS_TEST_TMPDIR}/job SLURM_JOB_ID=77 SM_RUNTIME=docker JOB_STEP_ID=0; mkdir -p \${SM_JOBDIR}; job::stop_step test"
+  assert_success
+  assert [ $((SECONDS - started)) -le 6 ]
+  run cat scancel.calls
+  assert_output "scancel --signal=TERM 77.0"
+}
