@@ -7,6 +7,7 @@ JOB_STEP_ID=
 JOB_TEARDOWN_STARTED=0
 JOB_WATCH_STOPPED=0
 JOB_REAPED=0
+JOB_SCANCEL_WAIT=3 # seconds (job::signal_step)
 JOB_BAD_CAUSE=fitness
 
 # job::plan ARGS...: the one helper call that parses the batch step's ARGS and the environment
@@ -147,7 +148,6 @@ job::stop_step() {
 # job::signal_step SIGNAL STEP: scancel --signal=SIGNAL <job>.STEP, at most JOB_SCANCEL_WAIT s: the
 # signal reaches the live nodes at once, but scancel itself waits for every node of the step to
 # answer, MessageTimeout (10 s by default) for one that was lost, and the teardown has no time for it.
-JOB_SCANCEL_WAIT=3
 job::signal_step() {
   log::cmd multi scancel --signal="$1" "${SLURM_JOB_ID}.$2"
   timeout "${JOB_SCANCEL_WAIT}" scancel --signal="$1" "${SLURM_JOB_ID}.$2" 2>/dev/null || true
@@ -239,7 +239,8 @@ job::teardown() {
   # (scancel signals the watch helper too: it may be gone already)
   if [[ -n ${JOB_WATCH_PID:-} ]]; then kill -TERM "${JOB_WATCH_PID}" 2>/dev/null || true; fi
   if [[ -n ${JOB_SRUN_PID} ]] && kill -0 "${JOB_SRUN_PID}" 2>/dev/null; then
-    job::stop_step "${reason}"
+    # (Not twice: after the watch stopped the step, a second scancel would wait on the lost node again.)
+    ((JOB_WATCH_STOPPED)) || job::stop_step "${reason}"
     # Wait for the tasks, not for srun: after a cancel srun can sit for a minute waiting for the
     # step to be reaped, and Slurm's SIGKILL (KillWait after the SIGTERM) must not find us before
     # collect. Once every rank has staged (status.json), go on.
