@@ -1,7 +1,7 @@
 """Whether the batch host still reaches the job's other nodes on the network (the batch step's watch).
 
 A node whose network is gone is lost long before Slurm says so: slurmctld declares it DOWN only
-after SlurmdTimeout (300 s by default), and until then srun waits for its task for ever. So the
+after SlurmdTimeout (300 s by default), and until then srun waits for its task. So the
 watch dials every other node of the job, every few seconds, on the job's barrier port (derived from
 MASTER_PORT and the job ID: the window the nodes must already reach each other on; nobody listens
 there during the run). Any answer proves the node's network is up: an accepted connection, closed
