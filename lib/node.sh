@@ -803,6 +803,9 @@ node::remove_scratch() {
 node::stage_reap() {
   local name
   NODE_REAPING=1
+  # The reaper reached this node (the batch step tells a rank that vanished with its node from one
+  # whose reaper step never started: slurm_multi.watch mark_vanished).
+  timeline::event reap
   run::container_name name
   if [[ -f ${SM_NODE_DIR}/status.json ]]; then
     [[ ${SM_RUNTIME} != docker ]] || run::engine -q rm -f "${name}" >/dev/null || true

@@ -25,7 +25,7 @@ from typing import Any
 
 from slurm_multi import lost as lost_nodes
 from slurm_multi import statusfile
-from slurm_multi.events import node_stage, workload_started
+from slurm_multi.events import has_event, node_stage, workload_started
 from slurm_multi.logline import talk
 
 EXIT_STOP = 10  # `job watch`: a node failed and the peer grace is over: stop the step
@@ -118,12 +118,18 @@ def lose(jobdir: str, nodes: Sequence[str], tasks_per_node: int, node: str, how:
 
 
 def mark_vanished(jobdir: str, nodes: Sequence[str], tasks_per_node: int) -> list[tuple[str, str]]:
-    """The teardown's last word, after the reaper ran on every node: a rank that still has no
-    status.json vanished with its node (the reaper could not reach it). Its node is lost."""
+    """The teardown's last word, after the reaper step: a rank that still has no status.json, on a
+    node the reaper did not reach while it reached others (each node it reaches says so: a `reap`
+    event), vanished with its node: the node is lost. When the reaper reached no node (its step
+    never started: a node of it down), nothing is known and nobody is blamed."""
+    total = len(nodes) * tasks_per_node
+    reached = {r for r in range(total) if has_event(os.path.join(jobdir, f"node_{r}"), "reap")}
+    if not reached:
+        return []
     lost = []
     for index, node in enumerate(nodes):
         for rank in ranks_of(index, tasks_per_node):
-            if not statusfile.has_status(os.path.join(jobdir, f"node_{rank}")):
+            if rank not in reached and not statusfile.has_status(os.path.join(jobdir, f"node_{rank}")):
                 reason = vanished_reason(node, rank)
                 if lose(jobdir, nodes, tasks_per_node, node, "vanished", reason):
                     lost.append((node, reason))
@@ -273,7 +279,9 @@ def _watch(
 ) -> int:
     stop_at: float | None = None
     now = time.monotonic()
-    next_check, next_nodes, next_progress = now, now + node_check_every, now + progress_every
+    # The nodes are looked at once at the start: a node is judged silent only once it has answered
+    # the batch host (slurm_multi.reach), and a loss in the job's first seconds must count too.
+    next_check, next_nodes, next_progress = now, now, now + progress_every
     while _alive(srun_pid):
         ended(0.1)  # type: ignore[operator]
         now = time.monotonic()

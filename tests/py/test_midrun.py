@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from fake_engine import engine
-from slurm_multi import attempts, hangwatch, job, lost, nodefault, reach, statusfile, watch
+from slurm_multi import attempts, events, hangwatch, job, lost, nodefault, reach, statusfile, watch
 from slurm_multi.results.collect import collect
 from slurm_multi.results.jobdir import NodeReport
 from slurm_multi.results.midrun import judge_run
@@ -181,6 +181,27 @@ def test_the_watch_loses_a_node_silent_on_the_network_and_stops_the_others_after
         assert status is not None and status.exit_code == 137 and "stopped answering" in status.reason
     assert not (jobdir / "node_0").exists()
     assert "node2 stopped answering on the network" in capsys.readouterr().err
+
+
+def test_the_watch_dials_the_nodes_at_once_so_a_loss_in_the_first_seconds_counts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_scontrol(tmp_path, "'NodeName=node1 State=ALLOCATED' 'NodeName=node2 State=ALLOCATED'", monkeypatch)
+    monkeypatch.setattr(socket, "gethostname", lambda: "node1")
+    monkeypatch.setattr(reach, "resolve", lambda hosts, port: {h: ("10.0.0.2", port) for h in hosts})
+    dialled: list[float] = []
+    monkeypatch.setattr(
+        reach,
+        "dial_all",
+        lambda addresses: dialled.append(time.monotonic()) or dict.fromkeys(addresses, True),
+    )
+    step = subprocess.Popen(["sleep", "1"])
+    started = time.monotonic()
+    rc = watch.watch(str(tmp_path / "job"), ["node1", "node2"], 1, step.pid, peer_grace=5, progress_every=60,
+                     node_check_every=30, reach_port=12345)  # fmt: skip
+    assert rc == 0
+    step.wait()
+    assert dialled and dialled[0] - started < 0.5  # not a round's interval later: node2 answered once
 
 
 def test_the_watch_records_how_slurm_lost_a_node_and_the_teardown_stages_the_watchs_lost_nodes(
@@ -389,21 +410,27 @@ def test_with_several_ranks_per_node_the_bad_node_is_named_once_by_its_index(tmp
     ]
 
 
-def test_after_the_reaper_a_rank_without_a_status_loses_its_node_once(tmp_path: Path) -> None:
+def test_after_the_reaper_a_rank_without_a_status_on_a_node_it_did_not_reach_loses_that_node(
+    tmp_path: Path,
+) -> None:
     statusfile.write_status(str(tmp_path / "node_0" / "status.json"),
                             statusfile.status_document(0, "node1", 143, "", "", (), True))  # fmt: skip
-    result = CliRunner().invoke(
-        job.cli, ["mark-lost", "--jobdir", str(tmp_path), "--nodes", "node1 node2", "--tasks-per-node", "2",
-                  "--vanished"],
-    )  # fmt: skip
+    argv = ["mark-lost", "--jobdir", str(tmp_path), "--nodes", "node1 node2", "--tasks-per-node", "2",
+            "--vanished"]  # fmt: skip
+    # The reaper step never started (a node of it down): nothing is known, nobody is blamed.
+    result = CliRunner().invoke(job.cli, argv)
+    assert result.exit_code == 0 and lost.read(str(tmp_path)) == {}, result.output
+    # It reached node1 (its two ranks' `reap` events), not node2.
+    for rank in (0, 1):
+        (tmp_path / f"node_{rank}").mkdir(exist_ok=True)
+        assert events.write_event(str(tmp_path / f"node_{rank}"), "reap", 1.0, rank=rank, host="node1")
+    result = CliRunner().invoke(job.cli, argv)
     assert result.exit_code == 0, result.output
-    # node1's rank 1 and node2's ranks 2 and 3 never staged: each node is lost once, by its first.
-    assert {n: e["how"] for n, e in lost.read(str(tmp_path)).items()} == {
-        "node1": "vanished",
-        "node2": "vanished",
-    }
+    # node1's rank 1 has no status either, but the reaper reached node1: not lost. node2's ranks 2
+    # and 3: its node is lost, once, by its first rank.
+    assert {n: e["how"] for n, e in lost.read(str(tmp_path)).items()} == {"node2": "vanished"}
     assert lost.read(str(tmp_path))["node2"]["reason"] == watch.vanished_reason("node2", 2)
-    assert all((tmp_path / f"node_{r}" / "status.json").exists() for r in range(4))
+    assert all((tmp_path / f"node_{r}" / "status.json").exists() for r in (2, 3))
     assert "vanished without a status" in result.output
 
 
