@@ -394,3 +394,27 @@ SCRIPT
   run cat scancel.calls
   assert_output "scancel --signal=TERM 77.0"
 }
+
+# teardown::after_watch STOPPED: the teardown with the step still running, every rank staged,
+# JOB_WATCH_STOPPED=STOPPED; prints whether it stopped the step.
+teardown::after_watch() {
+  cat >batch.sh <<SCRIPT
+for lib in log util settings teardown launch job slurm; do source "${REPO_ROOT}/lib/\${lib}.sh"; done
+SM_JOBDIR=${BATS_TEST_TMPDIR}/job SLURM_JOB_ID=77 SLURM_JOB_NUM_NODES=1 SM_COLLECT=0 SM_FITNESS=off SM_STOP_GRACE=1
+JOB_NODES=(node1) JOB_WATCH_STOPPED=$1
+mkdir -p "\${SM_JOBDIR}/node_0" && echo '{}' >"\${SM_JOBDIR}/node_0/status.json"
+util::sm() { :; }
+job::stop_step() { echo "stop_step: \$1"; }
+sleep 5 & JOB_SRUN_PID=\$!
+job::teardown "a node failed or was lost 5 s ago"
+SCRIPT
+  bash batch.sh 2>&1
+}
+
+@test "after the watch stopped the step the teardown does not stop it again (scancel would wait on the lost node)" {
+  run teardown::after_watch 1
+  refute_output --partial "stop_step:"
+  assert_output --partial "every rank has staged; not waiting for srun to notice"
+  run teardown::after_watch 0
+  assert_output --partial "stop_step: a node failed or was lost 5 s ago"
+}
