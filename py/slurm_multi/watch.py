@@ -181,7 +181,7 @@ class Lookout:
         states = slurm_node_states(self.nodes)
         lost = lost_by_states(self.jobdir, self.nodes, self.tasks_per_node, states or {}, False)
         if self.reach_port:
-            if self.reach is None:  # resolved once, at the first round (not while srun starts)
+            if self.reach is None:  # the names resolved once, at the first round
                 from slurm_multi.reach import Reach
 
                 here = socket.gethostname().split(".")[0]
