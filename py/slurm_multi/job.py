@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import click
 
-from slurm_multi.common import HelperError, talk
+from slurm_multi.common import talk
 
 
 @click.group("job", context_settings={"help_option_names": ["-h", "--help"]})
@@ -115,8 +115,9 @@ def mark_lost_command(
     "--master-port",
     type=click.IntRange(0, 65535),
     default=0,
-    help="The job's MASTER_PORT: the watch dials the other nodes on the barrier's port (derived from "
-    "it and the job ID, or SM_BARRIER_PORT) to tell a node whose network is gone [0: no dialing].",
+    help="The job's MASTER_PORT: the watch dials the other nodes on a port of the job's window picked "
+    "by its token (SM_BARRIER_TOKEN), never this one, to tell a node whose network is gone "
+    "[0: no dialing].",
 )
 @click.option("--job-id", envvar="SLURM_JOB_ID", default="", help="[default: SLURM_JOB_ID]")
 def watch_command(
@@ -159,19 +160,20 @@ def watch_command(
 
 
 def reach_port(master_port: int, job_id: str) -> int:
-    """The port the watch dials the nodes on: the barrier's first (slurm_multi.net), 0 when there is
-    none to derive (said once: Slurm's DOWN still tells a lost node)."""
+    """The port the watch dials the nodes on (slurm_multi.reach.secret_port: in the job's window,
+    picked by its secret token); 0 without a MASTER_PORT or a token, or when the window cannot be
+    worked out (said once: Slurm's word on the nodes still counts)."""
     import os
 
-    from slurm_multi.net import candidate_ports
+    from slurm_multi.net import read_local_port_range
+    from slurm_multi.reach import secret_port
 
-    if not master_port:
+    token = os.environ.get("SM_BARRIER_TOKEN", "")
+    if not master_port or not token:
         return 0
-    override = os.environ.get("SM_BARRIER_PORT", "")
     try:
-        job = int(job_id) if job_id.isdigit() else None
-        return candidate_ports((), master_port, job, int(override) if override.isdigit() else None, 1)[0]
-    except HelperError as exc:
+        return secret_port(token, job_id, master_port, read_local_port_range())
+    except ValueError as exc:
         talk(
             "multi", f"warning: the watch does not dial the nodes ({exc}); Slurm's word on them still counts"
         )

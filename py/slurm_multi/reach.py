@@ -2,10 +2,12 @@
 
 A node whose network is gone is lost long before Slurm says so: slurmctld declares it DOWN only
 after SlurmdTimeout (300 s by default), and until then srun waits for its task. So the
-watch dials every other node of the job, every few seconds, on the job's barrier port (derived from
-MASTER_PORT and the job ID: the window the nodes must already reach each other on; nobody listens
-there during the run). Any answer proves the node's network is up: an accepted connection, closed
-at once, or a refusal (RST). No answer within CONNECT_TIMEOUT (or "no route to host") is silence.
+watch dials every other node of the job, every few seconds, on a port of the job's window (the
+ports the nodes must already reach each other on: slurm_multi.net), chosen by the job's secret
+token (`secret_port`): another user cannot know it in advance, so cannot hold it with a full
+accept queue to make a healthy node look silent. Any answer proves the node's network is up: an
+accepted connection, closed at once, or a refusal (RST). No answer within CONNECT_TIMEOUT (or
+"no route to host") is silence.
 
 A node silent for LOST_AFTER seconds without a break is lost: "its network is gone". The rules
 that keep a healthy job alive:
@@ -30,6 +32,21 @@ LOST_AFTER = 10.0  # seconds of silence that make a node lost
 CONNECT_TIMEOUT = 1.0  # one dial; a node on the same fabric answers within milliseconds
 # A dial that ends with one of these has reached the node's kernel: its network is up.
 ANSWERED = (0, errno.ECONNREFUSED, errno.ECONNRESET)
+
+
+def secret_port(token: str, job_id: str, master_port: int, local_range: tuple[int, int]) -> int:
+    """A port of the job's window (net.port_window) picked by HMAC-SHA256 of the job's token, never
+    MASTER_PORT (the workload's)."""
+    import hmac
+
+    from slurm_multi.net import port_window
+
+    start, end = port_window(local_range)
+    digest = hmac.new(token.encode(), f"reach:{job_id}".encode(), "sha256").digest()
+    offset = int.from_bytes(digest[:4], "big") % (end - start)
+    if start + offset == master_port:
+        offset = (offset + 1) % (end - start)
+    return start + offset
 
 
 def resolve(hosts: Sequence[str], port: int) -> dict[str, tuple[str, int]]:

@@ -302,6 +302,31 @@ SCRIPT
   refute_output --partial "scontrol update"
 }
 
+@test "bad nodes: only those whose own check failed or whose peers agree go into the quarantine; the others fail the job alone" {
+  # What somebody else could have caused (no fitness report: its task could not start in a scratch
+  # dir another user made, or its stage crashed) never becomes a 24-hour ban for every later job.
+  cat >batch.sh <<SCRIPT
+for lib in log util settings teardown launch job slurm; do source "${REPO_ROOT}/lib/\${lib}.sh"; done
+SM_STATE_DIR=${BATS_TEST_TMPDIR}/state SM_QUARANTINE_HOURS=24 SM_ON_BAD_NODE=fail SLURM_JOB_ID=77
+job::take_bad_nodes <<'LINES'
+0	node1	docker engine did not answer /_ping within 3 s	local
+1	node2	unreachable on port 21577 from every peer	peers
+2	node3	no fitness report (scratch dir /tmp/slurm-multi.77.r2 on node3 is a directory of nobody, not of alice: remove it)	none
+LINES
+job::on_bad_nodes
+SCRIPT
+  run bash batch.sh
+  assert_success
+  assert_output --partial "bad node node3 (rank 2): no fitness report (scratch dir"
+  assert_output --partial "node3 is not quarantined: what failed there is no proof against the node"
+  assert_output --partial "quarantined for 24 h in ${BATS_TEST_TMPDIR}/state: node1 node2"
+  run slurm-multi quarantine check --state-dir "${BATS_TEST_TMPDIR}/state" --nodes "node1 node2 node3"
+  assert_success
+  assert_line --regexp "^node1	docker engine did not answer"
+  assert_line --regexp "^node2	unreachable on port 21577"
+  refute_output --partial node3
+}
+
 # bad_nodes::take FILE_TEXT [JUDGE]: job::bad_nodes_from on collect's --bad-nodes file holding
 # FILE_TEXT (or, with JUDGE, the fitness judge's lines without collect), then job::on_bad_nodes with
 # --on-bad-node requeue; the quarantine and the requeue are recorded, not done.
@@ -319,15 +344,19 @@ SCRIPT
 }
 
 @test "a node lost during the run (collect's cause run) is quarantined with its reason and the job requeued for run" {
-  run bad_nodes::take '1\tnode2\trun\tlost during the run: node2 stopped answering on the network\n'
-  assert_output --partial "bad node node2 (rank 1, run): lost during the run: node2 stopped answering on the network"
+  run bad_nodes::take '1\tnode2\tlost during the run: node2 stopped answering on the network\tpeers\trun\n'
+  assert_output --partial "bad node node2 (rank 1): lost during the run: node2 stopped answering on the network"
   assert_output --partial "util::sm quarantine add --quiet --state-dir ${BATS_TEST_TMPDIR}/state --job 77 --hours 24 --reason lost during the run: node2 stopped answering on the network -- node2"
   assert_output --partial "requeue without node2, cause run"
+  # A rank that vanished (evidence none): requeued around, not quarantined.
+  run bad_nodes::take '1\tnode2\tlost during the run: the task of rank 1 on node2 vanished\tnone\trun\n'
+  refute_output --partial "quarantine add"
+  assert_output --partial "requeue without node2, cause run"
   # The fitness stage's, from collect (with its cause) or from the judge alone (without one): fitness.
-  run bad_nodes::take '2\tnode3\tfitness\tdocker engine did not answer\n'
+  run bad_nodes::take '2\tnode3\tdocker engine did not answer\tlocal\tfitness\n'
   assert_output --partial "requeue without node3, cause fitness"
-  run bad_nodes::take '2\tnode3\tdocker engine did not answer\n' judge
-  assert_output --partial "bad node node3 (rank 2, fitness): docker engine did not answer"
+  run bad_nodes::take '2\tnode3\tdocker engine did not answer\tlocal\n' judge
+  assert_output --partial "bad node node3 (rank 2): docker engine did not answer"
   assert_output --partial "requeue without node3, cause fitness"
 }
 

@@ -224,16 +224,24 @@ def test_the_watch_records_how_slurm_lost_a_node_and_the_teardown_stages_the_wat
     assert status is not None and status.reason == "node3 stopped answering on the network"
 
 
-def test_the_watch_dials_the_barriers_port_and_none_without_a_master_port(
+def test_the_watch_dials_a_port_of_the_window_only_the_jobs_token_names(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from slurm_multi.net import derive_ports, read_local_port_range
+    from slurm_multi.net import port_window, read_local_port_range
 
-    monkeypatch.delenv("SM_BARRIER_PORT", raising=False)
-    assert job.reach_port(29500, "4242") == derive_ports(29500, 4242, read_local_port_range(), 1)[0]
+    monkeypatch.setenv("SM_BARRIER_TOKEN", "s3cret-token")
+    port = job.reach_port(29500, "4242")
+    start, end = port_window(read_local_port_range())
+    assert start <= port < end and port != 29500
+    assert job.reach_port(29500, "4242") == port  # every look of the job: the same port
+    monkeypatch.setenv("SM_BARRIER_TOKEN", "another-token")
+    assert job.reach_port(29500, "4242") != port  # another user cannot work it out
     assert job.reach_port(0, "4242") == 0
-    monkeypatch.setenv("SM_BARRIER_PORT", "21544")
-    assert job.reach_port(29500, "4242") == 21544
+    monkeypatch.delenv("SM_BARRIER_TOKEN")
+    assert job.reach_port(29500, "4242") == 0
+    # Never the workload's MASTER_PORT, even when the token picks it.
+    picked = reach.secret_port("t", "1", 0, (32768, 60999))
+    assert reach.secret_port("t", "1", picked, (32768, 60999)) == picked + 1
 
 
 # ---- the node's own fault ------------------------------------------------------------------------
@@ -388,13 +396,16 @@ def test_a_lost_node_and_a_nodes_own_fault_are_bad_nodes_of_the_run(tmp_path: Pa
     nodes = [_report(0, "node1", "terminated"), _report(1, "node2", "failed"),
              _report(2, "node3", "failed", node_fault="its local disk failed during the run"),
              _report(3, "node4", "failed")]  # fmt: skip
+    # The evidence: the batch host's (peers), the node's own (local), a task that may never have
+    # started for a reason another user caused (none: requeued around, not quarantined).
     assert judge_run(tmp_path, nodes, hosts) == [
         {"rank": 1, "node": "node2", "cause": "run",
-         "reason": "lost during the run: node2 stopped answering on the network"},
-        {"rank": 2, "node": "node3", "cause": "run", "reason": "its local disk failed during the run"},
+         "reason": "lost during the run: node2 stopped answering on the network", "evidence": "peers"},
+        {"rank": 2, "node": "node3", "cause": "run", "reason": "its local disk failed during the run",
+         "evidence": "local"},
         {"rank": 3, "node": "node4", "cause": "run",
          "reason": "lost during the run: the task of rank 3 on node4 vanished without a status, and the "
-                   "reaper could not reach it"},
+                   "reaper could not reach it", "evidence": "none"},
     ]  # fmt: skip
 
 
@@ -455,14 +466,20 @@ def test_collect_names_a_node_lost_mid_run_a_bad_node_and_writes_its_cause_for_t
     summary = collect(jobdir, write=False)
     assert summary.verdict == "FAILURE"
     assert summary.bad_nodes == [
-        {"rank": 1, "node": "node2", "cause": "run", "reason": f"lost during the run: {reason}"}
+        {
+            "rank": 1,
+            "node": "node2",
+            "cause": "run",
+            "reason": f"lost during the run: {reason}",
+            "evidence": "peers",
+        }
     ]
     assert summary.reasons[0] == f"bad node node2 (node 1): lost during the run: {reason}"
     bad = tmp_path / "bad"
     argv = [sys.executable, "-m", "slurm_multi", "results", "collect", str(jobdir), "--no-picture"]
     proc = subprocess.run([*argv, "--bad-nodes", str(bad)], capture_output=True, text=True, env=ENV)
     assert proc.returncode == 1, proc.stderr
-    assert bad.read_text() == f"1\tnode2\trun\tlost during the run: {reason}\n"
+    assert bad.read_text() == f"1\tnode2\tlost during the run: {reason}\tpeers\trun\n"
 
 
 def test_a_requeue_for_a_node_lost_during_the_run_is_recorded_with_the_cause_run() -> None:

@@ -42,7 +42,7 @@ from slurm_multi.results.timeline import build_timeline
 from slurm_multi.results.timelinedraw import write_timeline
 from slurm_multi.results.values import format_number
 from slurm_multi.results.worldsize import check_world
-from slurm_multi.secret_rule import secret_values
+from slurm_multi.secret_rule import reason_line, secret_values
 from slurm_multi.statusfile import read_status, status_path
 
 MAX_NODES = 100_000  # a larger nnodes is a typo, not a job: derive it from the node dirs
@@ -169,8 +169,16 @@ def bad_nodes_and_attempts(
         from slurm_multi import fitness
 
         found = fitness.judge_job(str(root), hosts)
+        # (each reason masked before it is stored: the files it came from may be older than the rule)
         bad = [
-            {"rank": b["rank"], "node": b["host"], "cause": "fitness", "reason": b["reason"]} for b in found
+            {
+                "rank": b["rank"],
+                "node": b["host"],
+                "cause": "fitness",
+                "reason": reason_line(b["reason"], 800),
+                "evidence": b["evidence"],
+            }
+            for b in found
         ]
     from slurm_multi.results.midrun import judge_run
 
