@@ -395,6 +395,7 @@ SCRIPT
 
 @test "requeue: Slurm refusing it leaves this attempt's files where they are (the job's own verdict)" {
   mkdir -p shim
+  # shellcheck disable=SC2016 # expanded by the shim, not here
   printf '#!/bin/sh\necho "scontrol $*" >>%q\ncase "$1" in requeuehold) exit 1 ;; esac\n' "${BATS_TEST_TMPDIR}/scontrol.calls" >shim/scontrol
   chmod +x shim/scontrol
   cat >batch.sh <<SCRIPT

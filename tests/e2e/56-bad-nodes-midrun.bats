@@ -88,14 +88,14 @@ midrun::kill_engine() {
 # the bad node and HOW it was lost, the other nodes staged; the requeued attempt succeeded without
 # it; the quarantine has it. Prints the summaries and the times on fd 3.
 midrun::requeued_without_bad() {
-  local how=$1 bound=$2 ended took done
+  local how=$1 bound=$2 ended took finished
   e2e::wait_job "${JOB_ID}"
-  done=$(bc <<<"${EPOCHREALTIME} - ${FAULT_AT}")
+  finished=$(bc <<<"${EPOCHREALTIME} - ${FAULT_AT}")
   assert_file_exists "${JOB_DIR}/attempt_0/requeue.json"
   ended=$(stat -c %.3Y "${JOB_DIR}/attempt_0/requeue.json")
   took=$(bc <<<"${ended} - ${FAULT_AT}")
   {
-    echo "# ${how}: attempt 1 ended (requeued) ${took} s after the fault (bound ${bound} s); the job ${JOB_STATE} (exit ${JOB_RC}) ${done} s after it"
+    echo "# ${how}: attempt 1 ended (requeued) ${took} s after the fault (bound ${bound} s); the job ${JOB_STATE} (exit ${JOB_RC}) ${finished} s after it"
     e2e::json "${JOB_DIR}/attempt_0/summary.json" '"\n".join("#   attempt 1 reason: " + r for r in d["reasons"][:4])'
     e2e::json "${JOB_DIR}/summary.json" '"#   final: " + d["verdict"] + " on " + " ".join(n["node"] for n in d["nodes"])'
     e2e::json "${JOB_DIR}/summary.json" '"\n".join("#   attempt %s: cause %s after %s s, excluded %s: %s" % (a["attempt"], a["cause"], a["requeued_after_s"], a["excluded"], a["bad_nodes"]) for a in d["attempts"])'
