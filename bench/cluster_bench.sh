@@ -7,6 +7,8 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 source "${ROOT}/lib/log.sh"
 # shellcheck source=tests/cluster/lib.sh
 source "${ROOT}/tests/cluster/lib.sh"
+# shellcheck source=bench/midrun_bench.sh
+source "${ROOT}/bench/midrun_bench.sh"
 
 PY=${SM_PYTHON:-${ROOT}/.venv/bin/python}
 EXEC=${ROOT}/tests/cluster/exec
@@ -497,14 +499,14 @@ print(max(times) if times else 0.0)
 PY
 }
 
-# want_group NAME: true when BENCH_CLUSTER_GROUPS (comma-separated: overhead, image, transport,
-# pyxis; default all) names NAME. Unknown names are an error, not a silent empty table.
+# want_group NAME: true when BENCH_CLUSTER_GROUPS (comma-separated: overhead, badnode, midrun, image,
+# transport, pyxis; default all) names NAME. Unknown names are an error, not a silent empty table.
 want_group() {
-  local groups=${BENCH_CLUSTER_GROUPS:-overhead,badnode,image,transport,pyxis} item
+  local groups=${BENCH_CLUSTER_GROUPS:-overhead,badnode,midrun,image,transport,pyxis} item
   local -a items
   IFS=, read -r -a items <<<"${groups}"
   for item in "${items[@]}"; do
-    case ${item} in overhead | badnode | image | transport | pyxis) ;; *) log::die bench "BENCH_CLUSTER_GROUPS: unknown group '${item}' (use overhead, badnode, image, transport, pyxis)" 2 ;; esac
+    case ${item} in overhead | badnode | midrun | image | transport | pyxis) ;; *) log::die bench "BENCH_CLUSTER_GROUPS: unknown group '${item}' (use overhead, badnode, midrun, image, transport, pyxis)" 2 ;; esac
   done
   [[ ,${groups}, == *,"$1",* ]]
 }
@@ -546,6 +548,10 @@ main() {
   if want_group badnode; then
     log::info bench "bad nodes: time to detect each seeded fault (${repeats} runs each)"
     (badnode_rows "${repeats}" "${out}" "${work}") || failed+=(badnode)
+  fi
+  if want_group midrun; then
+    log::info bench "nodes lost mid-run: time to the job's end after a network cut and a killed engine (${repeats} runs each)"
+    (midrun_rows "${repeats}" "${out}" "${work}") || failed+=(midrun)
   fi
   if want_group image; then
     log::info bench "image distribution (${repeats} runs each)"

@@ -5,6 +5,10 @@
 JOB_SRUN_PID=
 JOB_STEP_ID=
 JOB_TEARDOWN_STARTED=0
+JOB_WATCH_STOPPED=0
+JOB_REAPED=0
+JOB_SCANCEL_WAIT=3 # seconds (job::signal_step)
+JOB_BAD_CAUSE=fitness
 
 # job::plan ARGS...: the one helper call that parses the batch step's ARGS and the environment
 # against the settings table (slurm_multi.settings), validates them with the manifest, places the
@@ -47,6 +51,7 @@ job::run() {
   # JOB_IMAGE (the plan's image): a worker's barrier tells rank 0 which ID of it the node holds
   # before prepare has resolved SM_IMAGE again on the node.
   export SM_JOBDIR SM_BATCH_LOG=${SM_JOBDIR}/batch.log JOB_IMAGE
+  job::export_attempt
   # Its cache key too, worked out once here (a process) instead of on every node at its start, while
   # the nodes' helpers compete for the cores (image::key_into takes it when the ref is JOB_IMAGE).
   if [[ -n ${JOB_IMAGE:-} ]]; then
@@ -75,6 +80,10 @@ job::run() {
   # nodes start).
   [[ -z ${JOB_MODEL_KEY:-} ]] || ! settings::truthy "${SM_COLLECT}" || util::warm_start results mad-outputs --wake-later
   job::watch
+  # The watch stopped the step for a failed or lost rank: a lost node's task never ends, and srun
+  # waits for it until Slurm declares the node dead (SlurmdTimeout, 300 s by default). The teardown
+  # waits for the ranks instead (a lost one is recorded as such), bounded.
+  ((JOB_WATCH_STOPPED == 0)) || job::teardown "a node failed or was lost ${SM_PEER_GRACE} s ago"
   local rc=0
   wait "${JOB_SRUN_PID}" 2>/dev/null || rc=$?
   JOB_SRUN_PID=
@@ -97,8 +106,9 @@ job::rank_steps() {
 }
 
 # job::watch: wait for the tasks while a helper watches them (progress, a rank's status.json saying
-# it failed, a node Slurm declares DOWN or failed). When one fails, the others get --peer-grace
-# seconds, then they are stopped gracefully (SIGTERM to the step, never SIGKILL).
+# it failed, a node Slurm declares DOWN or failed, a node silent on the network: slurm_multi.watch).
+# When one fails or is lost, the others get --peer-grace seconds, then they are stopped gracefully
+# (SIGTERM to the step, never SIGKILL).
 job::watch() {
   local rc=0 per_node
   per_node=$(launch::tasks_per_node)
@@ -107,12 +117,13 @@ job::watch() {
   for key in "${!UTIL_WARM_FD[@]}"; do wake+=(--wake-fd "${UTIL_WARM_FD[${key}]}"); done
   util::sm job watch --jobdir "${SM_JOBDIR}" --nodes "${JOB_NODES[*]}" \
     --tasks-per-node "${per_node}" --srun-pid "${JOB_SRUN_PID}" --peer-grace "${SM_PEER_GRACE}" \
-    --progress-seconds "${SM_PROGRESS_SECONDS}" "${wake[@]+"${wake[@]}"}" &
+    --progress-seconds "${SM_PROGRESS_SECONDS}" --master-port "${SM_MASTER_PORT}" "${wake[@]+"${wake[@]}"}" &
   JOB_WATCH_PID=$!
   wait "${JOB_WATCH_PID}" || rc=$?
   JOB_WATCH_PID=
   if ((rc == 10)); then
-    job::stop_step "a node failed ${SM_PEER_GRACE} s ago"
+    JOB_WATCH_STOPPED=1
+    job::stop_step "a node failed or was lost ${SM_PEER_GRACE} s ago"
   elif ((rc != 0)); then
     log::warn multi "the watch helper ended with exit ${rc}; waiting for the node tasks without it"
   fi
@@ -126,16 +137,20 @@ job::stop_step() {
   if [[ ${SM_RUNTIME} == pyxis ]]; then
     # Not the sm-node step: each sm-node's srun of its rank would SIGKILL the rank (see above).
     # SIGTERM to the ranks' steps; each sm-node then stages its rank as it ends.
-    for step in $(job::rank_steps); do
-      log::cmd multi scancel --signal=TERM "${SLURM_JOB_ID}.${step}"
-      scancel --signal=TERM "${SLURM_JOB_ID}.${step}" 2>/dev/null || true
-    done
+    for step in $(job::rank_steps); do job::signal_step TERM "${step}"; done
     return 0
   fi
   step=$(job::step_id)
   [[ -n ${step} ]] || return 0
-  log::cmd multi scancel --signal=TERM "${SLURM_JOB_ID}.${step}"
-  scancel --signal=TERM "${SLURM_JOB_ID}.${step}" 2>/dev/null || true
+  job::signal_step TERM "${step}"
+}
+
+# job::signal_step SIGNAL STEP: scancel --signal=SIGNAL <job>.STEP, at most JOB_SCANCEL_WAIT s: the
+# signal reaches the live nodes at once, but scancel itself waits for every node of the step to
+# answer, MessageTimeout (10 s by default) for one that was lost, and the teardown has no time for it.
+job::signal_step() {
+  log::cmd multi scancel --signal="$1" "${SLURM_JOB_ID}.$2"
+  timeout "${JOB_SCANCEL_WAIT}" scancel --signal="$1" "${SLURM_JOB_ID}.$2" 2>/dev/null || true
 }
 
 # job::reap: a node task that died without staging (SIGKILL, crash) left a container and outputs
@@ -152,16 +167,19 @@ job::reap() {
     return 0
   fi
   log::cmd multi timeout "${limit}" "${argv[@]}"
+  JOB_REAPED=1
   # A node that is down cannot be reaped; do not let it hold the teardown for long.
   timeout "${limit}" "${argv[@]}" ||
     log::warn multi "the reaper step did not finish on every node within ${limit} s (a node down?); going on"
 }
 
-# job::mark_lost: the teardown's record of the ranks whose node Slurm reports dead or cannot reach
-# (the job is ending: such a rank will never stage, and the reaper cannot reach it).
+# job::mark_lost [--vanished]: the teardown's record of the ranks whose node Slurm reports dead or
+# cannot reach, or the watch found silent on the network (the job is ending: such a rank will never
+# stage, and the reaper cannot reach it). --vanished (after the reaper ran on every node): also the
+# node of a rank that still has no status.json (slurm_multi.watch, lost.json).
 job::mark_lost() {
   util::sm job mark-lost --jobdir "${SM_JOBDIR}" --nodes "${JOB_NODES[*]}" \
-    --tasks-per-node "$(launch::tasks_per_node)" --not-responding || true
+    --tasks-per-node "$(launch::tasks_per_node)" --not-responding "$@" || true
 }
 
 # job::reap_timeout: how long the reaper step may take. After a signal, Slurm SIGKILLs the batch
@@ -221,7 +239,8 @@ job::teardown() {
   # (scancel signals the watch helper too: it may be gone already)
   if [[ -n ${JOB_WATCH_PID:-} ]]; then kill -TERM "${JOB_WATCH_PID}" 2>/dev/null || true; fi
   if [[ -n ${JOB_SRUN_PID} ]] && kill -0 "${JOB_SRUN_PID}" 2>/dev/null; then
-    job::stop_step "${reason}"
+    # (Not twice: after the watch stopped the step, a second scancel would wait on the lost node again.)
+    ((JOB_WATCH_STOPPED)) || job::stop_step "${reason}"
     # Wait for the tasks, not for srun: after a cancel srun can sit for a minute waiting for the
     # step to be reaped, and Slurm's SIGKILL (KillWait after the SIGTERM) must not find us before
     # collect. Once every rank has staged (status.json), go on.
@@ -251,8 +270,12 @@ job::teardown() {
   # A rank whose node Slurm declared dead is recorded as lost (and not reaped: nothing answers there).
   job::all_staged || job::mark_lost
   job::reap
-  # The reaper cannot reach a node that died; Slurm may have declared it dead meanwhile.
-  job::all_staged || job::mark_lost
+  # The reaper cannot reach a node that died; Slurm may have declared it dead meanwhile. What the
+  # reaper could not stage it could not reach: that node is lost too (not after a signal: scancel or
+  # the time limit may have cut a healthy node's reap short).
+  if ! job::all_staged; then
+    if ((JOB_REAPED)) && [[ -z ${JOB_SIGNAL_AT:-} ]]; then job::mark_lost --vanished; else job::mark_lost; fi
+  fi
   teardown::post_cleanup
   # A node that failed the fitness check: quarantined for later jobs, and this job requeued without
   # it (--on-bad-node requeue) once this attempt's evidence is judged and kept. Collect judges the
@@ -318,6 +341,13 @@ job::teardown() {
 
 # ---- bad nodes: the fitness verdict, the quarantine, the requeue ---------------------------------
 
+# job::export_attempt: SM_ATTEMPT, this attempt's number (1 for the first; Slurm's
+# SLURM_RESTART_COUNT + 1 once requeued), for every rank's workload: a workload that checkpoints
+# resumes from it (docs/bad-nodes.md). The docker runtime passes it (lib/run.sh RUN_RANK_ENV).
+job::export_attempt() {
+  export SM_ATTEMPT=$((${SLURM_RESTART_COUNT:-0} + 1))
+}
+
 # job::attempt_note: ", attempt N" on a requeued job's first line.
 job::attempt_note() {
   ((${SLURM_RESTART_COUNT:-0} == 0)) || printf ', attempt %s (requeued %s time(s))' "$((SLURM_RESTART_COUNT + 1))" "${SLURM_RESTART_COUNT}"
@@ -350,7 +380,7 @@ job::respect_quarantine() {
 # job::judge_fitness: the bad nodes of this attempt, from every node's fitness.json and status.json
 # (`slurm-multi fitness judge`), into JOB_BAD_NODES (`<node>\t<reason>` each) and JOB_BAD_EVIDENCE;
 # false when there are none. Only without collect: collect judges them itself (job::bad_nodes_from
-# reads what it found).
+# reads what it found), and only collect judges the nodes lost during the run.
 job::judge_fitness() {
   JOB_BAD_NODES=()
   [[ ${SM_FITNESS} != off ]] || return 1
@@ -375,16 +405,21 @@ job::bad_nodes_from() {
   job::take_bad_nodes <"$1"
 }
 
-# job::take_bad_nodes: `<rank>\t<node>\t<reason>\t<evidence>` lines on stdin (the judge's, collect's)
-# into JOB_BAD_NODES and JOB_BAD_EVIDENCE (local, peers or none: slurm_multi.fitness.verdict), each
-# said on the batch log; false when there are none.
+# job::take_bad_nodes [CAUSE]: `<rank>\t<node>\t<reason>\t<evidence>[\t<cause>]` lines on stdin
+# (the judge's, collect's) into JOB_BAD_NODES, JOB_BAD_EVIDENCE (local, peers or none:
+# slurm_multi.fitness.verdict, slurm_multi.results.midrun) and JOB_BAD_CAUSE (what found them: the
+# requeue records it), each said on the batch log; false when there are none. The fitness judge's
+# lines have no cause: CAUSE (fitness) is theirs.
 job::take_bad_nodes() {
-  local rank node reason evidence
-  JOB_BAD_NODES=() JOB_BAD_EVIDENCE=()
-  while IFS=$'\t' read -r rank node reason evidence; do
+  local given=${1:-fitness} rank node reason evidence cause
+  JOB_BAD_NODES=() JOB_BAD_EVIDENCE=() JOB_BAD_CAUSE=${given}
+  while IFS=$'\t' read -r rank node reason evidence cause; do
     [[ -n ${node} ]] || continue
     JOB_BAD_NODES+=("${node}"$'\t'"${reason}")
     JOB_BAD_EVIDENCE+=("${evidence:-none}")
+    cause=${cause:-${given}}
+    # One attempt, one cause: a node lost during the run outweighs (the run began, so none failed fitness).
+    [[ ${cause} != run ]] || JOB_BAD_CAUSE=run
     log::error multi "bad node ${node} (rank ${rank}): ${reason}"
   done
   ((${#JOB_BAD_NODES[@]}))
@@ -412,7 +447,7 @@ job::on_bad_nodes() {
       log::info multi "quarantined for ${SM_QUARANTINE_HOURS} h in ${SM_STATE_DIR}: ${nodes[*]} (bin/slurm-multi quarantine list)"
   fi
   [[ ${SM_ON_BAD_NODE} == requeue ]] || return 0
-  job::requeue_without fitness || log::error multi "the job is not requeued: it fails with this attempt's verdict"
+  job::requeue_without "${JOB_BAD_CAUSE}" || log::error multi "the job is not requeued: it fails with this attempt's verdict"
 }
 
 # job::requeue_without CAUSE: requeue this job without the nodes of JOB_BAD_NODES, through Slurm
@@ -430,13 +465,15 @@ job::requeue_without() {
   excluded=$(scontrol show job -o "${SLURM_JOB_ID}" 2>/dev/null | grep -o 'ExcNodeList=[^ ]*' | cut -d= -f2)
   [[ ${excluded} != "(null)" ]] || excluded=
   excluded=$({ [[ -z ${excluded} ]] || slurm::hostnames "${excluded}"; printf '%s\n' "${nodes[@]}"; } | sort -u | paste -sd, -)
-  job::keep_attempt "${attempt}" "${cause}" "${excluded}"
   log::info multi "requeueing job ${SLURM_JOB_ID} without ${nodes[*]} (excluded now: ${excluded}); attempt $((attempt + 2)) runs on other nodes"
   # The requeue signals this batch step: the calls below must still run.
   trap '' TERM INT
   local rc=0
   scontrol update "JobId=${SLURM_JOB_ID}" Requeue=1 && scontrol requeuehold "${SLURM_JOB_ID}" || rc=$?
   if ((rc == 0)); then
+    # Held now, not running again before it is released: this attempt's files move aside (only
+    # when Slurm took the requeue: a refused one leaves the job's own summary where it was).
+    job::keep_attempt "${attempt}" "${cause}" "${excluded}"
     scontrol update "JobId=${SLURM_JOB_ID}" "ExcNodeList=${excluded}" || rc=$?
     # Released whatever the update did: a job left held would never run.
     scontrol release "${SLURM_JOB_ID}" || rc=$?
@@ -482,6 +519,7 @@ job::dry_run() {
   # shellcheck disable=SC2030,SC2031 # the plan runs in a subshell on purpose
   (
     export SLURM_JOB_ID=${SLURM_JOB_ID:-DRYRUN} SLURM_JOB_NUM_NODES=${nnodes}
+    job::export_attempt
     JOB_NODES=()
     for ((r = 0; r < nnodes; r++)); do JOB_NODES+=("node_${r}"); done
     # Prepare (without GPU detection) for rank 0 first: its secrets file masks what follows.

@@ -70,7 +70,9 @@ launch::step_argv() {
   LAUNCH_ARGV=()
   [[ ${SM_PROFILE} == nsight-slurm && ${SM_RUNTIME} == none ]] && launcher=1
   tasks=$(launch::tasks_per_node)
-  native=(--nodes="${nodes}" --ntasks-per-node="${tasks}" --kill-on-bad-exit=0)
+  # --no-kill: a node that fails does not make Slurm SIGKILL the step's other tasks (they could not
+  # stage); the batch step's watch stops them gracefully and names the node (docs/bad-nodes.md).
+  native=(--nodes="${nodes}" --ntasks-per-node="${tasks}" --kill-on-bad-exit=0 --no-kill)
   ((launcher)) || native+=(--job-name=sm-node)
   # pyxis: the GPUs belong to the ranks' own steps (lib/run.sh asks for them there).
   [[ ${SM_RUNTIME} != pyxis || ! ${SLURM_GPUS_ON_NODE:-0} =~ ^[1-9] ]] || native+=(--gres=none)

@@ -16,6 +16,7 @@ NODE_CURRENT_STAGE='' NODE_CURRENT_T0='' # the stage running now (a signal cuts 
 # A node task's stages in the order it runs them: one owner, read by bash and Python (events.STAGE_ORDER).
 read -r -a NODE_STAGES <"${BASH_SOURCE[0]%/*}/../py/slurm_multi/stages.txt"
 NODE_REASON=
+NODE_FAULT= # this node's own fault under a failed run (node::find_fault)
 NODE_EXIT=0
 NODE_TERMINATED=0
 NODE_HOST= # this machine's name (node::init)
@@ -694,6 +695,8 @@ node::stage_run() {
   if declare -F profile::after_run >/dev/null; then profile::after_run; fi # nsys: this rank's report settles
   NODE_EXIT=${RUN_EXIT}
   timeline::event exit code="${RUN_EXIT}"
+  # A run that failed or hung on a node whose own engine, disk or clock failed is the node's fault.
+  if ((RUN_EXIT != 0)) || [[ -n ${RUN_HUNG:-} ]]; then node::find_fault; fi
   # The hang watch stopped it: its reason, not the exit code the stop caused.
   [[ -z ${RUN_HUNG:-} ]] || { node::fail "${RUN_HUNG}" "$((RUN_EXIT == 0 ? 1 : RUN_EXIT))"; return $?; }
   # A manifest's script that is neither in the model dir nor in the image: madengine's wrapper
@@ -706,8 +709,25 @@ node::stage_run() {
   case ${RUN_EXIT} in
     0) return 0 ;;
     124) node::fail "workload timed out after ${SM_TIMEOUT} s" 124 ;;
-    *) node::fail "$([[ ${SM_RUNTIME} == docker ]] && echo container || echo workload) exited ${RUN_EXIT}" "${RUN_EXIT}" ;;
+    *) node::fail "${NODE_FAULT:+${NODE_FAULT}: }$([[ ${SM_RUNTIME} == docker ]] && echo container || echo workload) exited ${RUN_EXIT}" "${RUN_EXIT}" ;;
   esac
+}
+
+# node::find_fault: NODE_FAULT, this node's own fault under a failed or hung run (the one its hang
+# watch named, else its docker engine not answering, else its local disk failing: `slurm-multi
+# node fault`, each check bounded), or empty. status.json carries it; collect names the node a bad
+# node, and --on-bad-node requeue requeues the job without it. A workload's own failure or hang on
+# a healthy node is not one.
+node::find_fault() {
+  local rc=0
+  NODE_FAULT=$(util::sm node fault --runtime "${SM_RUNTIME}" --scratch "${SM_SCRATCH}" \
+    --hang-json "${SM_NODE_DIR}/hang.json" --node "${NODE_HOST:-$(hostname)}") || rc=$?
+  if ((rc != 0)); then
+    NODE_FAULT=
+    log::warn run "could not tell whether this node failed under the workload (slurm-multi node fault: exit ${rc})"
+  fi
+  [[ -z ${NODE_FAULT} ]] || log::error run "this node's own fault: ${NODE_FAULT}"
+  return 0
 }
 
 # ---- save-outputs --------------------------------------------------------------------------------
@@ -778,6 +798,7 @@ node::write_status() {
   local name argv=(node status --file "${SM_NODE_DIR}/status.json" --rank "${SM_RANK}" --node "${NODE_HOST:-$(hostname)}"
     --exit-code "${NODE_EXIT}" --reason "${NODE_REASON}" --image-id "${SM_IMAGE_ID:-}")
   [[ ${NODE_TERMINATED} != 1 ]] || argv+=(--terminated)
+  [[ -z ${NODE_FAULT} ]] || argv+=(--node-fault "${NODE_FAULT}")
   for name in "${NODE_STAGE_ORDER[@]+"${NODE_STAGE_ORDER[@]}"}"; do
     argv+=(--stage "${name}:${NODE_STAGE_SECONDS[${name}]}:${NODE_STAGE_STATUS[${name}]}")
     [[ ${name} != run || -z ${RUN_EXIT} ]] || argv[-1]+=":${RUN_EXIT}"
@@ -798,6 +819,9 @@ node::remove_scratch() {
 node::stage_reap() {
   local name
   NODE_REAPING=1
+  # The reaper reached this node (the batch step tells a rank that vanished with its node from one
+  # whose reaper step never started: slurm_multi.watch mark_vanished).
+  timeline::event reap
   run::container_name name
   if [[ -f ${SM_NODE_DIR}/status.json ]]; then
     [[ ${SM_RUNTIME} != docker ]] || run::engine -q rm -f "${name}" >/dev/null || true

@@ -36,9 +36,11 @@ run::container_name() { util::reply "${1:-}" "sm-${SLURM_JOB_ID:-local}-r${SM_RA
 
 # Variables a job step carries that the workload and profilers (nsys %q{}) need. Passed as
 # NAME=VALUE (none of them is a secret), so the logged docker command pastes back as it ran.
+# SM_ATTEMPT (the batch step's job::export_attempt) and SLURM_RESTART_COUNT (Slurm sets it once the
+# job was requeued) let a checkpointing workload resume.
 RUN_RANK_ENV=(MASTER_ADDR MASTER_PORT NNODES NODE_RANK RANK WORLD_SIZE LOCAL_RANK
   SLURM_JOB_ID SLURM_PROCID SLURM_NODEID SLURMD_NODENAME SLURM_NNODES SLURM_JOB_NODELIST SLURM_STEP_ID
-  SM_OUTPUT_DIR SM_RANK)
+  SLURM_RESTART_COUNT SM_OUTPUT_DIR SM_RANK SM_ATTEMPT)
 
 # run::docker_argv: the full `docker run` argv into RUN_ARGV, from what prepare resolved
 # (RUN_GPU_ARGS, RUN_DOCKER_OPTS with the de-duplicated mounts, RUN_ENV_ARGS with the manifest's env
@@ -106,7 +108,8 @@ run::stop_container() {
 }
 
 # run::hang_watch TARGET_ARGS...: the hang watch beside the workload (py/slurm_multi/hangwatch.py:
-# no new output line in the node log and no CPU for --hang-timeout seconds). When it says hung, this
+# no new output line in the node log and no CPU for --hang-timeout seconds; a hang under which this
+# node's engine, local disk or clock failed is named the node's fault). When it says hung, this
 # subshell snapshots diagnostics, records the reason in ${SM_SCRATCH}/hung and stops the workload
 # (SIGKILL for a frozen or stopped one: SIGTERM cannot reach it). Sets RUN_HANG_PID.
 run::hang_watch() {
@@ -134,7 +137,7 @@ run::hang_watch() {
     # A direct child (no command substitution), so stopping this subshell's children stops it.
     util::sm node hang-watch "${target[@]}" --timeout "${SM_HANG_TIMEOUT}" --output "${SM_NODE_LOG}" \
       --node-dir "${SM_NODE_DIR}" --diagnostics "${SM_SCRATCH}/diagnostics" --rank "${SM_RANK}" \
-      --node "${NODE_HOST:-$(hostname)}" "${peers[@]+"${peers[@]}"}" >"${SM_SCRATCH}/hang-watch.out" || rc=$?
+      --node "${NODE_HOST:-$(hostname)}" --local-dir "${SM_SCRATCH}" "${peers[@]+"${peers[@]}"}" >"${SM_SCRATCH}/hang-watch.out" || rc=$?
     ((rc == 3)) && [[ ! -e ${SM_SCRATCH}/run-done ]] || exit 0
     read -r state line <"${SM_SCRATCH}/hang-watch.out"
     printf '%s\n' "${line}" >"${SM_SCRATCH}/hung"

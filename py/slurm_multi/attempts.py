@@ -5,7 +5,8 @@ node in the allocation), that attempt's files move to `<jobdir>/attempt_<N>/` (N
 SLURM_RESTART_COUNT, 0 for the first) and this record goes beside them:
 
     {"attempt": 1,                      # 1-based: the first attempt is 1
-     "cause": "fitness",                # fitness (the check found them) or quarantine (known bad)
+     "cause": "fitness",                # fitness (the check found them), run (lost or failed during
+                                        # the run: slurm_multi.results.midrun) or quarantine (known bad)
      "requeued_after_s": 7,             # from that attempt's batch step start to its requeue
      "at": "2026-12-03T09:10:00Z",
      "excluded": ["node2"],             # the job's excluded nodes after the requeue (all of them)
@@ -26,7 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 RECORD = "requeue.json"
-CAUSES = ("fitness", "quarantine")
+CAUSES = ("fitness", "quarantine", "run")
 _ATTEMPT_DIR = re.compile(r"attempt_(\d+)")
 
 

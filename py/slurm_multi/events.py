@@ -319,6 +319,12 @@ def _stage_of(events: list[dict[str, Any]]) -> tuple[str | None, int]:
     return None, -1
 
 
+def has_event(node_dir: str, name: str) -> bool:
+    """The node's events (their last TAIL_BYTES) hold one named `name` (e.g. `reap`: the teardown's
+    reaper reached the node)."""
+    return any(event["event"] == name for event in _tail_events(node_dir))
+
+
 def current_stage(node_dir: str) -> str | None:
     """The stage of the node's last `stage_start` event; None before its first (or unreadable)."""
     return _stage_of(_tail_events(node_dir))[0]

@@ -19,15 +19,16 @@ uninterruptible sleep, spinning, or merely sleeping: a cause; every process asle
 thread blocked in a socket or poll wait: a waiter; asleep with only helper threads in network waits
 (every main thread on a lock or a condition): unclear, since a rank waiting in gloo and a rank
 deadlocked on a lock while a helper polls look alike; collect makes it a waiter when another rank
-is clearly the cause, and names it a suspect otherwise. It then writes hang.json into the
-node dir, snapshots diagnostics (processes with state and wait channel, kernel stacks where
-readable, open sockets, py-spy dumps when the image has py-spy), and exits 3. The caller stops the
-workload. Every rank that speaks (a cause, a waiter, an unclear one) first holds that stop (up to
---hold seconds) until every other rank is accounted for: stopping any rank ends the others' wait
-(their sockets close, they fail), and a waiter whose own watch had not yet looked would be missing
-from the job's summary. Only a cause announces itself (hang-cause.json), so that the others speak.
-While watching it writes progress.json every --progress-every seconds: when this rank last printed
-and last used CPU.
+is clearly the cause, and names it a suspect otherwise. A hang whose node failed under it (its
+docker engine, local disk or clock: slurm_multi.nodefault) says so (`node_fault`): the node is bad,
+not the workload. It then writes hang.json into the node dir, snapshots diagnostics (processes
+with state and wait channel, kernel stacks where readable, open sockets, py-spy dumps when the
+image has py-spy), and exits 3. The caller stops the workload. Every rank that speaks (a cause, a
+waiter, an unclear one) first holds that stop (up to --hold seconds) until every other rank is
+accounted for: stopping any rank ends the others' wait (their sockets close, they fail), and a
+waiter whose own watch had not yet looked would be missing from the job's summary. Only a cause
+announces itself (hang-cause.json), so that the others speak. While watching it writes
+progress.json every --progress-every seconds: when this rank last printed and last used CPU.
 
 Exit: 0 the workload ended (or never started), 3 hung, 2 bad arguments.
 """
@@ -38,7 +39,7 @@ import json
 import os
 import stat
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
 
@@ -513,8 +514,10 @@ def watch(
     start_wait: float = 120.0,
     clock: Any = time.time,
     peers: Peers | None = None,
+    node_check: Callable[[], str] | None = None,
 ) -> int:
-    """Watch until the workload ends (0) or is hung (EXIT_HUNG, hang.json written)."""
+    """Watch until the workload ends (0) or is hung (EXIT_HUNG, hang.json written). `node_check`
+    (slurm_multi.nodefault.NodeCheck) names this node's own fault, if any, when the rank is hung."""
     try:
         started = target.start(start_wait, parent=os.getppid())
     except Stopped:
@@ -534,7 +537,8 @@ def watch(
     parent = os.getppid()
     try:
         return _watch_loop(target, state, output, timeout, node_dir, rank, node, poll, progress_every,
-                           diagnostics, clock, parent, last_poll, next_progress, peers)  # fmt: skip
+                           diagnostics, clock, parent, last_poll, next_progress, peers,
+                           node_check)  # fmt: skip
     except Stopped:
         pass
     # The workload ended: its last word on progress (a short run ends before the first write).
@@ -547,7 +551,7 @@ def watch(
 def _watch_loop(
     target: Target, state: Progress, output: str, timeout: float, node_dir: str, rank: int, node: str,
     poll: float, progress_every: float, diagnostics: str, clock: Any, parent: int, last_poll: float,
-    next_progress: float, peers: Peers | None = None,
+    next_progress: float, peers: Peers | None = None, node_check: Callable[[], str] | None = None,
 ) -> int:  # fmt: skip
     while target.alive():
         time.sleep(poll)
@@ -578,6 +582,9 @@ def _watch_loop(
                 break  # it ended while it was looked at: an ending, not a hang
             if cause:
                 hang["spoke_for"] = cause  # before its own timeout: rank N was found hung
+            fault = node_check() if node_check is not None else ""
+            if fault:
+                hang["node_fault"] = fault  # the node's, not the workload's: its node is bad
             write_json(os.path.join(node_dir, "hang.json"), hang)
             write_json(os.path.join(node_dir, "progress.json"), progress_document(state, rank, node, now))
             if diagnostics:
@@ -630,6 +637,8 @@ def hang_line(hang: dict[str, Any]) -> str:
     """The one line the caller logs and puts in status.json's reason."""
     since = time.strftime("%H:%M:%S", time.gmtime(hang["last_progress_epoch"]))
     quiet = f"no output and no CPU for {hang['quiet_seconds']:.0f} s since {since}"
+    if hang.get("node_fault"):
+        return f"hung because its node failed: {hang['node_fault']} ({quiet})"
     if hang["role"] == "waiter":
         return f"waiting on another rank: {quiet} ({hang['state']}: {hang['detail']})"
     if hang["role"] == "unclear":
@@ -750,6 +759,7 @@ def run_until_stopped(
     progress_every: float,
     diagnostics: str,
     peers: Peers | None,
+    node_check: Callable[[], str] | None = None,
 ) -> int:
     """`watch` as the run stage runs it: its SIGTERM (the workload ended) ends the watch with exit 0
     and not a word on stderr. That SIGTERM can come after the watch has returned, while the
@@ -764,7 +774,7 @@ def run_until_stopped(
     signal.signal(signal.SIGTERM, stop)
     try:
         return watch(target, output, timeout, node_dir, rank, node, poll, progress_every, diagnostics,
-                     peers=peers)  # fmt: skip
+                     peers=peers, node_check=node_check)  # fmt: skip
     except (Stopped, KeyboardInterrupt):
         return 0
     finally:

@@ -73,16 +73,26 @@ def plan_command(
 @click.option("--tasks-per-node", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--not-responding", is_flag=True,
               help="Also a node Slurm cannot reach yet (the teardown: the job is ending).")  # fmt: skip
-def mark_lost_command(jobdir: str, node_list: str, tasks_per_node: int, not_responding: bool) -> None:
-    """Write status.json for the ranks of every node Slurm reports DOWN or failed (they never will).
+@click.option("--vanished", is_flag=True,
+              help="Also the node of every rank without a status.json (the teardown, after the reaper "
+              "ran on every node: what it could not stage, it could not reach).")  # fmt: skip
+def mark_lost_command(
+    jobdir: str, node_list: str, tasks_per_node: int, not_responding: bool, vanished: bool
+) -> None:
+    """Record as lost (lost.json) every node Slurm reports DOWN or failed, and write status.json for
+    its ranks (they never will); also those the watch found lost on the network.
 
     \b
     Example: slurm-multi job mark-lost --jobdir "$SM_JOBDIR" --nodes "node1 node2"
     """
-    from slurm_multi.watch import mark_lost
+    from slurm_multi.watch import mark_lost, mark_vanished
 
-    for node, state in mark_lost(jobdir, node_list.split(), tasks_per_node, not_responding):
-        talk("multi", f"Slurm reports {node} {state}: its ranks are recorded as lost; not waiting for them")
+    nodes = node_list.split()
+    found = mark_lost(jobdir, nodes, tasks_per_node, not_responding)
+    if vanished:
+        found += mark_vanished(jobdir, nodes, tasks_per_node)
+    for _, reason in found:
+        talk("multi", f"{reason}: its ranks are recorded as lost; not waiting for them")
 
 
 @cli.command("watch", short_help="Watch the node tasks until the step ends.")
@@ -101,6 +111,15 @@ def mark_lost_command(jobdir: str, node_list: str, tasks_per_node: int, not_resp
     help="An open pipe: one empty line is written to it once every rank's workload has printed "
     "its first line (the batch step's warm helpers; repeatable).",
 )
+@click.option(
+    "--master-port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    help="The job's MASTER_PORT: the watch dials the other nodes on a port of the job's window picked "
+    "by its token (SM_BARRIER_TOKEN), never this one, to tell a node whose network is gone "
+    "[0: no dialing].",
+)
+@click.option("--job-id", envvar="SLURM_JOB_ID", default="", help="[default: SLURM_JOB_ID]")
 def watch_command(
     jobdir: str,
     node_list: str,
@@ -109,11 +128,14 @@ def watch_command(
     peer_grace: float,
     progress_seconds: float,
     wake_fds: tuple[int, ...],
+    master_port: int,
+    job_id: str,
 ) -> None:
-    """Watch the node tasks: progress, a rank's failure, a node Slurm declares DOWN or failed.
+    """Watch the node tasks: progress, a rank's failure, a node Slurm declares DOWN or failed, a node
+    silent on the network (with --master-port).
 
-    Exits 0 when the step ended, 10 when a rank failed (or its node died) PEER_GRACE seconds ago and
-    the batch step should stop the others.
+    Exits 0 when the step ended, 10 when a rank failed (or its node was lost) PEER_GRACE seconds
+    ago and the batch step should stop the others.
 
     \b
     Example: slurm-multi job watch --jobdir "$SM_JOBDIR" --nodes "node1 node2" --srun-pid "$pid"
@@ -132,8 +154,30 @@ def watch_command(
         peer_grace,
         progress_seconds,
         wake_fd=list(wake_fds),
+        reach_port=reach_port(master_port, job_id),
     )
     click.get_current_context().exit(rc)
+
+
+def reach_port(master_port: int, job_id: str) -> int:
+    """The port the watch dials the nodes on (slurm_multi.reach.secret_port: in the job's window,
+    picked by its secret token); 0 without a MASTER_PORT or a token, or when the window cannot be
+    worked out (said once: Slurm's word on the nodes still counts)."""
+    import os
+
+    from slurm_multi.net import read_local_port_range
+    from slurm_multi.reach import secret_port
+
+    token = os.environ.get("SM_BARRIER_TOKEN", "")
+    if not master_port or not token:
+        return 0
+    try:
+        return secret_port(token, job_id, master_port, read_local_port_range())
+    except ValueError as exc:
+        talk(
+            "multi", f"warning: the watch does not dial the nodes ({exc}); Slurm's word on them still counts"
+        )
+        return 0
 
 
 @cli.command("record-attempt", short_help="Write a requeued attempt's requeue.json.")
@@ -147,7 +191,7 @@ def record_attempt_command(
     path: str, attempt: int, cause: str, after_s: int, excluded: str, bad: tuple[str, ...]
 ) -> None:
     """Write FILE, the record of attempt ATTEMPT (0-based, SLURM_RESTART_COUNT) requeued for CAUSE
-    (fitness or quarantine) AFTER_S seconds after its start, with the job's EXCLUDED nodes after
+    (fitness, run or quarantine) AFTER_S seconds after its start, with the job's EXCLUDED nodes after
     the requeue and each bad node with its reason.
 
     \b

@@ -53,9 +53,11 @@ def prepare_command(
 @click.option("--image-id", default="")
 @click.option("--terminated", is_flag=True, help="The task was stopped by a signal.")
 @click.option("--stage", "stages", multiple=True, metavar="NAME:SECONDS:STATUS[:EXIT]")
+@click.option("--node-fault", default="", metavar="TEXT",
+              help="The rank's failure is its node's own fault (`node fault` said which).")  # fmt: skip
 def status_command(
     path: str, rank: int, node_name: str, exit_code: int, reason: str, image_id: str, terminated: bool,
-    stages: tuple[str, ...],
+    stages: tuple[str, ...], node_fault: str,
 ) -> None:  # fmt: skip
     """Write a node's status.json (the verdict's input).
 
@@ -66,13 +68,39 @@ def status_command(
     from slurm_multi.statusfile import StatusError, status_document, write_status
 
     try:
-        document = status_document(rank, node_name, exit_code, reason, image_id, stages, terminated)
+        document = status_document(
+            rank, node_name, exit_code, reason, image_id, stages, terminated, node_fault
+        )
     except StatusError as exc:
         raise usage_error(str(exc)) from None
     try:
         write_status(path, document)
     except OSError as exc:
         raise HelperError(f"node status: cannot write {path}: {exc.strerror}") from None
+
+
+@cli.command("fault", short_help="Print this node's own fault after a failed run (or nothing).")
+@click.option("--runtime", type=click.Choice(["docker", "pyxis", "none"]), required=True)
+@click.option("--scratch", metavar="DIR", default="", help="The rank's scratch dir (the local disk).")
+@click.option("--hang-json", metavar="FILE", default="",
+              help="The rank's hang.json: a node fault its hang watch named there wins.")  # fmt: skip
+@click.option("--node", "node_name", default="", help="[default: this host]")
+def fault_command(runtime: str, scratch: str, hang_json: str, node_name: str) -> None:
+    """Print, in one line, this node's own fault that explains a rank's failed or hung run: the one
+    its hang watch named, else the docker engine not answering, else the local disk failing (the
+    checks of slurm_multi.nodefault, each bounded). Nothing when the node looks healthy; exit 0.
+
+    \b
+    Example: slurm-multi node fault --runtime docker --scratch /tmp/slurm-multi.57.r1 \
+               --hang-json node_1/hang.json
+    """
+    from slurm_multi.nodefault import node_fault, read_hang_fault
+
+    found = read_hang_fault(hang_json) if hang_json else ""
+    if not found:
+        found = node_fault(os.environ, node_name or os.uname().nodename, runtime, scratch)
+    if found:
+        click.echo(found)
 
 
 @cli.command("from-job", short_help="Restore a finished job's settings for a rank.")
@@ -117,6 +145,13 @@ def from_job_command(jobdir: str, rank: int) -> None:
     metavar="SECONDS",
     help="A rank found hung or waiting holds its stop up to this long for the other ranks' watches.",
 )
+@click.option(
+    "--local-dir",
+    metavar="DIR",
+    default="",
+    help="A dir on the node's local disk (the rank's scratch): when the rank is found hung, the "
+    "node's own faults are checked (docker engine, this disk, the clock) and named in hang.json.",
+)
 def hang_watch_command(
     container: str | None,
     pid: int | None,
@@ -133,6 +168,7 @@ def hang_watch_command(
     job_dir: str,
     ranks: int,
     hold: float,
+    local_dir: str,
 ) -> None:
     """Watch one rank's workload for a hang (no output and no CPU for --timeout seconds): exit 3 and
     hang.json when it hangs, 0 when the workload ends (or the run stage's SIGTERM comes).
@@ -148,10 +184,15 @@ def hang_watch_command(
     hangwatch.check_arguments(container, pid, step, timeout, poll, ranks)
     target = hangwatch.Target(container=container or "", pid=pid or 0, step=step or "", docker=docker)
     peers = hangwatch.Peers(job_dir, ranks, hold) if job_dir else None
+    node = node_name or os.uname().nodename
+    check = None
+    if local_dir:
+        from slurm_multi.nodefault import NodeCheck
+
+        check = NodeCheck(node, "docker" if container else "pyxis" if step else "none", local_dir)
     try:
-        node = node_name or os.uname().nodename
         rc = hangwatch.run_until_stopped(target, output, timeout, node_dir, rank, node, poll, progress_every,
-                                         diagnostics, peers)  # fmt: skip
+                                         diagnostics, peers, check)  # fmt: skip
     except hangwatch.Stopped:  # the run stage's SIGTERM as the watch returned
         rc = 0
     click.get_current_context().exit(rc)

@@ -154,7 +154,8 @@ TABLE: tuple[Setting, ...] = (
       "(bounded by --fitness-timeout): a node where it exits non-zero is bad; its output is kept in "
       "node_<rank>/fitness-cmd.log"),
     S("SM_ON_BAD_NODE", "--on-bad-node", "fail|requeue", "fail",
-      "when the fitness check finds a bad node: fail the job naming it, or requeue the job without it "
+      "when the fitness check finds a bad node, or a node is lost or fails during the run: fail the job "
+      "naming it, or requeue the job without it "
       "(Slurm's own requeue, the node added to the job's excluded nodes)", kind="choice",
       choices=("fail", "requeue"), core=True),
     S("SM_MAX_REQUEUES", "--max-requeues", "N", "2", "how many times --on-bad-node requeue may requeue a job",

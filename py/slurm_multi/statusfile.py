@@ -12,7 +12,9 @@ The document (the keys below are the contract: old job directories are judged by
                 "exit_code": 0}, …}}
 
 `status` is ok, failed, timeout (exit 124) or terminated (stopped by a signal with exit 0); the
-readers also meet the other words older versions or other writers used (lost, aborted).
+readers also meet the other words older versions or other writers used (lost, aborted). A rank
+whose failure is its node's own fault (a docker engine that died under it, a failed local disk or
+clock: slurm_multi.nodefault) also has `"node_fault": "<one line>"`; collect names that node bad.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ REASON = "reason"  # one line: secrets masked, control characters escaped, at mo
 MAX_REASON = 2000
 IMAGE_ID = "image_id"  # the image the rank ran (rank 0's is the job's: node from-job, collect)
 STAGES = "stages"  # name -> {SECONDS, STAGE_STATUS[, EXIT_CODE]}
+NODE_FAULT = "node_fault"  # only when the rank named its own node's fault (slurm_multi.nodefault)
 SECONDS = "seconds"
 STAGE_STATUS = "status"
 
@@ -122,8 +125,9 @@ def read_status(path: str) -> Status | None:
 
 
 def status_document(
-    rank: int, node: str, exit_code: int, reason: str, image_id: str, stages: Sequence[str], terminated: bool
-) -> dict[str, Any]:
+    rank: int, node: str, exit_code: int, reason: str, image_id: str, stages: Sequence[str], terminated: bool,
+    node_fault: str = "",
+) -> dict[str, Any]:  # fmt: skip
     status = "ok" if exit_code == 0 else "timeout" if exit_code == 124 else "failed"
     if terminated and status == "ok":
         status = "terminated"
@@ -142,7 +146,7 @@ def status_document(
                 f"node status: --stage {spec!r}: seconds and exit code must be numbers"
             ) from None
         table[name] = entry
-    return {
+    document = {
         RANK: rank,
         NODE: node,
         EXIT_CODE: exit_code,
@@ -151,6 +155,9 @@ def status_document(
         IMAGE_ID: image_id,
         STAGES: table,
     }
+    if node_fault:
+        document[NODE_FAULT] = " ".join(node_fault.split())
+    return document
 
 
 def write_status(path: str, document: dict[str, Any]) -> None:

@@ -145,3 +145,13 @@ SH
   assert_output --partial "the bare run of short pair 1 failed (exit 7)"
   refute_output --partial "pair 2"
 }
+
+@test "the midrun row group (nodes lost mid-run) is a group of its own, on by default" {
+  BENCH_CLUSTER_GROUPS=midrun run want_group midrun
+  assert_success
+  BENCH_CLUSTER_GROUPS=midrun run want_group badnode
+  assert_failure 1
+  run want_group midrun
+  assert_success
+  declare -F midrun_rows midrun_sample >/dev/null
+}

@@ -326,3 +326,125 @@ SCRIPT
   assert_line --regexp "^node2	unreachable on port 21577"
   refute_output --partial node3
 }
+
+# bad_nodes::take FILE_TEXT [JUDGE]: job::bad_nodes_from on collect's --bad-nodes file holding
+# FILE_TEXT (or, with JUDGE, the fitness judge's lines without collect), then job::on_bad_nodes with
+# --on-bad-node requeue; the quarantine and the requeue are recorded, not done.
+bad_nodes::take() {
+  printf '%b' "$1" >bad-nodes
+  cat >batch.sh <<SCRIPT
+for lib in log util settings teardown launch job slurm; do source "${REPO_ROOT}/lib/\${lib}.sh"; done
+SM_JOBDIR=${BATS_TEST_TMPDIR}/job SLURM_JOB_ID=77 SM_STATE_DIR=${BATS_TEST_TMPDIR}/state SM_QUARANTINE_HOURS=24
+SM_ON_BAD_NODE=requeue SM_FITNESS=on JOB_NODES=(node1 node2 node3)
+util::sm() { [[ \$1 == fitness ]] && { cat ${BATS_TEST_TMPDIR}/bad-nodes; return 0; }; echo "util::sm \$*"; }
+job::requeue_without() { echo "requeue without \${JOB_BAD_NODES[*]%%\$'\t'*}, cause \$1"; }
+if [[ -n "${2:-}" ]]; then job::judge_fitness; else job::bad_nodes_from bad-nodes; fi && job::on_bad_nodes
+SCRIPT
+  bash batch.sh 2>&1
+}
+
+@test "a node lost during the run (collect's cause run) is quarantined with its reason and the job requeued for run" {
+  run bad_nodes::take '1\tnode2\tlost during the run: node2 stopped answering on the network\tpeers\trun\n'
+  assert_output --partial "bad node node2 (rank 1): lost during the run: node2 stopped answering on the network"
+  assert_output --partial "util::sm quarantine add --quiet --state-dir ${BATS_TEST_TMPDIR}/state --job 77 --hours 24 --reason lost during the run: node2 stopped answering on the network -- node2"
+  assert_output --partial "requeue without node2, cause run"
+  # A rank that vanished (evidence none): requeued around, not quarantined.
+  run bad_nodes::take '1\tnode2\tlost during the run: the task of rank 1 on node2 vanished\tnone\trun\n'
+  refute_output --partial "quarantine add"
+  assert_output --partial "requeue without node2, cause run"
+  # The fitness stage's, from collect (with its cause) or from the judge alone (without one): fitness.
+  run bad_nodes::take '2\tnode3\tdocker engine did not answer\tlocal\tfitness\n'
+  assert_output --partial "requeue without node3, cause fitness"
+  run bad_nodes::take '2\tnode3\tdocker engine did not answer\tlocal\n' judge
+  assert_output --partial "bad node node3 (rank 2): docker engine did not answer"
+  assert_output --partial "requeue without node3, cause fitness"
+}
+
+@test "the attempt a workload is in: SM_ATTEMPT is Slurm's restart count + 1, in the job and in its dry run" {
+  run bash -c "source ${REPO_ROOT}/lib/job.sh; job::export_attempt; echo \${SM_ATTEMPT}"
+  assert_output 1
+  run env SLURM_RESTART_COUNT=2 bash -c "source ${REPO_ROOT}/lib/job.sh; job::export_attempt; echo \${SM_ATTEMPT}"
+  assert_output 3
+  run bash "${REPO_ROOT}/sbatch/multi.sbatch" --dry-run -N 2 --image toy/model:local -- true
+  assert_success
+  assert_output --partial "-e SM_ATTEMPT=1 "
+}
+
+# teardown::vanished SIGNAL: the teardown's mark-lost calls after a reaper that left a rank unstaged
+# (no collect); with SIGNAL, a signal came first.
+teardown::vanished() {
+  cat >batch.sh <<SCRIPT
+for lib in log util settings teardown launch job slurm; do source "${REPO_ROOT}/lib/\${lib}.sh"; done
+SM_JOBDIR=${BATS_TEST_TMPDIR}/job SLURM_JOB_ID=77 SLURM_JOB_NUM_NODES=2 SM_COLLECT=0 SM_FITNESS=off SM_STOP_GRACE=1
+JOB_NODES=(node1 node2) ${1:+JOB_SIGNAL_AT=1}
+mkdir -p "\${SM_JOBDIR}/node_0" && echo '{}' >"\${SM_JOBDIR}/node_0/status.json"
+util::sm() { echo "util::sm \$*"; }
+job::reap() { JOB_REAPED=1; }
+job::teardown "normal end"
+SCRIPT
+  bash batch.sh 2>&1
+}
+
+@test "after the reaper ran on every node, a rank still without a status loses its node; not after a signal" {
+  run teardown::vanished
+  assert_line --regexp "^util::sm job mark-lost .* --not-responding --vanished$"
+  run teardown::vanished signal
+  refute_output --partial "--vanished"
+  assert_output --partial "--not-responding"
+}
+
+@test "requeue: Slurm refusing it leaves this attempt's files where they are (the job's own verdict)" {
+  mkdir -p shim
+  # shellcheck disable=SC2016 # expanded by the shim, not here
+  printf '#!/bin/sh\necho "scontrol $*" >>%q\ncase "$1" in requeuehold) exit 1 ;; esac\n' "${BATS_TEST_TMPDIR}/scontrol.calls" >shim/scontrol
+  chmod +x shim/scontrol
+  cat >batch.sh <<SCRIPT
+for lib in log util settings teardown launch job slurm; do source "${REPO_ROOT}/lib/\${lib}.sh"; done
+SM_JOBDIR=${BATS_TEST_TMPDIR}/job SLURM_JOB_ID=77 SLURM_RESTART_COUNT=0 SM_MAX_REQUEUES=2
+job::keep_attempt() { echo "kept attempt \$1"; }
+JOB_BAD_NODES=(\$'node2\tlost during the run')
+job::requeue_without run
+echo "requeue_without returned \$?"
+SCRIPT
+  PATH="${BATS_TEST_TMPDIR}/shim:${PATH}" run bash batch.sh
+  assert_output --partial "Slurm refused the requeue of job 77"
+  assert_output --partial "requeue_without returned 1"
+  refute_output --partial "kept attempt"
+}
+
+@test "stopping the step waits at most 3 s for scancel, which waits on a lost node for MessageTimeout" {
+  mkdir -p shim
+  printf '#!/bin/sh\necho "scancel $*" >>%q\nexec sleep 30\n' "${BATS_TEST_TMPDIR}/scancel.calls" >shim/scancel
+  chmod +x shim/scancel
+  local started=${SECONDS}
+  PATH="${BATS_TEST_TMPDIR}/shim:${PATH}" run bash -c "for lib in log util settings teardown launch job slurm; do source ${REPO_ROOT}/lib/\${lib}.sh; done
+    SM_JOBDIR=${BATS_TEST_TMPDIR}/job SLURM_JOB_ID=77 SM_RUNTIME=docker JOB_STEP_ID=0; mkdir -p \${SM_JOBDIR}; job::stop_step test"
+  assert_success
+  assert [ $((SECONDS - started)) -le 6 ]
+  run cat scancel.calls
+  assert_output "scancel --signal=TERM 77.0"
+}
+
+# teardown::after_watch STOPPED: the teardown with the step still running, every rank staged,
+# JOB_WATCH_STOPPED=STOPPED; prints whether it stopped the step.
+teardown::after_watch() {
+  cat >batch.sh <<SCRIPT
+for lib in log util settings teardown launch job slurm; do source "${REPO_ROOT}/lib/\${lib}.sh"; done
+SM_JOBDIR=${BATS_TEST_TMPDIR}/job SLURM_JOB_ID=77 SLURM_JOB_NUM_NODES=1 SM_COLLECT=0 SM_FITNESS=off SM_STOP_GRACE=1
+JOB_NODES=(node1) JOB_WATCH_STOPPED=$1
+mkdir -p "\${SM_JOBDIR}/node_0" && echo '{}' >"\${SM_JOBDIR}/node_0/status.json"
+util::sm() { :; }
+job::stop_step() { echo "stop_step: \$1"; }
+sleep 5 & JOB_SRUN_PID=\$!
+job::teardown "a node failed or was lost 5 s ago"
+SCRIPT
+  bash batch.sh 2>&1
+}
+
+@test "after the watch stopped the step the teardown does not stop it again (scancel would wait on the lost node)" {
+  run teardown::after_watch 1
+  refute_output --partial "stop_step:"
+  assert_output --partial "every rank has staged; not waiting for srun to notice"
+  run teardown::after_watch 0
+  assert_output --partial "stop_step: a node failed or was lost 5 s ago"
+}

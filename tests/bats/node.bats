@@ -27,7 +27,13 @@ case "$1 $2" in
     [[ -f ${SHIM_DIR}/no-image ]] && exit 1
     if [[ $* == *Labels* ]]; then echo "${id} "; else echo "${id}"; fi ;;
   "build "*) rm -f "${SHIM_DIR}/no-image"; echo sha256:2222 ;;
-  "run "*) echo "toy workload ran" ;;
+  "run "*)
+    # A run that fails (run-exit), its engine dying under it first (engine-dies: the socket goes).
+    if [[ -f ${SHIM_DIR}/run-exit ]]; then
+      [[ ! -f ${SHIM_DIR}/engine-dies ]] || rm -f "${DOCKER_HOST#unix://}"
+      exit "$(<"${SHIM_DIR}/run-exit")"
+    fi
+    echo "toy workload ran" ;;
   *) exit 1 ;;
 esac
 EOF
@@ -118,6 +124,43 @@ refute_container_started() {
   assert_output 1
   # Nothing of the job stays on the node: the scratch dir (env file, secrets) is gone.
   assert_not_exists "${TMPDIR}/slurm-multi.77.r0"
+}
+
+@test "a run that fails on a healthy node is the workload's; one whose docker engine died under it is the node's (node_fault)" {
+  manifest "${BATS_TEST_TMPDIR}/m.json" '{}'
+  echo 3 >"${BATS_TEST_TMPDIR}/run-exit"
+  SM_MANIFEST=${BATS_TEST_TMPDIR}/m.json node_task
+  assert_failure 3
+  assert_equal "$(status_field reason)" "container exited 3"
+  run "${SM_PYTHON}" -c 'import json,sys; print("node_fault" in json.load(open(sys.argv[1])))' "${SM_JOBDIR}/node_0/status.json"
+  assert_output False
+  # The engine dies during the run: docker run exits 125, and the engine no longer answers.
+  echo 125 >"${BATS_TEST_TMPDIR}/run-exit"
+  : >"${BATS_TEST_TMPDIR}/engine-dies"
+  rm -rf "${SM_JOBDIR}"
+  SM_MANIFEST=${BATS_TEST_TMPDIR}/m.json node_task
+  assert_failure 125
+  run status_field node_fault
+  assert_output --regexp "^the docker engine on .* stopped answering during the run \(${BATS_TEST_TMPDIR}/docker.sock: "
+  run status_field reason
+  assert_output --regexp "^the docker engine on .* stopped answering during the run .*: container exited 125$"
+  run grep -c "this node's own fault: the docker engine" "${SM_JOBDIR}/node_0/node.log"
+  assert_output 1
+}
+
+@test "every rank's container is told its attempt: SM_ATTEMPT, and SLURM_RESTART_COUNT once Slurm sets it" {
+  manifest "${BATS_TEST_TMPDIR}/m.json" '{}'
+  SM_ATTEMPT=1 SM_MANIFEST=${BATS_TEST_TMPDIR}/m.json node_task
+  assert_success
+  run grep '^run ' "${BATS_TEST_TMPDIR}/docker-calls"
+  assert_output --partial " -e SM_ATTEMPT=1 "
+  refute_output --partial "SLURM_RESTART_COUNT"
+  rm -f "${BATS_TEST_TMPDIR}/docker-calls"
+  SM_ATTEMPT=3 SLURM_RESTART_COUNT=2 SM_MANIFEST=${BATS_TEST_TMPDIR}/m.json node_task
+  assert_success
+  run grep '^run ' "${BATS_TEST_TMPDIR}/docker-calls"
+  assert_output --partial " -e SLURM_RESTART_COUNT=2 "
+  assert_output --partial " -e SM_ATTEMPT=3 "
 }
 
 @test "GPUs asked for that the node lacks: the node fails with both lists, no container starts" {

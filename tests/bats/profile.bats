@@ -471,7 +471,7 @@ for line in open(sys.argv[1]):
   run grep -c '^+ env SLURM_SUBMIT_DIR=' "${job}/nsight-slurm.out"
   assert_output 9
   run grep -A1 'worker step' "${job}/nsight-slurm.out"
-  assert_output --regexp "\+ env SLURM_SUBMIT_DIR=${job} ${NSIGHT_HOME}/bin/nsight-slurm srun --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=0 --label -- ${REPO_ROOT}/bin/sm-node --jobdir ${job} -- sh -c 'exit 0'"
+  assert_output --regexp "\+ env SLURM_SUBMIT_DIR=${job} ${NSIGHT_HOME}/bin/nsight-slurm srun --nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=0 --no-kill --label -- ${REPO_ROOT}/bin/sm-node --jobdir ${job} -- sh -c 'exit 0'"
   run cat "${job}/nsight-slurm.out"
   assert_output --partial "[Nsight] coordinator started: tcp://127.0.0.1:"
 }
@@ -511,10 +511,10 @@ e2e_json() { "${SM_PYTHON}" -c 'import json, sys; d = json.load(open(sys.argv[1]
   run grep -c -- '--export' "${BATS_TEST_TMPDIR}/srun.argv"
   assert_output 1
   run cat "${BATS_TEST_TMPDIR}/srun.argv"
-  assert_line --index 4 -- '--export=ALL'
-  assert_line --index 5 -- '--job-name=nsight-slurm-connector'
-  assert_line --index 6 "${NSIGHT_HOME}/bin/nsight-slurm-connector"
-  assert_line --index 7 "${REPO_ROOT}/bin/sm-node"
+  assert_line --index 5 -- '--export=ALL'
+  assert_line --index 6 -- '--job-name=nsight-slurm-connector'
+  assert_line --index 7 "${NSIGHT_HOME}/bin/nsight-slurm-connector"
+  assert_line --index 8 "${REPO_ROOT}/bin/sm-node"
 }
 
 @test "the head node's IPv4: not loopback, not link-local; hostname -I as the fallback" {

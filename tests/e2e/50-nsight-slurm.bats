@@ -92,7 +92,7 @@ PY
   assert_line "('stop', '10.77.0.11', '${JOB_DIR}')"
   assert_line "('srun', 'node1', '${JOB_DIR}')"
   run records nsight-slurm 'r["argv"][1] == "srun" and " ".join(r["argv"])'
-  assert_line --regexp " srun --nodes=2 --ntasks-per-node=2 --kill-on-bad-exit=0 --label -- ${REPO_ROOT}/bin/sm-node --jobdir "
+  assert_line --regexp " srun --nodes=2 --ntasks-per-node=2 --kill-on-bad-exit=0 --no-kill --label -- ${REPO_ROOT}/bin/sm-node --jobdir "
   refute_output --partial -- '--export'
   # Every wrapper call in order: the once-per-job configure sequence, the worker step, then the
   # teardown flush (stop) and, after the steps ended, the coordinator stop.

@@ -127,7 +127,8 @@ def test_collect_writes_the_bad_nodes_the_judge_finds_and_holds_the_perf_csv_for
     tmp_path: Path,
 ) -> None:
     """The batch step judges the fitness reports once, in collect (--bad-nodes): the same lines as
-    `fitness judge`; a job to be requeued appends no rows (--no-perf-csv-on-bad-nodes)."""
+    `fitness judge`, with the cause (fitness) after them; a job to be requeued appends no rows
+    (--no-perf-csv-on-bad-nodes)."""
     jobdir = _bad_node_job(tmp_path / "job")
     judged = cli(["judge", "--jobdir", str(jobdir), "--nodes", "node0 node1"])
     assert judged.returncode == 0 and judged.stdout, judged.stderr
@@ -137,11 +138,9 @@ def test_collect_writes_the_bad_nodes_the_judge_finds_and_holds_the_perf_csv_for
     hold = ["--bad-nodes", str(tmp_path / "bad"), "--perf-csv", str(shared), "--no-perf-csv-on-bad-nodes"]
     held = subprocess.run([*collect, *hold], capture_output=True, text=True, env=env)
     assert held.returncode == 1, held.stderr
-    assert (
-        (tmp_path / "bad").read_text()
-        == judged.stdout
-        == "0\tnode0\tGPU 1 held by pid 4242 (2048 MiB) of another job\tlocal\n"
-    )
+    judge_line = "0\tnode0\tGPU 1 held by pid 4242 (2048 MiB) of another job\tlocal"
+    assert judged.stdout == f"{judge_line}\n"
+    assert (tmp_path / "bad").read_text() == f"{judge_line}\tfitness\n"
     assert not shared.exists() and "no rows appended" in held.stderr
     # Not to be requeued (the flag not given): the rows go to the shared file as before.
     kept = subprocess.run([*collect, "--bad-nodes", str(tmp_path / "bad"), "--perf-csv", str(shared)],

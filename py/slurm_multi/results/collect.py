@@ -129,7 +129,7 @@ def _collect(
         summary.reasons.extend(summary.profile.reasons())
         summary.verdict = "FAILURE"
     summary.bad_nodes, summary.attempts = bad_nodes_and_attempts(
-        root, job_json, warnings, bool(summary.reasons)
+        root, job_json, warnings, bool(summary.reasons), nodes
     )
     summary.reasons[:0] = [
         f"bad node {b['node']} (node {b['rank']}): {b['reason']}" for b in summary.bad_nodes
@@ -145,34 +145,47 @@ def _collect(
 
 
 def bad_nodes_and_attempts(
-    root: Path, job_json: dict[str, Any], warnings: list[str], failed: bool
+    root: Path,
+    job_json: dict[str, Any],
+    warnings: list[str],
+    failed: bool,
+    nodes: Sequence[NodeReport] = (),
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The fitness stage's bad nodes (judged as the batch step judges them: slurm_multi.fitness) and a
-    requeued job's earlier attempts (slurm_multi.attempts). A job that did not fail has no bad node (a
-    node that finds one fails its stage): its verdict does not pay for importing the judge."""
+    """The bad nodes (the fitness stage's, judged as the batch step judges them: slurm_multi.fitness;
+    then the nodes lost or failed during the run: results.midrun), each once, and a requeued job's
+    earlier attempts (slurm_multi.attempts). A job that did not fail has no bad node (a node that
+    finds one fails its stage): its verdict does not pay for importing the judges."""
     from slurm_multi import attempts
 
     earlier, unreadable = attempts.earlier(str(root))
     warnings.extend(unreadable)
     if not failed:
         return [], earlier
-    from slurm_multi import fitness
-
     settings = job_json.get("settings") if isinstance(job_json.get("settings"), dict) else {}
-    hosts = job_json.get("nodes")
-    if settings.get("SM_FITNESS") == "off" or not isinstance(hosts, list) or not hosts:
-        return [], earlier
-    found = fitness.judge_job(str(root), [str(h) for h in hosts])
-    # (each reason masked before it is stored: the files it came from may be older than the rule)
-    return [
-        {
-            "rank": b["rank"],
-            "node": b["host"],
-            "reason": reason_line(b["reason"], 800),
-            "evidence": b["evidence"],
-        }
-        for b in found
-    ], earlier
+    listed = job_json.get("nodes")
+    hosts = [str(h) for h in listed] if isinstance(listed, list) else []
+    bad: list[dict[str, Any]] = []
+    if settings.get("SM_FITNESS") != "off" and hosts:
+        from slurm_multi import fitness
+
+        found = fitness.judge_job(str(root), hosts)
+        # (each reason masked before it is stored: the files it came from may be older than the rule)
+        bad = [
+            {
+                "rank": b["rank"],
+                "node": b["host"],
+                "cause": "fitness",
+                "reason": reason_line(b["reason"], 800),
+                "evidence": b["evidence"],
+            }
+            for b in found
+        ]
+    from slurm_multi.results.midrun import judge_run
+
+    named = {b["node"] for b in bad}
+    per_node = as_int(job_json.get("tasks_per_node")) or 1
+    bad += [b for b in judge_run(root, nodes, hosts, per_node) if b["node"] not in named]
+    return bad, earlier
 
 
 def known_job_facts(job: dict[str, Any]) -> dict[str, Any]:

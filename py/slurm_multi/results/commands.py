@@ -98,9 +98,9 @@ NOT_A_DIRECTORY = click.Path(dir_okay=False)
     "--bad-nodes",
     metavar="FILE",
     type=NOT_A_DIRECTORY,
-    help="Also write the fitness stage's bad nodes to FILE, one '<rank> TAB <node> TAB <reason>' line "
-    "each (empty when there are none): the batch step quarantines and requeues from it, so the "
-    "fitness reports are judged once, here.",
+    help="Also write the bad nodes to FILE, one '<rank> TAB <node> TAB <reason> TAB <evidence> TAB "
+    "<cause>' line each (cause: fitness, or run for a node lost or failed during the run; empty when "
+    "there are none): the batch step quarantines and requeues from it, so the nodes are judged once, here.",
 )
 @click.option(
     "--no-perf-csv-on-bad-nodes",
@@ -172,13 +172,11 @@ def talk_warnings(warnings: Sequence[str], limit: int = MAX_TABLE_REASONS) -> No
 
 
 def write_bad_nodes(path: str, bad: Sequence[Mapping[str, Any]]) -> None:
-    """--bad-nodes: `<rank>\t<node>\t<reason>\t<evidence>` lines (what `fitness judge` prints),
-    atomically. A reason is one line: a tab or a line break in it would split the batch step's read."""
-    lines = [
-        "\t".join(" ".join(str(b.get(key, "none")).split()) for key in ("rank", "node", "reason", "evidence"))
-        + "\n"
-        for b in bad
-    ]
+    """--bad-nodes: `<rank>\t<node>\t<reason>\t<evidence>\t<cause>` lines (what `fitness judge` prints,
+    with the cause: fitness, or run for a node lost or failed during the run), atomically. A reason
+    is one line: a tab or a line break in it would split the batch step's read."""
+    keys = ("rank", "node", "reason", "evidence", "cause")
+    lines = ["\t".join(" ".join(str(b.get(key, "none")).split()) for key in keys) + "\n" for b in bad]
     write_atomic(Path(path), "".join(lines), "is its directory writable?", durable=False)
 
 

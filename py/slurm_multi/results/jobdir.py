@@ -53,6 +53,7 @@ class NodeReport:
     dirname: str | None = None
     path: str | None = None  # JOBDIR/<dirname>, joined once: every reader of the node's files uses it
     last_progress: float | None = None  # epoch seconds, from the hang watch (results.hangs)
+    node_fault: str = ""  # the rank named its own node's fault (status.json; results.midrun)
 
     @property
     def label(self) -> str:
@@ -321,6 +322,8 @@ def _judge_status(status: statusfile.Status, report: NodeReport) -> None:
                 report.stage_status[str(name)] = short(info[statusfile.STAGE_STATUS], 40)
     report.exit_code = as_int(status.exit_code)
     report.status = str(status.status or "unknown")
+    fault = status.get(statusfile.NODE_FAULT)
+    report.node_fault = short(fault, 300) if isinstance(fault, str) else ""
     if report.status != "ok" or report.exit_code not in (None, 0):
         note = status.reason if isinstance(status.reason, str) else ""
         reason = _status_reason(report.status, report.exit_code, stages, note)
