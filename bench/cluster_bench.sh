@@ -9,6 +9,8 @@ source "${ROOT}/lib/log.sh"
 source "${ROOT}/tests/cluster/lib.sh"
 # shellcheck source=bench/midrun_bench.sh
 source "${ROOT}/bench/midrun_bench.sh"
+# shellcheck source=bench/scale_bench.sh
+source "${ROOT}/bench/scale_bench.sh"
 
 PY=${SM_PYTHON:-${ROOT}/.venv/bin/python}
 EXEC=${ROOT}/tests/cluster/exec
@@ -500,13 +502,13 @@ PY
 }
 
 # want_group NAME: true when BENCH_CLUSTER_GROUPS (comma-separated: overhead, badnode, midrun, image,
-# transport, pyxis; default all) names NAME. Unknown names are an error, not a silent empty table.
+# transport, pyxis, scale; default all) names NAME. Unknown names are an error, not a silent empty table.
 want_group() {
-  local groups=${BENCH_CLUSTER_GROUPS:-overhead,badnode,midrun,image,transport,pyxis} item
+  local groups=${BENCH_CLUSTER_GROUPS:-overhead,badnode,midrun,image,transport,pyxis,scale} item
   local -a items
   IFS=, read -r -a items <<<"${groups}"
   for item in "${items[@]}"; do
-    case ${item} in overhead | badnode | midrun | image | transport | pyxis) ;; *) log::die bench "BENCH_CLUSTER_GROUPS: unknown group '${item}' (use overhead, badnode, midrun, image, transport, pyxis)" 2 ;; esac
+    case ${item} in overhead | badnode | midrun | image | transport | pyxis | scale) ;; *) log::die bench "BENCH_CLUSTER_GROUPS: unknown group '${item}' (use overhead, badnode, midrun, image, transport, pyxis, scale)" 2 ;; esac
   done
   [[ ,${groups}, == *,"$1",* ]]
 }
@@ -564,6 +566,11 @@ main() {
   if want_group pyxis; then
     log::info bench "pyxis (${repeats} runs each)"
     (pyxis_rows "${repeats}" "${out}" "${work}") || failed+=(pyxis)
+  fi
+  # Last: it brings the cluster up with 16 nodes, then back to 4.
+  if want_group scale; then
+    log::info bench "scale: the warm toy job at ${BENCH_SCALE_NODES:-2,8,16} nodes vs bare srun docker run ($((repeats * 2)) + ${repeats} profiled pairs each)"
+    scale_group "${repeats}" "${out}" "${work}" || failed+=(scale)
   fi
   ((${#failed[@]} == 0)) || log::die bench "row groups that failed: ${failed[*]} (see above); the others' rows are written"
 }

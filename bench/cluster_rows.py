@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -38,9 +39,13 @@ def cpu_extra(measured: list[Path], baseline: list[Path]) -> dict[str, Any]:
     return {"cpu": doc}
 
 
-def job_note(measured: dict[str, Any], baseline: dict[str, Any], nodes: int) -> str:
-    """`CPU s per node per job outside the workload's containers: toolkit 0.71 vs bare 0.15 (...)`."""
-    mine, base = job_cpu_per_node(measured, nodes), job_cpu_per_node(baseline, nodes)
+def job_note(
+    measured: dict[str, Any], baseline: dict[str, Any], nodes: int, baseline_nodes: int | None = None
+) -> str:
+    """`CPU s per node per job outside the workload's containers: toolkit 0.71 vs bare 0.15 (...)`;
+    then how busy the machine's cores were (the test cluster's nodes all share them)."""
+    mine = job_cpu_per_node(measured, nodes)
+    base = job_cpu_per_node(baseline, baseline_nodes or nodes)
     by_node = ", ".join(
         f"{'batch step' if node == 'batch' else node} {value:.2f}"
         for node, value in measured.get("job_cpu_s_by_node", {}).items()
@@ -50,6 +55,9 @@ def job_note(measured: dict[str, Any], baseline: dict[str, Any], nodes: int) -> 
     )
     text = f"CPU s per node per job outside the workload's containers ({measured['runs']} runs, mean): "
     text += f"toolkit {mine:.2f} vs bare {base:.2f}; the toolkit's by node {by_node}; biggest {biggest}"
+    cores = os.cpu_count() or 1
+    busy = measured.get("machine_busy_s", 0.0) / (measured.get("window_s") or 1.0) / cores
+    text += f"; the machine's {cores} cores {busy:.0%} busy while the toolkit's job ran"
     if not (measured.get("acct") and baseline.get("acct")):
         text += " (no process accounting: short processes undercounted)"
     return text
@@ -71,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--nodes", type=int, help="a job's rows: its node count (the notes give CPU per node)"
     )
+    parser.add_argument("--baseline-nodes", type=int, help="the baseline job's node count, when not --nodes")
     parser.add_argument(
         "--cpu-samples",
         action="store_true",
@@ -81,8 +90,9 @@ def main(argv: list[str] | None = None) -> int:
         if not args.nodes:
             parser.error("--cpu-samples needs --nodes")
         args.samples = [job_cpu_per_node(json.loads(path.read_text()), args.nodes) for path in args.cpu]
+        base_nodes = args.baseline_nodes or args.nodes
         args.baseline_samples = [
-            job_cpu_per_node(json.loads(p.read_text()), args.nodes) for p in args.baseline_cpu
+            job_cpu_per_node(json.loads(p.read_text()), base_nodes) for p in args.baseline_cpu
         ]
     if not args.samples or not args.baseline_samples:
         print("cluster_rows: no samples", file=sys.stderr)
@@ -102,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     note = ""
     if cpu.get("measured") and cpu.get("baseline"):
         if args.nodes:
-            note = job_note(cpu["measured"], cpu["baseline"], args.nodes)
+            note = job_note(cpu["measured"], cpu["baseline"], args.nodes, args.baseline_nodes)
         elif row["met"] is False:
             note = compare_note(cpu["measured"], cpu["baseline"])
     if note:

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # bench/overhead_job.sh: the toolkit-overhead pairs, run by bench/cluster_bench.sh inside ONE
-# `salloc -N2` (so Slurm's scheduling latency is on neither side). Each pair is one warm 2-node toy
-# job through `bash sbatch/multi.sbatch` (as a batch step runs it, collect included) and one bare
-# `srun -N2 docker run` of the same image and workload, back to back; the order alternates from
-# pair to pair (toolkit first, then bare first), so drift on a shared machine hits both sides.
+# `salloc -NN` (so Slurm's scheduling latency is on neither side; N is 2 for the overhead rows, 2, 8
+# and 16 for the scale rows). Each pair is one warm N-node toy job through `bash sbatch/multi.sbatch`
+# (as a batch step runs it, collect included) and one bare `srun -NN docker run` of the same image
+# and workload, back to back; the order alternates from pair to pair (toolkit first, then bare
+# first), so drift on a shared machine hits both sides.
 #
 #   overhead_job.sh --work DIR --pairs N --cpu-pairs N --long-pairs N [--long-seconds S]
 #
@@ -27,9 +28,9 @@ toolkit() {
 # bare STEPS STEP_SECONDS: the same image and workload with nothing but srun and docker run (the
 # rank variables the toy needs set by hand).
 bare() {
-  # shellcheck disable=SC2016 # $SLURM_NODEID expands in each task's shell
-  local env='-e RANK=$SLURM_NODEID -e NODE_RANK=$SLURM_NODEID -e NNODES=2 -e WORLD_SIZE=2 -e MASTER_ADDR=node1 -e MASTER_PORT=29500'
-  srun --nodes=2 --ntasks-per-node=1 bash -c "docker run --rm --network host ${env} ${IMAGE} sh run.sh --steps $1 --step-seconds $2" \
+  # (\$SLURM_NODEID expands in each task's shell; the node count and rank 0's node here.)
+  local env="-e RANK=\$SLURM_NODEID -e NODE_RANK=\$SLURM_NODEID -e NNODES=${NNODES} -e WORLD_SIZE=${NNODES} -e MASTER_ADDR=${MASTER_NODE} -e MASTER_PORT=29500"
+  srun --nodes="${NNODES}" --ntasks-per-node=1 bash -c "docker run --rm --network host ${env} ${IMAGE} sh run.sh --steps $1 --step-seconds $2" \
     >/dev/null 2>&1
 }
 
@@ -91,7 +92,8 @@ main() {
   [[ -n ${WORK} && -d ${WORK} ]] || { echo "overhead_job: --work DIR is required" >&2; return 2; }
   cd "${WORK}"
   export SM_HOME=${ROOT} SM_PYTHON=${PY}
-  JOB_NODES=$(scontrol show hostnames "${SLURM_JOB_NODELIST:?run inside salloc -N2}" | paste -sd,)
+  JOB_NODES=$(scontrol show hostnames "${SLURM_JOB_NODELIST:?run inside salloc -NN}" | paste -sd,)
+  NNODES=${SLURM_JOB_NUM_NODES:?run inside salloc -NN} MASTER_NODE=${JOB_NODES%%,*}
   mkdir -p "${WORK}/cache-overhead" "${WORK}/cpu"
   local profile=1
   [[ ${BENCH_CPU_PROFILE:-1} != 0 ]] || profile=0 cpu_count=0

@@ -155,3 +155,41 @@ SH
   assert_success
   declare -F midrun_rows midrun_sample >/dev/null
 }
+
+@test "the scale row group brings the cluster to 16 nodes for its rows and back to 4 after, even when a row fails" {
+  BENCH_CLUSTER_GROUPS=scale run want_group scale
+  assert_success
+  run want_group scale # on by default
+  assert_success
+  # A bring-up that records itself and leaves N nodes in the state, as tests/cluster/up does.
+  # shellcheck disable=SC2016 # expanded by the fake
+  printf '#!/bin/bash\necho "up $*" >>"%s"\nfor ((i = 1; i <= $3; i++)); do echo "node$i 10.77.0.$((10 + i)) none"; done >"%s"\n' \
+    "${TRACE}" "${SM_CLUSTER_STATE}/nodes" >"${BENCH_CLUSTER_UP}"
+  "${BENCH_CLUSTER_UP}" --no-install --nodes 4 && : >"${TRACE}"
+  ROOT=${BATS_TEST_TMPDIR}/root
+  mkdir -p "${ROOT}/tests/cluster"
+  printf '#!/bin/sh\nexit 0\n' >"${ROOT}/tests/cluster/status"
+  chmod +x "${ROOT}/tests/cluster/status"
+  # shellcheck disable=SC2329 # called by scale_group
+  scale_rows() { scale_cluster 16 && return 3; }
+  run scale_group 1 "${BATS_TEST_TMPDIR}/out" "${BATS_TEST_TMPDIR}"
+  assert_failure 3
+  run cat "${TRACE}"
+  assert_output "up --no-install --nodes 16
+up --no-install --nodes 4"
+  # Already at 4: no bring-up.
+  : >"${TRACE}"
+  scale_rows() { return 0; }
+  run scale_group 1 "${BATS_TEST_TMPDIR}/out" "${BATS_TEST_TMPDIR}"
+  assert_success
+  assert_file_empty "${TRACE}"
+}
+
+@test "BENCH_SCALE_NODES: sizes smallest first, each a node count of the test cluster" {
+  BENCH_SCALE_NODES=16,2,8,8 run scale_sizes
+  assert_success
+  [[ $(paste -sd, <<<"${output}") == 2,8,16 ]] || fail "got: ${output}"
+  BENCH_SCALE_NODES=2,32 run scale_sizes
+  assert_failure 2
+  assert_output --partial "BENCH_SCALE_NODES: '32' is not a node count of the test cluster (1..16)"
+}

@@ -700,3 +700,30 @@ def test_the_cpu_row_is_the_cpu_per_node_the_toolkit_adds_pair_by_pair(tmp_path:
         cluster_rows.main(
             ["--row", "r", "--what", "w", "--baseline", "b", "--cpu-samples", "--out", str(out)]
         )
+
+
+def test_the_scale_cpu_row_compares_cpu_per_node_of_jobs_of_different_sizes(tmp_path: Path) -> None:
+    """The scale rows (bench/scale_bench.sh): a 16-node job's CPU per node against a 2-node job's,
+    each divided by its own node count; the notes say how busy the shared cores were."""
+    import cluster_rows
+    import cpu_profile
+
+    args = ["--row", "scale CPU", "--what", "w", "--baseline", "b", "--nodes", "16", "--baseline-nodes", "2"]
+    for side, cpu in (("cpu", 7.9), ("baseline-cpu", 0.9)):
+        doc, acct = _job_recording(cpu)
+        path = tmp_path / f"{side}.json"
+        path.write_text(
+            json.dumps(cpu_profile.summarize(cpu_profile.attribute(doc, acct, "node1", 100, ["node1"]), doc))
+        )
+        args += [f"--{side}", str(path)]
+    out = tmp_path / "row.json"
+    assert cluster_rows.main([*args, "--cpu-samples", "--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())
+    # (0.1 bash + X plan + 0.05 srun + 0.25 node1): 8.3 / 16 and 1.3 / 2.
+    assert row["samples_s"] == pytest.approx([8.3 / 16]) and row["baseline_samples_s"] == pytest.approx(
+        [0.65]
+    )
+    assert "toolkit 0.52 vs bare 0.65" in row["notes"]
+    # The machine: 4 busy CPU-s over the 3 s window, on however many cores this machine has.
+    cores = os.cpu_count() or 1
+    assert f"the machine's {cores} cores {4 / 3 / cores:.0%} busy while the toolkit's job ran" in row["notes"]
