@@ -43,12 +43,14 @@ scale_job() {
     assert_equal "$(e2e::json "${JOB_DIR}/node_${r}/status.json" 'd["exit_code"]')" 0
     assert_equal "$(e2e::json "${JOB_DIR}/node_${r}/fitness.json" 'd["ok"], d["rank"]')" "(True, ${r})"
   done
-  # Every node was checked by its peers: each rank is in at least two other nodes' `reached`.
+  # Every node was checked by at least two peers: each rank is in two other nodes' `reached` (they
+  # dialed it) or `heard` (it dialed them), whichever peers the mesh pairs it with.
   run "${SM_PYTHON}" - "${JOB_DIR}" "${n}" <<'PY'
 import json, sys
 job, n = sys.argv[1], int(sys.argv[2])
-reached = {r: json.load(open(f"{job}/node_{r}/fitness.json"))["checks"]["network"]["reached"] for r in range(n)}
-print([q for q in range(n) if sum(q in got for r, got in reached.items() if r != q) < 2])
+net = {r: json.load(open(f"{job}/node_{r}/fitness.json"))["checks"]["network"] for r in range(n)}
+checked = {q: {r for r in range(n) if r != q and q in set(net[r]["reached"]) | set(net[r]["heard"])} for q in range(n)}
+print([q for q in range(n) if len(checked[q]) < 2])
 PY
   assert_output "[]"
   run grep -c 'stage_end.*stage=fitness.*status=ok' "${JOB_DIR}/node_0/events.log"
