@@ -33,7 +33,7 @@ scale_sizes() {
 # scale_rows REPEATS OUT WORK: at each size, 2 x REPEATS timed pairs and REPEATS profiled pairs in
 # one allocation; then the largest size against the smallest, wall and CPU per node.
 scale_rows() {
-  local repeats=$1 out=$2 work=$3 n lines dir i
+  local repeats=$1 out=$2 work=$3 n lines dir file i
   local pairs=$((repeats * 2)) cpu_pairs=${repeats} budget=$((${BENCH_JOB_TIMEOUT:-600} * 2))
   local list
   local -a sizes
@@ -46,7 +46,7 @@ scale_rows() {
   local bare_cmd="srun -NN docker run --rm --network host toy/model:local sh run.sh --steps 20"
   local toolkit_cmd="bash sbatch/multi.sbatch --manifest toy (warm cache, image on every node) inside salloc -NN, collect included"
   for n in "${sizes[@]}"; do
-    dir=${work}/scale-${n}
+    dir=${work}/scale-${n} file=${out}/scale-$(printf '%02d' "${n}") # the table lists the rows by file name
     mkdir -p "${dir}"
     log::info bench "scale: ${n} nodes, ${pairs} timed + ${cpu_pairs} profiled pairs in one allocation"
     lines=$(SM_PYTHON=${PY} timeout "${budget}" salloc -N"${n}" --immediate=60 --quiet bash "${ROOT}/bench/overhead_job.sh" \
@@ -58,7 +58,7 @@ scale_rows() {
       --samples "${wall[${n}]}" \
       --baseline-samples "$(awk '$1 == "short" && $3 == "bare" { print $4 }' <<<"${lines}" | paste -sd,)" \
       --notes "${pairs} pairs, the order alternating; every node on this machine's cores" \
-      --out "${out}/scale-${n}-wall.json"
+      --out "${file}-1-wall.json"
     CPU_OPTS=()
     for ((i = 1; i <= cpu_pairs; i++)); do # a pair whose profile is missing on either side is left out
       [[ -s ${dir}/cpu/cpu-toolkit-${i}.json && -s ${dir}/cpu/cpu-bare-${i}.json ]] || continue
@@ -72,14 +72,14 @@ scale_rows() {
       --what "CPU s per node of every process of the toolkit's job but the workload containers' own (the batch step counted with the nodes)" \
       --baseline "the same for ${bare_cmd/NN/N${n}}" \
       --notes "$((${#CPU_OPTS[@]} / 4)) pairs under the CPU recorder, same allocation" \
-      --out "${out}/scale-${n}-cpu.json"
+      --out "${file}-2-cpu.json"
   done
   ((large > small)) || return 0
   row --row "scale: warm toy job, ${large} vs ${small} nodes" \
     --what "the toolkit's ${large}-node wall time" --baseline "its ${small}-node wall time, same run" \
     --samples "${wall[${large}]}" --baseline-samples "${wall[${small}]}" \
     --notes "${large} nodes' helpers on the same cores: compare with the CPU row below" \
-    --out "${out}/scale-growth-wall.json"
+    --out "${out}/scale-growth-1-wall.json"
   CPU_OPTS=()
   cpu_files cpu "${work}/scale-${large}/cpu/cpu-toolkit-"*.json
   cpu_files baseline-cpu "${work}/scale-${small}/cpu/cpu-toolkit-"*.json
@@ -87,8 +87,8 @@ scale_rows() {
   row --row "scale: toolkit CPU per node, ${large} vs ${small} nodes" --cpu-samples \
     --nodes "${large}" --baseline-nodes "${small}" "${CPU_OPTS[@]}" \
     --what "the toolkit's CPU s per node at ${large} nodes" --baseline "at ${small} nodes, same run" \
-    --notes "flat: the code's work per node does not grow with the job; the wall time's growth is the shared cores" \
-    --out "${out}/scale-growth-cpu.json"
+    --notes "flat or falling: the wall time's growth is the shared cores; a helper whose share per node grows is the code's" \
+    --out "${out}/scale-growth-2-cpu.json"
 }
 
 # scale_group REPEATS OUT WORK: the rows, then the test cluster back at 4 nodes, whatever happened.

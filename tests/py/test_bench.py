@@ -696,6 +696,7 @@ def test_the_cpu_row_is_the_cpu_per_node_the_toolkit_adds_pair_by_pair(tmp_path:
         in (row["notes"])
     )
     assert "by node batch step 1.25, node1 0.25" in row["notes"]
+    assert f"the machine's {os.cpu_count() or 1} cores" in row["notes"]
     with pytest.raises(SystemExit):
         cluster_rows.main(
             ["--row", "r", "--what", "w", "--baseline", "b", "--cpu-samples", "--out", str(out)]
@@ -723,7 +724,13 @@ def test_the_scale_cpu_row_compares_cpu_per_node_of_jobs_of_different_sizes(tmp_
     assert row["samples_s"] == pytest.approx([8.3 / 16]) and row["baseline_samples_s"] == pytest.approx(
         [0.65]
     )
-    assert "toolkit 0.52 vs bare 0.65" in row["notes"]
     # The machine: 4 busy CPU-s over the 3 s window, on however many cores this machine has.
     cores = os.cpu_count() or 1
-    assert f"the machine's {cores} cores {4 / 3 / cores:.0%} busy while the toolkit's job ran" in row["notes"]
+    busy = f"{4 / 3 / cores:.0%}"
+    assert (
+        f"CPU s per node 0.52 at 16 nodes vs 0.65 at 2; the machine's {cores} cores {busy} vs {busy} busy"
+        in (row["notes"])
+    )
+    assert "bare" not in row["notes"]
+    # Helper by helper, per node at each size: the plan's 7.9 / 16 against 0.9 / 2.
+    assert "per node, the biggest: slurm-multi job plan 0.494 vs 0.450" in row["notes"]
