@@ -70,11 +70,13 @@ image::key_into() {
 
 # image::cache_entry BASE WANT_ID: the cache entry of key BASE (<cache>/<key>) that holds WANT_ID (any
 # image when empty), whole as its sidecar describes it, into IMAGE_CACHE_ENTRY: the layered entry
-# first, then the whole-image tar. Fails when neither does.
+# first (not with --image-layers off: then only whole images move), then the whole-image tar. Fails
+# when neither does.
 image::cache_entry() {
-  local entry
+  local entry kinds=(layers tar)
   IMAGE_CACHE_ENTRY=
-  for entry in "$1.layers" "$1.tar"; do
+  [[ ${SM_IMAGE_LAYERS:-auto} != off ]] || kinds=(tar)
+  for entry in "${kinds[@]/#/$1.}"; do
     if cache::holds "${entry}" "$2"; then
       IMAGE_CACHE_ENTRY=${entry}
       return 0
