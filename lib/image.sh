@@ -92,10 +92,14 @@ image::cache_entry() {
 image::layer_plan() {
   local id=$1 out hosts=() argv
   IMAGE_LAYER_MODE=whole
+  if [[ ${SM_IMAGE_LAYERS} == off ]]; then
+    log::info image "--image-layers off: the whole image moves"
+    return 0
+  fi
   slurm::hostnames_into hosts
   # The relay's ranks: one per node, in the job's node order (image::relay_argv).
   argv=(layers plan --image "${SM_IMAGE}" --image-id "${id}" --nnodes "$((${#hosts[@]} ? ${#hosts[@]} : NNODES))"
-    --image-layers "${SM_IMAGE_LAYERS}" --out "${SM_SCRATCH}/layers.plan")
+    --out "${SM_SCRATCH}/layers.plan")
   ((${#hosts[@]} == 0)) || argv+=(--nodes "$(IFS=,; printf '%s' "${hosts[*]}")")
   [[ ! -f ${SM_SCRATCH}/barrier.holds ]] || argv+=(--holds-file "${SM_SCRATCH}/barrier.holds")
   log::cmd image "${SM_HOME}/bin/slurm-multi" "${argv[@]}"

@@ -126,8 +126,9 @@ setup() {
 }
 
 @test "a stale tar (an older image under the same tag) is detected and replaced" {
+  # The whole-image tar's own protocol (--image-layers off); layered entries: 13-layers.bats.
   rm -f "${E2E_CACHE}"/*
-  e2e::run_job -N2 -- --manifest "${TOY_MANIFEST}" --image-transport cache --image-cache "${E2E_CACHE}"
+  e2e::run_job -N2 -- --manifest "${TOY_MANIFEST}" --image-transport cache --image-cache "${E2E_CACHE}" --image-layers off
   assert_equal "${JOB_RC}" 0
   local old
   old=$(e2e::image_id node1)
@@ -136,7 +137,7 @@ setup() {
   local new
   new=$(e2e::image_id node1)
   assert [ "${new}" != "${old}" ]
-  e2e::run_job -N2 -- --manifest "${TOY_MANIFEST}" --image-transport cache --image-cache "${E2E_CACHE}"
+  e2e::run_job -N2 -- --manifest "${TOY_MANIFEST}" --image-transport cache --image-cache "${E2E_CACHE}" --image-layers off
   assert_equal "${JOB_RC}" 0
   run cat "${JOB_DIR}/node_0/node.log"
   assert_output --partial "stale tar in the cache"
