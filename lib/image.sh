@@ -75,7 +75,7 @@ image::key_into() {
 image::cache_entry() {
   local entry kinds=(layers tar)
   IMAGE_CACHE_ENTRY=
-  [[ ${SM_IMAGE_LAYERS:-auto} != off ]] || kinds=(tar)
+  [[ ${SM_IMAGE_LAYERS} != off ]] || kinds=(tar)
   for entry in "${kinds[@]/#/$1.}"; do
     if cache::holds "${entry}" "$2"; then
       IMAGE_CACHE_ENTRY=${entry}
