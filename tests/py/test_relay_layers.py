@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -35,9 +36,10 @@ def expected(held: int, tmp_path: Path) -> bytes:
     return out.read_bytes()
 
 
-def relay(tmp_path: Path, nnodes: int, prefixes: dict[int, int], fanout: int = 1, loaders=None, **plan):
+def relay(tmp_path: Path, nnodes: int, prefixes: dict[int, int], fanout: int = 1, loaders=None, source=None,
+          **plan):  # fmt: skip
     """Run rank 0 (layered) and every receiver; receiver r writes tmp_path/out<r> unless
-    loaders[r] is False (it only forwards)."""
+    loaders[r] is False (it only forwards). `source`: rank 0's stdin fd (default: the fixture)."""
     job = base.job_id()
     outcomes: dict[int, object] = {}
     loaders = loaders or {}
@@ -46,10 +48,12 @@ def relay(tmp_path: Path, nnodes: int, prefixes: dict[int, int], fanout: int = 1
         settings = dict(fanout=fanout, **plan)
         try:
             if rank == 0:
-                fd = os.open(CLASSIC, os.O_RDONLY)
+                fd = source if source is not None else os.open(CLASSIC, os.O_RDONLY)
                 try:
-                    pieces = tarstream.Scanner(fd, DIFFS).pieces()
                     rank0 = base.make_plan(0, nnodes, job, **settings)
+                    pieces = tarstream.Scanner(
+                        fd, DIFFS, quiet_every=rank0.heartbeat
+                    ).pieces()  # as relay send
                     outcomes[0] = forward.run_layered(rank0, pieces, DIFFS, prefixes)
                 finally:
                     os.close(fd)
@@ -160,3 +164,30 @@ def test_section_and_layout_frames_have_bounded_sizes():
     for kind, length in ((protocol.SECTION, 5), (protocol.LAYOUT, 0), (protocol.LAYERED_END, 2 << 20)):
         with pytest.raises(protocol.ProtocolError):
             protocol.parse_frame_header(protocol.FRAME.pack(kind, length, b"\0" * 16))
+
+
+def slow_source(seconds: float) -> int:
+    """A pipe that gives the fixture's bytes over `seconds`, 512 at a time (docker save on a slow
+    disk): sections nobody below needs take longer than a stall timeout to pass."""
+    read, write = os.pipe()
+    data = CLASSIC.read_bytes()
+
+    def feed() -> None:
+        with os.fdopen(write, "wb", buffering=0) as out:
+            for start in range(0, len(data), 512):
+                out.write(data[start : start + 512])
+                time.sleep(seconds * 512 / len(data))
+
+    threading.Thread(target=feed, daemon=True).start()
+    return read
+
+
+@pytest.mark.parametrize("prefixes", [{1: 4}, {1: 0, 2: 4}])
+def test_a_long_section_a_child_does_not_need_never_trips_its_stall_timeout(tmp_path, prefixes):
+    # {1: 4}: rank 0 reads every blob and sends none of them; {1: 0, 2: 4}: rank 1 loads them all
+    # and forwards none to rank 2. Either way the child hears PINGs, not silence.
+    nnodes = len(prefixes) + 1
+    outcomes = relay(tmp_path, nnodes, prefixes, source=slow_source(2.5), stall_timeout=0.6)
+    assert all(isinstance(o, tree.Result) for o in outcomes.values()), outcomes
+    for rank, held in prefixes.items():
+        assert (tmp_path / f"out{rank}").read_bytes() == expected(held, tmp_path)

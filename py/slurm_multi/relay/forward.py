@@ -90,6 +90,7 @@ class Children:
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
         self.links: list[Link] = []  # filled by gather_children, in rank order
+        self._ping = bytearray(FRAME.size)
 
     def live(self) -> list[Link]:
         return [link for link in self.links if not link.failed]
@@ -105,38 +106,66 @@ class Children:
         wants: Callable[[int], bool] | None = None,
     ) -> None:
         """Send one frame (header + payload, the header rewritten per child with that link's tag)
-        to every live child (that `wants` it: a layered stream's section some node below it lacks);
-        a child that fails is dropped, the others go on. `flip`: the fault hook's byte to flip in a
-        data frame's payload, after its tag was made."""
+        to every live child (that `wants` it: a layered stream's section some node below it lacks;
+        one that has had nothing for a heartbeat gets a PING instead, so that a long section it does
+        not need never looks like a frozen parent); a child that fails is dropped, the others go
+        on. `flip`: the fault hook's byte to flip in a data frame's payload, after its tag was made."""
+        now = time.monotonic()
         for link in self.links:
-            if link.failed or (wants is not None and not wants(link.rank)):
+            if link.failed:
                 continue
-            link.tagged(frame, kind, length, digest)
-            if kind == DATA:
-                link.sent += length
-            try:
-                if flip is not None and kind == DATA:
-                    copy = bytearray(frame)  # the fault hook: a bad link after the tag was made
-                    copy[FRAME.size + flip] ^= 0xFF
-                    link.sock.sendall(copy)
-                else:
-                    link.sock.sendall(frame)
-            except OSError as exc:
-                if isinstance(exc, (socket.timeout, TimeoutError)):
-                    why = (
-                        f"took no bytes for {net.secs(self.plan.stall_timeout)} s after "
-                        f"{size_text(sent_so_far)}: it is frozen, its output is blocked, or its link is down"
-                    )
-                else:
-                    said = self._failure_said(link)
-                    why = (
-                        f"failed after {size_text(sent_so_far)}: {said}"
-                        if said
-                        else f"dropped the connection after {size_text(sent_so_far)} ({net.describe(exc)})"
-                    )
-                link.failed = why
-                link.close()
-                self.plan.log(f"{link.name} {why}; going on with the others")
+            if wants is not None and not wants(link.rank):
+                if now - link.last_sent >= self.plan.heartbeat:
+                    self._send(link, self._ping, PING, 0, EMPTY_DIGEST, sent_so_far, None, now)
+                continue
+            self._send(link, frame, kind, length, digest, sent_so_far, flip, now)
+
+    def idle(self, sent_so_far: int) -> None:
+        """A PING to every live child that has had nothing for a heartbeat (rank 0 reading a
+        section no node below needs)."""
+        now = time.monotonic()
+        for link in self.live():
+            if now - link.last_sent >= self.plan.heartbeat:
+                self._send(link, self._ping, PING, 0, EMPTY_DIGEST, sent_so_far, None, now)
+
+    def _send(
+        self,
+        link: Link,
+        frame: memoryview | bytearray,
+        kind: bytes,
+        length: int,
+        digest: bytes,
+        sent_so_far: int,
+        flip: int | None,
+        now: float,
+    ) -> None:
+        link.tagged(frame, kind, length, digest)
+        link.last_sent = now
+        if kind == DATA:
+            link.sent += length
+        try:
+            if flip is not None and kind == DATA:
+                copy = bytearray(frame)  # the fault hook: a bad link after the tag was made
+                copy[FRAME.size + flip] ^= 0xFF
+                link.sock.sendall(copy)
+            else:
+                link.sock.sendall(frame)
+        except OSError as exc:
+            if isinstance(exc, (socket.timeout, TimeoutError)):
+                why = (
+                    f"took no bytes for {net.secs(self.plan.stall_timeout)} s after "
+                    f"{size_text(sent_so_far)}: it is frozen, its output is blocked, or its link is down"
+                )
+            else:
+                said = self._failure_said(link)
+                why = (
+                    f"failed after {size_text(sent_so_far)}: {said}"
+                    if said
+                    else f"dropped the connection after {size_text(sent_so_far)} ({net.describe(exc)})"
+                )
+            link.failed = why
+            link.close()
+            self.plan.log(f"{link.name} {why}; going on with the others")
 
     def check(self) -> None:
         """Fail when every child has been dropped: nobody is left to send to."""

@@ -202,6 +202,8 @@ class LayeredSource:
             if member.label != ALWAYS:
                 sizes[member.label] = sizes.get(member.label, 0) + len(piece)
             if not self.layering.wanted_below():
+                self.node.down.idle(self.total)  # nothing to send for a while: say we are alive
+                self.node.down.check()
                 continue
             while piece:
                 n = min(len(piece), CHUNK - self.fill)
