@@ -6,6 +6,11 @@ Every bench module measures something against a baseline taken in the same run a
      "baseline_median_s": y, "baseline_spread_s": [min, max], "ratio": x / y,
      "target": "<= 2.0x" | null, "met": true | false | null, "runs": n, "notes": "..."}
 
+A row measured in pairs (each measured run beside its own baseline run, interleaved) also carries
+what the measured side adds: `"added_s"` (the median of the pairs' differences), `"added_spread_s"`
+([min, max]) and `"added_iqr_s"` ([first, third quartile]); its target may be on that instead of
+the ratio: `"<= 0.8 s added"`.
+
 A row that could not be measured carries `"skipped": "<why>"` and nulls for the numbers.
 """
 
@@ -25,7 +30,8 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "py"))
 from slurm_multi.shell import write_atomic  # noqa: E402 - the one atomic writer
 
-TARGET_RE = re.compile(r"\s*<=\s*([0-9]+(?:\.[0-9]+)?)\s*x\s*")
+# `<= 2.0x` judges the ratio; `<= 0.8 s added` (or `CPU-s added`) judges a paired row's added_s.
+TARGET_RE = re.compile(r"\s*<=\s*([0-9]+(?:\.[0-9]+)?)\s*(x|s added|CPU-s added)\s*")
 ROW_KEYS = (
     "row", "what", "baseline", "median_s", "spread_s", "baseline_median_s", "baseline_spread_s",
     "ratio", "target", "met", "runs", "notes",
@@ -45,6 +51,16 @@ def spread(samples: Sequence[float]) -> list[float]:
     return [float(min(samples)), float(max(samples))]
 
 
+def quartiles(samples: Sequence[float]) -> list[float]:
+    """[first, third quartile] (statistics' inclusive method: within the samples' range)."""
+    if not samples:
+        raise ValueError("quartiles of no samples")
+    if len(samples) == 1:
+        return [float(samples[0])] * 2
+    first, _, third = statistics.quantiles(samples, n=4, method="inclusive")
+    return [float(first), float(third)]
+
+
 def ratio(measured: float, baseline: float) -> float | None:
     """measured / baseline, or None when the baseline is zero or not a number."""
     if not (math.isfinite(measured) and math.isfinite(baseline)) or baseline <= 0:
@@ -52,14 +68,22 @@ def ratio(measured: float, baseline: float) -> float | None:
     return measured / baseline
 
 
-def target_limit(target: str | None) -> float | None:
-    """`"<= 2.0x"` -> 2.0; None for no target. Anything else is a programming error."""
-    if target is None:
-        return None
+def _target(target: str) -> re.Match[str]:
     match = TARGET_RE.fullmatch(target)
     if not match:
-        raise ValueError(f"target {target!r} is not of the form '<= 2.0x'")
-    return float(match.group(1))
+        raise ValueError(f"target {target!r} is not of the form '<= 2.0x' or '<= 0.8 s added'")
+    return match
+
+
+def target_limit(target: str | None) -> float | None:
+    """`"<= 2.0x"` -> 2.0, `"<= 0.8 s added"` -> 0.8; None for no target. Anything else is a
+    programming error."""
+    return None if target is None else float(_target(target).group(1))
+
+
+def target_on_added(target: str | None) -> bool:
+    """True when the target judges the seconds added (a paired row), not the ratio."""
+    return target is not None and _target(target).group(2) != "x"
 
 
 def target_met(value: float | None, target: str | None) -> bool | None:
@@ -78,11 +102,30 @@ def make_row(
     *,
     target: str | None = None,
     notes: str = "",
+    paired: bool = False,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One table row from the raw samples (seconds) of the measured thing and of its baseline."""
+    """One table row from the raw samples (seconds) of the measured thing and of its baseline.
+
+    paired: samples[i] and baseline_samples[i] were measured side by side (interleaved, one pair
+    after the other); the row then says what the measured side adds, from the pairs' differences."""
     measured, base = median(samples), median(baseline_samples)
     value = ratio(measured, base)
+    added: dict[str, Any] = {}
+    if paired:
+        if len(samples) != len(baseline_samples):
+            sizes = f"{len(samples)} samples vs {len(baseline_samples)} baseline samples"
+            raise ValueError(f"paired row {row!r}: {sizes}")
+        diffs = [float(a) - float(b) for a, b in zip(samples, baseline_samples)]
+        added = {
+            "added_s": median(diffs),
+            "added_spread_s": spread(diffs),
+            "added_iqr_s": quartiles(diffs),
+            "added_samples_s": diffs,
+        }
+    elif target_on_added(target):
+        raise ValueError(f"row {row!r}: target {target!r} needs paired samples")
+    judged = added.get("added_s") if target_on_added(target) else value
     doc: dict[str, Any] = {
         "row": row,
         "what": what,
@@ -93,12 +136,13 @@ def make_row(
         "baseline_spread_s": spread(baseline_samples),
         "ratio": value,
         "target": target,
-        "met": target_met(value, target),
+        "met": target_met(judged, target),
         "runs": len(samples),
         "baseline_runs": len(baseline_samples),
         "notes": notes,
         "samples_s": [float(s) for s in samples],
         "baseline_samples_s": [float(s) for s in baseline_samples],
+        **added,
     }
     if extra:
         doc.update(extra)

@@ -55,49 +55,56 @@ ensure_nodes() {
   fi
 }
 
-# Inside ONE allocation, so scheduling latency is out of both sides of the ratio. Three times the
-# repeats, interleaved: the baseline is bimodal (the toy's rank 1 retries its first connection to
-# rank 0 after 0.2 s when rank 0 is not listening yet, by chance on either side), and with 3 samples
-# a side the ratio moved by 0.05 between runs of the same code.
+# overhead_row REPEATS OUT WORK: what the toolkit adds to a warm 2-node job, in seconds and in CPU,
+# against bare `srun docker run` (bench/overhead_job.sh runs the pairs inside ONE allocation).
+# 3 x REPEATS timed pairs on the toy (the bare side is bimodal: the toy's rank 1 retries its first
+# connection after 0.2 s when rank 0 is not listening yet), REPEATS profiled pairs for the CPU, and
+# (REPEATS + 1) / 2 pairs on a BENCH_LONG_SECONDS (60) second workload for the ratio where it matters.
 overhead_row() {
-  local repeats=$(($1 * 3)) out=$2 work=$3
+  local repeats=$1 out=$2 work=$3 long_seconds=${BENCH_LONG_SECONDS:-60}
+  local pairs=$(($1 * 3)) cpu_pairs=$1 long_pairs=$((($1 + 1) / 2))
   "${ROOT}/examples/toy/build-image" --node node1 >/dev/null
-  local cache=${work}/cache-overhead
-  mkdir -p "${cache}"
-  cat >"${work}/overhead.sh" <<SCRIPT
-#!/bin/bash
-set -euo pipefail
-cd "${work}"
-export SM_HOME="${ROOT}" SM_PYTHON="${PY}"
-run_toolkit() { bash "${ROOT}/sbatch/multi.sbatch" --manifest "${ROOT}/examples/toy/build_manifest.json" --image-cache "${cache}" --out "${work}/out" "\$@" >/dev/null 2>&1; }
-run_bare() {
-  srun --nodes=2 --ntasks-per-node=1 bash -c 'docker run --rm --network host -e RANK=\$SLURM_NODEID -e NODE_RANK=\$SLURM_NODEID -e NNODES=2 -e WORLD_SIZE=2 -e MASTER_ADDR=node1 -e MASTER_PORT=29500 toy/model:local sh run.sh --steps 20' >/dev/null 2>&1
-}
-now() { date +%s.%N; }
-run_toolkit   # warm-up: fills the cache and loads node2
-run_bare
-for i in \$(seq ${repeats}); do
-  t=\$(now); run_toolkit; echo "toolkit \$(awk -v a=\$t -v b=\$(now) 'BEGIN { print b - a }')"
-  t=\$(now); run_bare; echo "bare \$(awk -v a=\$t -v b=\$(now) 'BEGIN { print b - a }')"
-  t=\$(now); run_toolkit --fitness off; echo "nofitness \$(awk -v a=\$t -v b=\$(now) 'BEGIN { print b - a }')"
-done
-SCRIPT
-  local lines
-  lines=$(timeout "${BENCH_JOB_TIMEOUT:-600}" salloc -N2 --immediate=60 --quiet bash "${work}/overhead.sh")
-  local toolkit bare nofitness
-  toolkit=$(awk '$1 == "toolkit" { print $2 }' <<<"${lines}" | paste -sd,)
-  bare=$(awk '$1 == "bare" { print $2 }' <<<"${lines}" | paste -sd,)
-  nofitness=$(awk '$1 == "nofitness" { print $2 }' <<<"${lines}" | paste -sd,)
-  row --row "toolkit overhead, warm 2-node toy job" \
-    --what "bash sbatch/multi.sbatch --manifest toy (warm cache, image on both nodes) inside salloc -N2, incl. collect" \
-    --baseline "srun -N2 docker run --rm --network host toy/model:local sh run.sh --steps 20" \
-    --samples "${toolkit}" --baseline-samples "${bare}" --target "<= 1.3x" \
-    --notes "same allocation for both; the toy trains ~1.3 s" --out "${out}/toolkit-overhead.json"
-  row --row "toolkit overhead without the fitness stage (--fitness off)" \
-    --what "the row above with --fitness off: the fitness stage costs the difference of the two ratios (target <= 0.05x)" \
-    --baseline "srun -N2 docker run --rm --network host toy/model:local sh run.sh --steps 20" \
-    --samples "${nofitness}" --baseline-samples "${bare}" --target "<= 1.3x" \
-    --notes "same allocation as the row above, interleaved with it" --out "${out}/toolkit-overhead-nofitness.json"
+  local lines budget=$((${BENCH_JOB_TIMEOUT:-600} + long_pairs * 2 * (long_seconds + 60)))
+  lines=$(SM_PYTHON=${PY} timeout "${budget}" salloc -N2 --immediate=60 --quiet bash "${ROOT}/bench/overhead_job.sh" --work "${work}" \
+    --pairs "${pairs}" --cpu-pairs "${cpu_pairs}" --long-pairs "${long_pairs}" --long-seconds "${long_seconds}") ||
+    log::die bench "the overhead pairs failed (see above)" 1
+  # samples KIND SIDE: that side's seconds, in pair order.
+  samples() { awk -v k="$1" -v s="$2" '$1 == k && $3 == s { print $4 }' <<<"${lines}" | paste -sd,; }
+  local bare_cmd="srun -N2 docker run --rm --network host toy/model:local sh run.sh"
+  local toolkit_cmd="bash sbatch/multi.sbatch --manifest toy --model-args ... (warm cache, image on both nodes) inside salloc -N2, collect included"
+  row --row "toolkit overhead, warm 2-node toy job" --paired \
+    --what "${toolkit_cmd}, the toy's ~1 s workload (--steps 20)" \
+    --baseline "${bare_cmd} --steps 20" \
+    --samples "$(samples short toolkit)" --baseline-samples "$(samples short bare)" --target "<= 0.8 s added" \
+    --notes "${pairs} pairs in one allocation, the order alternating; the ratio is on a 1-second toy, not judged" \
+    --out "${out}/overhead-1-seconds.json"
+  local i
+  CPU_OPTS=()
+  for ((i = 1; i <= cpu_pairs; i++)); do # a pair whose profile is missing on either side is left out
+    [[ -s ${work}/cpu/cpu-toolkit-${i}.json && -s ${work}/cpu/cpu-bare-${i}.json ]] || continue
+    CPU_OPTS+=(--cpu "${work}/cpu/cpu-toolkit-${i}.json" --baseline-cpu "${work}/cpu/cpu-bare-${i}.json")
+  done
+  if ((${#CPU_OPTS[@]})); then
+    row --row "toolkit CPU per node, warm 2-node toy job" --paired --nodes 2 --cpu-samples "${CPU_OPTS[@]}" \
+      --what "CPU s per node of every process of the toolkit's job but the workload container's own (process accounting; the batch step counted with the nodes)" \
+      --baseline "the same for ${bare_cmd} --steps 20 (srun, slurmstepd, docker CLI, engine)" \
+      --target "<= 1.5 CPU-s added" \
+      --notes "$((${#CPU_OPTS[@]} / 4)) pairs in the same allocation, each run under the CPU recorder" \
+      --out "${out}/overhead-2-cpu.json"
+  else
+    log::warn bench "no CPU profiles of the overhead pairs (BENCH_CPU_PROFILE=0?): no CPU row"
+  fi
+  CPU_OPTS=()
+  cpu_files cpu "${work}/cpu/long-toolkit-"*.json
+  cpu_files baseline-cpu "${work}/cpu/long-bare-"*.json
+  local job_opts=()
+  ((${#CPU_OPTS[@]} == 0)) || job_opts=(--nodes 2 "${CPU_OPTS[@]}")
+  row --row "toolkit overhead, warm 2-node ${long_seconds} s workload" --paired \
+    --what "${toolkit_cmd}, --steps ${long_seconds} --step-seconds 1" \
+    --baseline "${bare_cmd} --steps ${long_seconds} --step-seconds 1" \
+    --samples "$(samples long toolkit)" --baseline-samples "$(samples long bare)" \
+    --notes "${long_pairs} pair(s) in the same allocation, both sides under the CPU recorder; the ratio where start-up matters" \
+    "${job_opts[@]}" --out "${out}/overhead-3-long.json"
 }
 
 # badnode_rows REPEATS OUT WORK: how long a 3-node job takes to end FAILURE naming a bad node (the
@@ -533,7 +540,7 @@ main() {
   # Each group in a subshell: one that fails (log::die) costs its own rows, never the others'.
   local failed=()
   if want_group overhead; then
-    log::info bench "toolkit overhead ($((repeats * 3)) runs each side, interleaved)"
+    log::info bench "toolkit overhead: $((repeats * 3)) + ${repeats} profiled pairs on the toy, $(((repeats + 1) / 2)) on ${BENCH_LONG_SECONDS:-60} s, one allocation"
     (overhead_row "${repeats}" "${out}" "${work}") || failed+=(overhead)
   fi
   if want_group badnode; then

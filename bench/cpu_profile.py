@@ -2,7 +2,7 @@
 
     cpu_profile.py start DIR [--max-seconds N]   # begin recording (returns once it records)
     ... the measured thing (a job, a hand-written pipeline) ...
-    cpu_profile.py stop DIR --out FILE.json [--source-node node1]
+    cpu_profile.py stop DIR --out FILE.json [--source-node node1] [--root PID] [--job-nodes LIST]
     cpu_profile.py off DIR                        # cleanup: stop a recorder left running
 
 The recorder is one background process. It turns on the kernel's process accounting (acct(2), root
@@ -17,6 +17,12 @@ The summary (`--out`) holds the CPU seconds by role -- save (the source node's d
 containerd and the `docker save` CLI), relay (each `slurm-multi relay` process), load (the other
 nodes' daemons and `docker load` CLIs), tee, other python helpers, other -- plus the machine's busy
 CPU seconds from /proc/stat over the same window and each long process's wall time.
+
+For a job it also splits the CPU at the container: a workload container's own processes (everything
+below its containerd-shim but runc) against everything else, by node (`job_cpu_s_by_node`). With
+`--root PID`, host processes below PID (a batch step run on the host by salloc, and its srun) count
+as node `batch`: on a real cluster the batch step runs on the job's first node. With `--job-nodes
+node1,node2` the other nodes' processes (idle engines) count as the host's, outside the job.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import argparse
 import ctypes
 import json
 import os
+import re
 import signal
 import struct
 import sys
@@ -38,6 +45,7 @@ ACCT_V3 = struct.Struct("<BBHIIIIIIfHHHHHHHH16s")  # struct acct_v3, linux/acct.
 POLL_S = 0.05
 RECHECK_TICKS = 6  # re-read a new process's argv and namespace this often: it may exec or setns
 ROLES = ("save", "relay", "load", "tee", "python", "other")
+WORD_RE = re.compile(r"[a-z][a-z_.]*")  # a helper's area or command (not a path, a job id, an option)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -262,22 +270,32 @@ def label_of(comm: str, argv: list[str]) -> str:
     if comm == "docker" and len(argv) > 1:
         verbs = [a for a in argv[1:] if not a.startswith("-")][:2]
         return "docker " + " ".join(verbs)
-    if "slurm_multi" in argv or any(a.startswith("slurm_multi.") for a in argv):
-        tail = argv[argv.index("slurm_multi") + 1 :] if "slurm_multi" in argv else []
-        module = next((a for a in argv if a.startswith("slurm_multi.")), "")
-        verbs = [a for a in tail if not a.startswith("-")][:2]
-        return "slurm-multi " + " ".join(verbs) if verbs else f"python -m {module or 'slurm_multi'}"
+    if "slurm_multi" in argv:  # python -m slurm_multi AREA COMMAND ...
+        verbs = [a for a in argv[argv.index("slurm_multi") + 1 :] if WORD_RE.fullmatch(a)][:2]
+        return " ".join(["slurm-multi", *verbs])
+    module = next((a for a in argv if a.startswith("slurm_multi.")), "")
+    if module:  # a module entry of an older tree (python -m slurm_multi.warm statusfile)
+        verbs = [a for a in argv[argv.index(module) + 1 :] if WORD_RE.fullmatch(a)][:1]
+        return " ".join(["python -m", module, *verbs])
     return comm
 
 
 def attribute(
-    doc: Mapping[str, Any], acct: Iterable[Mapping[str, Any]], source_node: str
+    doc: Mapping[str, Any],
+    acct: Iterable[Mapping[str, Any]],
+    source_node: str,
+    root: int | None = None,
+    job_nodes: Iterable[str] = (),
 ) -> list[dict[str, Any]]:
-    """One entry per process that ran on a cluster node while recording: node, role, CPU and wall.
+    """One entry per process that ran on a cluster node while recording: node, role, CPU and wall,
+    and whether it is a workload container's own process.
 
     Exited processes take their CPU from acct (exact); live ones from the last poll; a process alive
     at the start counts only what it used since. A process the poll never saw inherits its node and
-    argv-less name from its parent (acct gives the ppid and the 16-byte comm)."""
+    argv-less name from its parent (acct gives the ppid and the 16-byte comm). With `root`, a host
+    process below that pid is on node `batch`; with `job_nodes`, the other nodes' processes count
+    as the host's (not measured)."""
+    only = set(job_nodes)
     seen = {entry["pid"]: entry for entry in doc["procs"]}
     started, ended = doc["started"], doc["ended"]
     acct_by_pid: dict[int, Mapping[str, Any]] = {}
@@ -301,6 +319,22 @@ def attribute(
             return str(entry["node"])
         return node_of(int(entry.get("ppid", 0)), depth + 1)
 
+    def ancestors(pid: int) -> list[tuple[int, str]]:
+        """(pid, comm) of each parent, nearest first (as far as the recording knows them)."""
+        chain: list[tuple[int, str]] = []
+        entry = seen.get(int(seen.get(pid, {}).get("ppid", 0)))
+        while entry is not None and len(chain) < 64:
+            chain.append((int(entry["pid"]), str(entry.get("comm", ""))))
+            entry = seen.get(int(entry.get("ppid", 0)))
+        return chain
+
+    def in_container(pid: int, comm: str) -> bool:
+        # The shim is the runtime; runc (create, init before its exec, delete) is too: both sides
+        # of a job pay them. What the shim runs once runc is done is the workload's.
+        if comm.startswith("runc"):
+            return False
+        return any(name.startswith("containerd-shim") for _, name in ancestors(pid))
+
     out = []
     for pid, entry in seen.items():
         rec = acct_by_pid.get(pid)
@@ -318,6 +352,10 @@ def attribute(
             # Seen by the poll, exited, but no acct record (no acct, or not root): its last poll.
             pass
         node = node_of(pid)
+        if root is not None and node == "host" and (pid == root or root in dict(ancestors(pid))):
+            node = "batch"
+        elif only and node not in only:
+            node = "host"
         if cpu < 0:
             continue
         if wall is None:
@@ -333,6 +371,7 @@ def attribute(
                 "role": "host" if node == "host" else role_of(comm, argv, node, source_node, parent),
                 "cpu_s": round(cpu, 3),
                 "wall_s": round(wall, 3),
+                "container": node != "host" and in_container(pid, comm),
             }
         )
     return out
@@ -358,6 +397,12 @@ def summarize(everything: list[dict[str, Any]], doc: Mapping[str, Any]) -> dict[
         host_by_label[proc["label"]] = host_by_label.get(proc["label"], 0.0) + proc["cpu_s"]
     machine = doc["machine_s"]
     total, host_total = sum(p["cpu_s"] for p in procs), sum(p["cpu_s"] for p in host)
+    outside = [proc for proc in procs if not proc.get("container")]
+    job_by_node: dict[str, float] = {}
+    job_by_label: dict[str, float] = {}
+    for proc in outside:
+        job_by_node[proc["node"]] = job_by_node.get(proc["node"], 0.0) + proc["cpu_s"]
+        job_by_label[proc["label"]] = job_by_label.get(proc["label"], 0.0) + proc["cpu_s"]
     return {
         "window_s": round(doc["ended"] - doc["started"], 3),
         "acct": bool(doc["acct"]),
@@ -372,11 +417,25 @@ def summarize(everything: list[dict[str, Any]], doc: Mapping[str, Any]) -> dict[
         },
         "cpu_s": {role: round(value, 3) for role, value in by_role.items()},
         "cpu_s_by_node": {key: round(value, 3) for key, value in sorted(by_node_role.items())},
+        "container_cpu_s": round(sum(p["cpu_s"] for p in procs if p.get("container")), 3),
+        "job_cpu_s_by_node": {key: round(value, 3) for key, value in sorted(job_by_node.items())},
+        "job_by_label": top_labels(job_by_label),
         "processes": len(procs),
         "top": [
             {k: p[k] for k in ("label", "node", "role", "cpu_s", "wall_s")} for p in top if p["cpu_s"] > 0
         ],
     }
+
+
+def top_labels(by_label: Mapping[str, float], count: int = 10) -> dict[str, float]:
+    ranked = sorted(by_label.items(), key=lambda kv: kv[1], reverse=True)[:count]
+    return {label: round(value, 3) for label, value in ranked}
+
+
+def job_cpu_per_node(summary: Mapping[str, Any], nodes: int) -> float:
+    """CPU seconds per node of everything but the workload containers' own processes (the batch
+    step's share counted with the nodes')."""
+    return sum(summary.get("job_cpu_s_by_node", {}).values()) / nodes
 
 
 def mean_summaries(summaries: list[Mapping[str, Any]]) -> dict[str, Any]:
@@ -386,6 +445,11 @@ def mean_summaries(summaries: list[Mapping[str, Any]]) -> dict[str, Any]:
     n = len(summaries)
     roles = {role: round(sum(s["cpu_s"].get(role, 0.0) for s in summaries) / n, 3) for role in ROLES}
     keys = sorted({key for s in summaries for key in s.get("cpu_s_by_node", {})})
+
+    def mean_of(field: str) -> dict[str, float]:
+        names = sorted({name for s in summaries for name in s.get(field, {})})
+        return {name: round(sum(s.get(field, {}).get(name, 0.0) for s in summaries) / n, 3) for name in names}
+
     return {
         "runs": n,
         "acct": all(s.get("acct") for s in summaries),
@@ -399,6 +463,9 @@ def mean_summaries(summaries: list[Mapping[str, Any]]) -> dict[str, Any]:
             key: round(sum(s.get("cpu_s_by_node", {}).get(key, 0.0) for s in summaries) / n, 3)
             for key in keys
         },
+        "container_cpu_s": round(sum(s.get("container_cpu_s", 0.0) for s in summaries) / n, 3),
+        "job_cpu_s_by_node": mean_of("job_cpu_s_by_node"),
+        "job_by_label": top_labels(mean_of("job_by_label")),
         "top_last_run": list(summaries[-1].get("top", [])),
     }
 
@@ -469,13 +536,15 @@ def stop_recorder(directory: Path) -> bool:
     return (directory / "procs.json").exists()
 
 
-def stop(directory: Path, out: Path, source_node: str) -> int:
+def stop(
+    directory: Path, out: Path, source_node: str, root: int | None = None, job_nodes: Iterable[str] = ()
+) -> int:
     if not stop_recorder(directory):
         print(f"cpu_profile: no recording in {directory}", file=sys.stderr)
         return 1
     doc = json.loads((directory / "procs.json").read_text())
     acct = parse_acct((directory / "acct").read_bytes()) if (directory / "acct").exists() else []
-    procs = attribute(doc, acct, source_node)
+    procs = attribute(doc, acct, source_node, root, job_nodes)
     summary = summarize(procs, doc)
     out.write_text(json.dumps(summary, indent=1) + "\n")
     if not os.environ.get("BENCH_CPU_KEEP"):
@@ -498,13 +567,17 @@ def main(argv: list[str] | None = None) -> int:
     p_stop.add_argument("dir", type=Path)
     p_stop.add_argument("--out", type=Path, required=True)
     p_stop.add_argument("--source-node", default="node1")
+    p_stop.add_argument("--root", type=int, help="host processes below this pid are the job's batch step")
+    p_stop.add_argument("--job-nodes", default="", help="comma-separated: only these nodes are measured")
     p_off = sub.add_parser("off", help="stop a recorder left running (cleanup)")
     p_off.add_argument("dir", type=Path)
     args = parser.parse_args(argv)
     if args.command == "start":
         return start(args.dir, args.max_seconds, args.state, not args.no_acct)
     if args.command == "stop":
-        return stop(args.dir, args.out, args.source_node)
+        return stop(
+            args.dir, args.out, args.source_node, args.root, [n for n in args.job_nodes.split(",") if n]
+        )
     if not stop_recorder(args.dir) and (args.dir / "acct").exists():
         set_acct(None)  # a recorder that died without its cleanup left our accounting on
     return 0

@@ -122,7 +122,7 @@ layers_rows() {
   local what="image stage (slowest node) of a 3-node job of a rebuilt image: one changed ${LAYERS_MIB} MiB layer on the ~1.3 GB torch example image, the workers holding the earlier build"
   row --row "layers: rebuilt image, one changed ${LAYERS_MIB} MiB layer (3 nodes, relay, no cache)" --what "${what}" \
     --baseline "the same job with --image-layers off (the whole image), same run" \
-    --samples "$(join "${relay[@]}")" --baseline-samples "$(join "${relay_whole[@]}")" --target "<= 0.1x" \
+    --samples "$(join "${relay[@]}")" --baseline-samples "$(join "${relay_whole[@]}")" --paired --target "<= 0.1x" \
     --notes "rank 0 still runs docker save of the whole image (the engine writes every layer before the first byte)" \
     --out "${out}/layers-relay-vs-whole.json"
   row --row "layers: bytes on each worker's link vs the changed layer (3 nodes, relay)" \
@@ -133,12 +133,12 @@ layers_rows() {
   row --row "layers: rebuilt image through the shared cache (3 nodes)" \
     --what "image stage (slowest node), --image-transport cache: rank 0 stores the new blob and index, each worker reads the layer it lacks" \
     --baseline "the same with --image-layers off: a whole-image tar saved and loaded, same run" \
-    --samples "$(join "${cached[@]}")" --baseline-samples "$(join "${cached_whole[@]}")" --target "<= 0.1x" \
+    --samples "$(join "${cached[@]}")" --baseline-samples "$(join "${cached_whole[@]}")" --paired --target "<= 0.1x" \
     --out "${out}/layers-cache-vs-whole.json"
   row --row "layers: the workers hold only the base (3 nodes, relay)" \
     --what "image stage (slowest node) when each worker holds only the torch base, imported on its own: the layers above it move" \
     --baseline "the same with --image-layers off, same run" \
-    --samples "$(join "${base[@]}")" --baseline-samples "$(join "${base_whole[@]}")" \
+    --samples "$(join "${base[@]}")" --baseline-samples "$(join "${base_whole[@]}")" --paired \
     --out "${out}/layers-base-only-vs-whole.json"
   layers::forget node2
   layers::forget node3

@@ -4,7 +4,8 @@
 # Callers set BENCH_ROOT (the repo root) and BENCH_PY (the interpreter) before calling these.
 
 # Row groups bench/run knows, in the order they are measured and printed.
-BENCH_ROWS=(barrier collect startup relay cluster)
+# (No start-up row: start-up is judged in the seconds it adds to a job, in the cluster rows.)
+BENCH_ROWS=(barrier collect relay cluster)
 BENCH_CLUSTER_ROW="toolkit overhead / image distribution"
 
 # bench::python: the interpreter every benchmark runs with (stdout): the same choice as every

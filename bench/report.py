@@ -23,7 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchlib import format_seconds, talk  # noqa: E402
 
-COLUMNS = ("Row", "Measured (median, spread)", "Baseline (median, spread)", "Ratio", "Target", "Met")
+COLUMNS = (
+    "Row", "Measured (median, spread)", "Baseline (median, spread)", "Added (median, spread)", "Ratio",
+    "Target", "Met",
+)  # fmt: skip
 SCHEMA = 1
 
 
@@ -64,6 +67,20 @@ def format_measure(median: float | None, spread: Sequence[float] | None, runs: i
     return f"{format_seconds(median)} ({', '.join(parts)})" if parts else format_seconds(median)
 
 
+def signed_seconds(value: float) -> str:
+    """`+620 ms`, `-40 ms`: a difference, with its sign."""
+    return ("-" if value < 0 else "+") + format_seconds(abs(value))
+
+
+def format_added(median: float | None, spread: Sequence[float] | None) -> str:
+    """`+620 ms (+410 ms – +900 ms)` for a paired row; `-` for any other."""
+    if median is None:
+        return "-"
+    if spread and len(spread) == 2:
+        return f"{signed_seconds(median)} ({signed_seconds(spread[0])} – {signed_seconds(spread[1])})"
+    return signed_seconds(median)
+
+
 def format_ratio(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
@@ -74,11 +91,12 @@ def format_met(met: bool | None) -> str:
 
 def table_row(row: dict[str, Any]) -> list[str]:
     if row.get("skipped"):
-        return [row["row"], f"skipped ({row['skipped']})", "-", "-", row.get("target") or "-", "-"]
+        return [row["row"], f"skipped ({row['skipped']})", "-", "-", "-", row.get("target") or "-", "-"]
     return [
         row["row"],
         format_measure(row.get("median_s"), row.get("spread_s"), row.get("runs")),
         format_measure(row.get("baseline_median_s"), row.get("baseline_spread_s"), row.get("baseline_runs")),
+        format_added(row.get("added_s"), row.get("added_spread_s")),
         format_ratio(row.get("ratio")),
         row.get("target") or "-",
         format_met(row.get("met")),
@@ -91,12 +109,15 @@ def render_markdown(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str
         f"({meta['cpus']} CPUs, Python {meta['python']})",
         "",
         "| " + " | ".join(COLUMNS) + " |",
-        "|" + "|".join(["---"] + ["---:"] * 3 + ["---"] * 2) + "|",
+        "|" + "|".join(["---"] + ["---:"] * 4 + ["---"] * 2) + "|",
     ]
     for row in rows:
         lines.append("| " + " | ".join(_cell(value) for value in table_row(row)) + " |")
     lines.append("")
-    lines.append("Ratio = measured median / baseline median; spread = min – max of the runs.")
+    lines.append(
+        "Ratio = measured median / baseline median; spread = min – max of the runs. Added = the median "
+        "of measured minus baseline over pairs run side by side (rows measured in pairs only)."
+    )
     lines.append("")
     for row in rows:
         if row.get("skipped"):

@@ -85,12 +85,13 @@ image::cache_entry() {
   return 1
 }
 
-# image::layer_plan ID: rank 0's layer plan (slurm_multi.layers.plan) for its image ID, from what the
-# workers said in their image READYs (barrier.holds), into ${SM_SCRATCH}/layers.plan, which the relay
+# image::layer_plan ID [HOLDS_FILE]: rank 0's layer plan (slurm_multi.layers.plan) for its image ID,
+# from what the workers said in their image READYs (the barrier's holds file; without one, nobody
+# holds anything), into ${SM_SCRATCH}/layers.plan, which the relay
 # and the cache read. IMAGE_LAYER_MODE is then `layers` (the stream and the cache leave out what is
 # held) or `whole` (the engine cannot say or cannot load a partial image: the plan logs why).
 image::layer_plan() {
-  local id=$1 out hosts=() argv
+  local id=$1 holds=${2:-} out hosts=() argv
   IMAGE_LAYER_MODE=whole
   if [[ ${SM_IMAGE_LAYERS} == off ]]; then
     log::info image "--image-layers off: the whole image moves"
@@ -101,7 +102,7 @@ image::layer_plan() {
   argv=(layers plan --image "${SM_IMAGE}" --image-id "${id}" --nnodes "$((${#hosts[@]} ? ${#hosts[@]} : NNODES))"
     --out "${SM_SCRATCH}/layers.plan")
   ((${#hosts[@]} == 0)) || argv+=(--nodes "$(IFS=,; printf '%s' "${hosts[*]}")")
-  [[ ! -f ${SM_SCRATCH}/barrier.holds ]] || argv+=(--holds-file "${SM_SCRATCH}/barrier.holds")
+  [[ -z ${holds} || ! -f ${holds} ]] || argv+=(--holds-file "${holds}")
   log::cmd image "${SM_HOME}/bin/slurm-multi" "${argv[@]}"
   if ! out=$(util::sm "${argv[@]}"); then
     log::warn image "no layer plan (see above): the whole image moves"

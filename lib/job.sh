@@ -338,13 +338,13 @@ job::respect_quarantine() {
 }
 
 # job::judge_fitness: the bad nodes of this attempt, from every node's fitness.json and status.json
-# (slurm_multi.fitness), into JOB_BAD_NODES (`<node>\t<reason>` each); false when there are none.
-# Only without collect: collect judges them itself (job::bad_nodes_from reads what it found).
+# (`slurm-multi fitness judge`), into JOB_BAD_NODES (`<node>\t<reason>` each); false when there are
+# none. Only without collect: collect judges them itself (job::bad_nodes_from reads what it found).
 job::judge_fitness() {
   JOB_BAD_NODES=()
   [[ ${SM_FITNESS} != off ]] || return 1
   local out
-  if ! out=$(util::py -m slurm_multi.fitness judge --jobdir "${SM_JOBDIR}" --nodes "${JOB_NODES[*]}" 2>&1); then
+  if ! out=$(util::sm fitness judge --jobdir "${SM_JOBDIR}" --nodes "${JOB_NODES[*]}" 2>&1); then
     log::warn multi "cannot judge the fitness reports: ${out#slurm-multi: }"
     return 1
   fi

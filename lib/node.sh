@@ -9,6 +9,8 @@
 declare -F timeline::event >/dev/null || source "$(dirname "${BASH_SOURCE[0]}")/timeline.sh"
 
 declare -gA NODE_STAGE_SECONDS=() NODE_STAGE_STATUS=()
+declare -gA NODE_HELD=() NODE_CACHE_SEEN=() # what each worker said it holds (node::holds_read)
+NODE_HOLDS_FILE=barrier.holds                # in the task's scratch dir: rank 0's barrier server writes it
 NODE_STAGE_ORDER=()
 NODE_CURRENT_STAGE='' NODE_CURRENT_T0='' # the stage running now (a signal cuts it short: on_term)
 # A node task's stages in the order it runs them: one owner, read by bash and Python (events.STAGE_ORDER).
@@ -208,7 +210,7 @@ node::stage_prepare() {
 # node::stage_fitness: before any image moves, every node checks itself (the container runtime
 # answers, free disk where the image and the outputs land, GPUs free of other jobs' processes) and
 # the network between the nodes (each reaches every other on the job's fitness port, a bandwidth
-# probe along the ring, the clocks), in one click-free helper (slurm_multi.fitness). Every node
+# probe along the ring, the clocks), in one helper (`slurm-multi fitness run`). Every node
 # learns every other's verdict, so a bad node stops all of them here, in seconds, each naming it;
 # the batch step judges the fitness.json files, requeues without the node or fails (lib/job.sh).
 # With several tasks per node, the node's first task checks it. In a whole job the helper started
@@ -261,7 +263,7 @@ node::start_fitness() {
     pyxis) argv+=(--disk "${SM_IMAGE_CACHE:-${SM_JOBDIR}}=0") ;;
   esac
   util::remove "${SM_SCRATCH}/fitness.error"
-  SM_ERROR_FILE=${SM_SCRATCH}/fitness.error util::py_fast fitness "${argv[@]}" &
+  SM_ERROR_FILE=${SM_SCRATCH}/fitness.error util::sm fitness "${argv[@]}" &
   NODE_FITNESS_PID=$!
 }
 
@@ -350,7 +352,7 @@ node::fitness_cmd() {
     NODE_IMAGE_FAILED=${why}
     log::error fitness "${why}"
   fi
-  util::py -m slurm_multi.fitness record-cmd "${SM_NODE_DIR}/fitness-cmd.json" "$(hostname)" "${rc}" "${why}" ||
+  util::sm fitness record-cmd "${SM_NODE_DIR}/fitness-cmd.json" "$(hostname)" "${rc}" "${why}" ||
     log::warn fitness "could not write ${SM_NODE_DIR}/fitness-cmd.json"
   ((rc == 0))
 }
@@ -396,11 +398,11 @@ node::image_docker_rank0() {
   elif [[ ${how} == relay ]]; then
     # Released first: the workers dial in and load while this node saves. What each worker holds
     # of the image is known now (its image READY): the stream leaves it out.
-    image::layer_plan "${id}"
+    image::layer_plan "${id}" "${SM_SCRATCH}/${NODE_HOLDS_FILE}"
     log::info image "relaying ${SM_IMAGE} ${id:7:12} to the workers while it is saved (--image-transport ${SM_IMAGE_TRANSPORT})"
     NODE_IMAGE_RELEASE=relay+${id} NODE_IMAGE_THEN=node::image_docker_relay
   else
-    image::layer_plan "${id}"
+    image::layer_plan "${id}" "${SM_SCRATCH}/${NODE_HOLDS_FILE}"
     [[ -z ${SM_IMAGE_CACHE:-} ]] || image::cache_save "${SM_IMAGE_CACHE}" "$(image::cache_key "${SM_IMAGE}")" "${id}" "$(image::fingerprint)" || true
   fi
 }
@@ -469,12 +471,13 @@ node::image_pyxis_worker() {
 # so they have usually said it by now; rank 0 waits up to NODE_HOLDS_WAIT s for the others (a relay
 # could not start streaming to them before they dial in either).
 node::workers_hold() {
-  local want=$1 file=${SM_SCRATCH}/barrier.holds workers=$((${SM_NTASKS:-${NNODES}} - 1)) deadline said=0 holding=0
+  local want=$1 workers=$((${SM_NTASKS:-${NNODES}} - 1)) deadline said=0 holding=0 rank
   [[ ${SM_RUNTIME} == docker ]] && ((workers > 0)) || return 1
   deadline=$((SECONDS + ${NODE_HOLDS_WAIT:-10}))
   while :; do
-    read -r said holding < <(node::holds_read "${file}" | awk -v want="${want}" '{ n++; if ($2 == want) m++ } END { print n + 0, m + 0 }') ||
-      { said=0 holding=0; }
+    node::holds_read
+    said=${#NODE_HELD[@]} holding=0
+    for rank in "${!NODE_HELD[@]}"; do [[ ${NODE_HELD[${rank}]} != "${want}" ]] || holding=$((holding + 1)); done
     ((said < workers)) || break
     if ((SECONDS >= deadline)); then
       log::info image "$((workers - said)) worker(s) did not say within ${NODE_HOLDS_WAIT:-10} s which image they hold; moving the image"
@@ -487,12 +490,19 @@ node::workers_hold() {
   return 1
 }
 
-# node::holds_read FILE: barrier.holds (rank 0's server appends `<rank> <held id|-> <cache:16 hex|->`
-# as each worker's image READY comes) as each worker last said it: one such line per rank, in no
-# order (a worker that reconnects says it again). Nothing when the file is not there yet.
+# node::holds_read: the one reader of barrier.holds in bash (NODE_HOLDS_FILE: rank 0's server
+# appends `<rank> <held id|-> <cache:16 hex|-> [<layers claim>]` as each worker's image READY comes;
+# the writer is py/slurm_multi/barrier.py; the layers claims are read by rank 0's layer plan,
+# py/slurm_multi/layers/plan.py), as each worker last said it (a worker that reconnects says it
+# again): NODE_HELD[rank]=id|- and NODE_CACHE_SEEN[rank]=hex|-. Empty when the file is not there yet.
 node::holds_read() {
-  [[ -f $1 ]] || return 0
-  awk '{ h[$1] = $2; c[$1] = ($3 == "" ? "-" : $3) } END { for (r in h) print r, h[r], c[r] }' "$1"
+  local rank held cache _claim
+  NODE_HELD=() NODE_CACHE_SEEN=()
+  [[ -f ${SM_SCRATCH}/${NODE_HOLDS_FILE} ]] || return 0
+  while read -r rank held cache _claim || [[ -n ${rank} ]]; do
+    [[ -n ${rank} ]] || continue
+    NODE_HELD[${rank}]=${held} NODE_CACHE_SEEN[${rank}]=${cache:--}
+  done <"${SM_SCRATCH}/${NODE_HOLDS_FILE}"
 }
 
 # node::workers_see_cache ID: when rank 0's cache tar holds ID, every worker that does not hold ID
@@ -502,18 +512,21 @@ node::holds_read() {
 # cache forces the cache (then only what a worker said counts). A cache that holds nothing yet is
 # rank 0's to fill: nothing to check.
 node::workers_see_cache() {
-  local want=$1 tar unseen silent=1 workers=$((${SM_NTASKS:-${NNODES}} - 1))
+  local want=$1 tar unseen='' silent=1 workers=$((${SM_NTASKS:-${NNODES}} - 1)) r
   NODE_CACHE_UNSEEN=
   [[ -n ${SM_IMAGE_CACHE:-} ]] || return 0
   image::key_into "${SM_IMAGE}"
   image::cache_entry "${SM_IMAGE_CACHE}/${IMAGE_KEY}" "${want}" || return 0
   tar=${IMAGE_CACHE_ENTRY}
   [[ ${SM_IMAGE_TRANSPORT} != cache ]] || silent=0
-  unseen=$(node::holds_read "${SM_SCRATCH}/barrier.holds" | awk -v want="${want}" -v seen="${want:7:16}" -v workers="${workers}" -v silent="${silent}" '
-    { h[$1] = $2; c[$1] = $3 }
-    END { for (r = 1; r <= workers; r++) if (((r in h) || silent) && h[r] != want && c[r] != seen) printf "%s%s", (n++ ? " " : ""), r }')
+  node::holds_read
+  for ((r = 1; r <= workers; r++)); do
+    if { [[ -v NODE_HELD[${r}] ]] || ((silent)); } && [[ ${NODE_HELD[${r}]:-} != "${want}" && ${NODE_CACHE_SEEN[${r}]:-} != "${want:7:16}" ]]; then
+      unseen+="${unseen:+ }${r}"
+    fi
+  done
   [[ -n ${unseen} ]] || return 0
-  local r hosts=() names='' list
+  local hosts=() names='' list
   list=$(slurm::hostnames "${SLURM_JOB_NODELIST:-}") || list=
   mapfile -t hosts <<<"${list}"
   for r in ${unseen}; do names+="${names:+, }rank ${r}${hosts[r]:+ (${hosts[r]})}"; done
@@ -538,7 +551,7 @@ node::await_release() {
 node::serve_barrier() {
   local argv=(barrier serve "${BARRIER_ARGS[@]}" --timeout "${SM_BARRIER_TIMEOUT}"
     --image-timeout "${SM_IMAGE_TIMEOUT}" --control-stdin)
-  [[ ${SM_RUNTIME} != docker ]] || argv+=(--holds-file "${SM_SCRATCH}/barrier.holds")
+  [[ ${SM_RUNTIME} != docker ]] || argv+=(--holds-file "${SM_SCRATCH}/${NODE_HOLDS_FILE}")
   # The plan's layer chain: a worker's claim of how much of it its engine holds is checked against it.
   [[ ${SM_RUNTIME} != docker || -z ${JOB_IMAGE_LAYERS:-} ]] || argv+=(--layers-from JOB_IMAGE_LAYERS)
   log::cmd barrier "${SM_HOME}/bin/slurm-multi" "${argv[@]}"

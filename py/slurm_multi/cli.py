@@ -23,6 +23,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "gpus": ("slurm_multi.gpus_cli:cli", "Detect GPUs and parse amd-smi / nvidia-smi output."),
     "mounts": ("slurm_multi.mounts_cli:cli", "De-duplicate docker mount arguments."),
     "barrier": ("slurm_multi.barrier_cli:cli", "TCP barrier: rank 0 serves, workers join, anyone can abort."),
+    "fitness": ("slurm_multi.fitness.cli:cli", "Check every node and the network between them, in seconds."),
     "relay": ("slurm_multi.relay.cli:cli", "Relay a docker save stream node to node, verified."),
     "layers": (
         "slurm_multi.layers.cli:cli",

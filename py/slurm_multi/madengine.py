@@ -22,6 +22,7 @@ from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from slurm_multi.common import usage_error
+from slurm_multi.settings import tasks_per_node
 
 AREA = "madengine"
 # Inside the container: madengine's workspace and the model's run directory (its cwd).
@@ -128,7 +129,7 @@ def resolve_distributed(
             raw, "--launcher" if "SM_LAUNCHER" in settings else "distributed.launcher"
         )
         source["launcher"] = origin("SM_LAUNCHER", "launcher")
-    elif nnodes > 1 and not _tasks_are_ranks(values):
+    elif nnodes > 1 and tasks_per_node(values) == 1:
         # madengine's default (deployment/slurm.py: `launcher_type or "torchrun"`): a multi-node
         # manifest that names none runs one torchrun world, never one standalone run per node.
         launcher = DEFAULT_MULTI_NODE_LAUNCHER
@@ -151,13 +152,6 @@ def resolve_distributed(
     else:
         source["port"] = "manifest distributed.port" if port_text else f"default {DEFAULT_PORT}"
     return Distributed(launcher, nnodes, nproc, port, source)
-
-
-def _tasks_are_ranks(values: Mapping[str, str]) -> bool:
-    """Slurm starts several ranks per node itself (--ntasks-per-node above 1 outside docker): no
-    launcher of ours starts processes on top of them."""
-    tasks = values.get("SM_NTASKS_PER_NODE", "").strip()
-    return values.get("SM_RUNTIME") != "docker" and tasks.isdigit() and int(tasks) > 1
 
 
 def runner(dist: Distributed, node_rank: int, master_addr: str, hostfile: str) -> str:

@@ -30,7 +30,7 @@ import json
 import os
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from slurm_multi.common import usage_error
@@ -76,13 +76,18 @@ class DataSource:
     provider: str
     path: str  # on the host (the node): the data (local, nas) or the custom provider's script
     home: str  # MAD_DATAHOME: where the container sees it
-    writable: bool
+    writable: bool = False  # mounted: data.json's "readwrite": "true" (else read-only)
     script: str = ""  # custom: the script, relative to the workspace (madengine's /myworkspace)
     args: str = ""  # custom: its args
 
     @property
     def mounted(self) -> bool:
         return self.provider in MOUNTED_PROVIDERS
+
+    @property
+    def mount(self) -> str:
+        """A mounted provider's `<path>:<home>[:ro]` (docker -v, pyxis --container-mounts)."""
+        return f"{self.path}:{self.home}{'' if self.writable else ':ro'}"
 
 
 @dataclass
@@ -111,7 +116,7 @@ class MadRun:
     prefix: str = ""  # the tools' commands and encapsulate_script, in madengine's order
     env: dict[str, str] = field(default_factory=dict)
     data: list[DataSource] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # said once, by the plan (not by every node)
 
     @property
     def profilers(self) -> list[str]:
@@ -307,7 +312,8 @@ def resolve_data(names: Sequence[str], checkout: str | None) -> list[DataSource]
                     )
                     continue
                 args = str(config.get("args") or "")
-                found.append(DataSource(name, provider, os.path.abspath(host), home, True, script, args))
+                host = os.path.abspath(host)
+                found.append(DataSource(name, provider, host, home, script=script, args=args))
                 break
             source = str(config.get("path") or "")
             if source and not os.path.isabs(source):  # ours: relative to the checkout, as data.json is
@@ -328,8 +334,12 @@ def resolve_data(names: Sequence[str], checkout: str | None) -> list[DataSource]
 # ---- the command ---------------------------------------------------------------------------------
 
 
-def plan_run(parts: MadParts, checkout: str | None, values: Mapping[str, str], nnodes: int) -> MadRun:
-    """The run around the model's script, resolved (raises a one-line usage error)."""
+def plan_run(parts: MadParts, checkout: str | None, values: Mapping[str, str], nnodes: int,
+             bare_root: str | None = None) -> MadRun:  # fmt: skip
+    """The run around the model's script, resolved (raises a one-line usage error). `bare_root`: the
+    node's directory of a bare-metal run (no container to mount into): a mounted provider's data is
+    seen where it is, a custom provider's made under `bare_root` (its home there), and MAD_DATAHOME
+    names those."""
     run = MadRun()
     run.common = find_common(checkout, values.get("SM_MAD_COMMON", ""))
     if parts.tools:
@@ -358,6 +368,9 @@ def plan_run(parts: MadParts, checkout: str | None, values: Mapping[str, str], n
         if (os.path.abspath(host), script.path) not in run.files:
             run.files.append((os.path.abspath(host), script.path))
     run.data = resolve_data(parts.data, checkout)
+    if bare_root is not None:
+        homes = [d.path if d.mounted else os.path.join(bare_root, d.home.strip("/")) for d in run.data]
+        run.data = [replace(d, home=home) for d, home in zip(run.data, homes)]
     run.files += [(d.path, d.script) for d in run.data if d.script and (d.path, d.script) not in run.files]
     if run.data:
         run.env["MAD_DATAHOME"] = ",".join(d.home for d in run.data)
@@ -372,22 +385,25 @@ def model_line(run: MadRun, argv: Sequence[str], raw_args: str) -> str:
     return " ".join(w for w in words if w)
 
 
-# The wrapper's two helpers: a script is copied from the workspace into the run directory and run
-# there by bash with its args (madengine's run_pre_post_script); a failed pre-script stops the
-# model, a failed post-script fails a model that succeeded.
+# The wrapper's helpers: a step before the model (a pre-script, a custom provider's data) runs only
+# while every step so far succeeded, and its failure stops the model (sm_step); a script is copied
+# from the workspace into the run directory and run there by bash with its args (madengine's
+# run_pre_post_script); a failed post-script fails a model that succeeded.
 _HELPERS = """sm_rc=0
+sm_step() {
+  [ "$sm_rc" = 0 ] || return 0
+  sm_what=$1; shift
+  "$@" || {
+    sm_rc=$?
+    printf 'mad: %s failed (exit %s): the model does not run\\n' "$sm_what" "$sm_rc" >&2
+  }
+}
 sm_script() {
   sm_kind=$1 sm_from=$2 sm_path=$3; shift 3
   printf 'mad: %s-script %s %s (%s)\\n' "$sm_kind" "$sm_path" "$*" "$sm_from"
   cp -LR "../$sm_path" . && bash "${sm_path##*/}" "$@"
 }
-sm_pre() {
-  [ "$sm_rc" = 0 ] || return 0
-  sm_script pre "$@" || {
-    sm_rc=$?
-    printf 'mad: pre-script %s failed (exit %s): the model does not run\\n' "$2" "$sm_rc" >&2
-  }
-}
+sm_pre() { sm_step "pre-script $2" sm_script pre "$@"; }
 sm_post() {
   sm_script post "$@" || {
     sm_p=$?
@@ -419,17 +435,16 @@ def wrapper(run: MadRun, line: str, missing: tuple[str, str] | None = None) -> s
     if not (run.pre or run.post or run.prefix or run.tools or fetch):
         # Only the script and its args: bash becomes the model (signals reach it as without us).
         return "\n".join([*out, f"exec {line}"])
-    out.append(_HELPERS if run.pre or run.post else "sm_rc=0")
+    out.append(_HELPERS if run.pre or run.post or fetch else "sm_rc=0")
     out += [_call("sm_pre", script) for script in run.pre]
-    for data in fetch:  # madengine's data prepare: after the pre-scripts, before the model
-        what = f"data {data.name} ({data.provider}): {data.script} {data.args}".strip()
+    for i, data in enumerate(fetch):  # madengine's data prepare: after the pre-scripts, before the model
+        what = shlex.quote(f"data {data.name} ({data.provider}): {data.script} {data.args}".strip())
         home, script = shlex.quote(data.home), shlex.quote(data.script)
+        # A function: its args expand when it runs, in <home>, as madengine's `cd <home>; bash ...`.
         out.append(
-            f"if [ \"$sm_rc\" = 0 ]; then printf 'mad: %s into %s\\n' {shlex.quote(what)} {home}; "
+            f"sm_data_{i}() {{ printf 'mad: %s into %s\\n' {what} {home}; "
             f'mkdir -p {home} && (sm_ws=$(cd .. && pwd) && cd {home} && bash "$sm_ws/"{script}'
-            f"{' ' + data.args if data.args else ''}) || {{ sm_rc=$?; "
-            f"printf 'mad: %s failed (exit %s): the model does not run\\n' {shlex.quote(what)} "
-            '"$sm_rc" >&2; }; fi'
+            f"{' ' + data.args if data.args else ''}); }}; sm_step {what} sm_data_{i}"
         )
     out.append(f"if [ \"$sm_rc\" = 0 ]; then printf 'mad: model: %s\\n' {shlex.quote(line)}")
     out.append(line)

@@ -19,7 +19,6 @@ Any failure is one line on stderr and a non-zero exit, and then nothing is sourc
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import socket
@@ -226,38 +225,29 @@ def wrap_model(ctx: RunContext, env: Mapping[str, str], runtime: str, scratch: s
 
     script = ctx.script
     assert script is not None
-    mad_run = madrun.plan_run(ctx.mad_parts, ctx.checkout, ctx.values, nnodes)
+    # Bare metal: no container to mount into; the data where it is, a custom provider's in scratch.
+    bare = runtime == "none"
+    mad_run = madrun.plan_run(ctx.mad_parts, ctx.checkout, ctx.values, nnodes, shown if bare else None)
     ctx.mad_run = mad_run
     links = [(mad_run.common, madrun.COMMON)] if mad_run.common else []
     links += mad_run.files
-    if runtime == "none":
+    if bare:
         for host, rel in links:
             if not dry_run:
                 _link(host, os.path.join(scratch, rel))
-        # No container to mount into: the data itself, or a custom provider's download in scratch.
-        mad_run.data = [
-            d if d.mounted else dataclasses.replace(d, home=os.path.join(shown, d.home.strip("/")))
-            for d in mad_run.data
-        ]
-        data_env = (
-            {"MAD_DATAHOME": ",".join(d.path if d.mounted else d.home for d in mad_run.data)}
-            if mad_run.data
-            else {}
-        )
     else:
         mounts = [f"{host}:{mad.WORKSPACE}/{rel}:ro" for host, rel in links]
-        mounts += [f"{d.path}:{d.home}{'' if d.writable else ':ro'}" for d in mad_run.data if d.mounted]
+        mounts += [d.mount for d in mad_run.data if d.mounted]
         for mount in mounts:
             if runtime == "docker":
                 run.docker_mounts += ["-v", mount]
             else:
                 run.pyxis_mounts.append(mount)
-        data_env = {}
-    for name, value in {**mad_run.env, **data_env}.items():
-        if name not in env and (name not in ctx.docker_env or name in data_env):
+    # (Bare metal: MAD_DATAHOME is a path on this node, ours to say over the manifest's.)
+    ours = {"MAD_DATAHOME"} if bare and mad_run.data else set()
+    for name, value in mad_run.env.items():
+        if name not in env and (name not in ctx.docker_env or name in ours):
             ctx.docker_env[name] = value
-    for note in mad_run.notes:
-        talk(AREA, note)
     raw_args = ctx.get("SM_MODEL_ARGS")
     missing = None
     if script.host_dir is None:

@@ -28,6 +28,7 @@ from slurm_multi.context import (
     safe_component,
 )
 from slurm_multi.secret_rule import MASK, is_secret_name, redact, secret_values
+from slurm_multi.settings import tasks_per_node
 
 AREA = "job"
 
@@ -164,12 +165,11 @@ def resolve_job_numbers(ctx: RunContext, env: Mapping[str, str], nnodes: int) ->
     if not ctx.manifest:
         return resolved
     dist = mad.job_distributed(ctx.values, ctx.settings, env, nnodes)
-    tasks = ctx.get("SM_NTASKS_PER_NODE")
-    if dist.launcher in mad.ONE_WORLD and ctx.get("SM_RUNTIME") != "docker" and tasks not in ("", "1"):
+    if dist.launcher in mad.ONE_WORLD and tasks_per_node(ctx.values) > 1:
         raise usage_error(
             f"{AREA}: launcher {dist.launcher} starts {dist.nproc} processes per node itself; "
             "run one task per "
-            f"node (--ntasks-per-node 1), not {tasks}"
+            f"node (--ntasks-per-node 1), not {ctx.get('SM_NTASKS_PER_NODE')}"
         )
     warning = mad.node_count_warning(ctx.values, nnodes)
     if warning:
@@ -201,15 +201,6 @@ def plan_mad_run(ctx: RunContext, nnodes: int) -> None:
         talk("manifest", f"warning: model script {ctx.script.shown} is not in the model dir "
                          f"{ctx.checkout}: it must be in the image's working directory, else every node "
                          "fails; give --model-dir DIR, the checkout that holds it")  # fmt: skip
-
-
-def tasks_per_node(values: Mapping[str, str]) -> int:
-    """Ranks per node, as lib/launch.sh starts them: the resolved --ntasks-per-node (ours, else
-    sbatch's own: slurm_multi.settings); docker runs one container per node."""
-    if values.get("SM_RUNTIME") == "docker":
-        return 1
-    text = values.get("SM_NTASKS_PER_NODE") or "1"
-    return int(text) if text.isdigit() and int(text) > 0 else 1
 
 
 def as_number(text: str | None) -> int | None:

@@ -389,6 +389,16 @@ def _owned(word: str, flags: Sequence[str]) -> bool:
     return False
 
 
+def tasks_per_node(values: Mapping[str, str]) -> int:
+    """Ranks per node, as lib/launch.sh starts them: the resolved --ntasks-per-node (ours, else
+    sbatch's own); docker runs one container per node. Above 1, Slurm's tasks are the ranks: no
+    launcher of ours starts processes on top of them (slurm_multi.madengine)."""
+    if values.get("SM_RUNTIME") == "docker":
+        return 1
+    text = values.get("SM_NTASKS_PER_NODE") or "1"
+    return int(text) if text.isdigit() and int(text) > 0 else 1
+
+
 def nsight_mode(values: Mapping[str, str]) -> str:
     """The nsight-slurm mode: ours, else cuda-api for TRT-LLM, else at-launch."""
     if values.get("SM_NSIGHT_SLURM_MODE"):

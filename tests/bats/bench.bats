@@ -124,3 +124,24 @@ SH
   assert_output plain
   assert_file_not_exists "${BATS_TEST_TMPDIR}/none.json"
 }
+
+@test "the overhead pairs alternate their order and a failed run ends them, naming it" {
+  # shellcheck source=bench/overhead_job.sh
+  source "${REPO_ROOT}/bench/overhead_job.sh"
+  WORK=${BATS_TEST_TMPDIR}
+  # shellcheck disable=SC2329 # called by pairs
+  toolkit() { :; }
+  # shellcheck disable=SC2329
+  bare() { :; }
+  run pairs short 3 0 20 0.05
+  assert_success
+  [[ $(awk '{ print $1, $2, $3 }' <<<"${output}" | paste -sd,) == "short 1 toolkit,short 1 bare,short 2 bare,short 2 toolkit,short 3 toolkit,short 3 bare" ]] ||
+    fail "got: ${output}"
+  assert_output --regexp '^short 1 toolkit [0-9]+\.[0-9]{4}'
+  # shellcheck disable=SC2329
+  bare() { return 7; }
+  run pairs short 2 0 20 0.05
+  assert_failure 7
+  assert_output --partial "the bare run of short pair 1 failed (exit 7)"
+  refute_output --partial "pair 2"
+}

@@ -426,6 +426,21 @@ ${dir}/k.sqsh.id s=${dir}/k.id"
   assert_equal "$(count_calls 'node1 save')" 1
 }
 
+@test "rank 0 reads each worker's last word on what it holds: a holder among others, a silent worker, a last line without its end" {
+  local id=sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef
+  printf '1 %s\n2 -\n1 -\n2 %s\n' "${id}" "${id}" >"${SM_SCRATCH}/barrier.holds"
+  run on node1 "SM_NTASKS=3; node::workers_hold ${id} && echo held || echo moved"
+  assert_line --partial "1 of 2 worker(s) already hold ${id:7:12}"
+  assert_line moved
+  printf '2 %s\n' "${id}" >"${SM_SCRATCH}/barrier.holds"
+  run on node1 "SM_NTASKS=3 NODE_HOLDS_WAIT=0; node::workers_hold ${id} && echo held || echo moved"
+  assert_line --partial "1 worker(s) did not say within 0 s which image they hold; moving the image"
+  assert_line moved
+  printf '1 %s\n2 %s' "${id}" "${id}" >"${SM_SCRATCH}/barrier.holds"
+  run on node1 "SM_NTASKS=3; node::workers_hold ${id} && echo held || echo moved"
+  assert_output held
+}
+
 @test "rank 0 sends the warm cache only when every worker sees its tar; a node-local cache is relayed, or refused when forced" {
   export SM_IMAGE_CACHE=${CACHE} SLURM_JOB_NODELIST=node1,node2
   local id

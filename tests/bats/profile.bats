@@ -755,6 +755,20 @@ for line in open(sys.argv[1]):
   assert_output "$(printf '%s\n' "profile_flush_start host=$(hostname)" "profile_flush_end settled=1")"
 }
 
+@test "the batch step's flush events go to its own batch/events.log (rank 0's lane): node_0/events.log is rank 0's task's alone" {
+  mkdir -p job/node_0
+  printf 'rank 0s task\n' >job/node_0/events.log
+  run bash -c '
+    for lib in log util settings timeline profile; do source "${REPO_ROOT}/lib/${lib}.sh"; done
+    export SM_JOBDIR=${PWD}/job SM_NODE_DIR=${PWD}/job/node_1 SM_RANK=3
+    profile::job_event nsight_flush_end settled=1 expected=4'
+  assert_success
+  run awk '{ print $2, $3, $NF }' job/batch/events.log
+  assert_output "nsight_flush_end rank=0 expected=4"
+  assert_equal "$(cat job/node_0/events.log)" "rank 0s task"
+  assert_file_not_exists job/node_1/events.log
+}
+
 @test "a container that never started, or nsys not found (125-127), waits for no report and says so" {
   local code
   for code in 125 127; do

@@ -107,21 +107,12 @@ staged() {
 }
 
 @test "pyxis: scancel mid-run stages every rank, and no container is left on any node" {
-  mkdir -p "${BATS_FILE_TMPDIR}/out"
-  cd "${BATS_FILE_TMPDIR}"
-  local out dir deadline r
-  out=$(sbatch --parsable -N3 -o "${BATS_FILE_TMPDIR}/job-%j.out" "${REPO_ROOT}/sbatch/multi.sbatch" \
-    --out "${BATS_FILE_TMPDIR}/out" --manifest "${TOY_MANIFEST}" --runtime pyxis --image-cache "${E2E_CACHE}" \
-    -- sh run.sh --steps 400)
-  JOB_ID=${out%%;*}
-  dir=${BATS_FILE_TMPDIR}/out/toy_model/${JOB_ID}
-  deadline=$((SECONDS + 120))
-  until grep -qs 'step 10/400' "${dir}/node_0/node.log" && grep -qs 'step 10/400' "${dir}/node_2/node.log"; do
-    ((SECONDS < deadline)) || { cat "${BATS_FILE_TMPDIR}/job-${JOB_ID}.out" >&2; scancel "${JOB_ID}"; false; }
-    sleep 0.3
-  done
-  scancel "${JOB_ID}"
-  e2e::wait_teardown "${JOB_ID}" "${dir}" 120
+  local dir r
+  e2e::submit_job -N3 -- --manifest "${TOY_MANIFEST}" --runtime pyxis --image-cache "${E2E_CACHE}" \
+    -- sh run.sh --steps 400
+  JOB_DIR=${BATS_FILE_TMPDIR}/out/toy_model/${JOB_ID}
+  dir=${JOB_DIR}
+  e2e::cancel_when 120 120 e2e::ranks_say 'step 10/400' 0 2
   assert_file_exists "${dir}/summary.json"
   assert_equal "$(e2e::json "${dir}/summary.json" 'd["verdict"]')" FAILURE
   for r in 0 1 2; do
@@ -258,8 +249,7 @@ PY
 
 @test "pyxis + nsys, 2 nodes: one complete report per rank, nsys inside the rank's container" {
   e2e::nsys_manifest
-  e2e::run_job -N2 -- --manifest "${NSYS_MANIFEST}" --runtime pyxis --image-cache "${E2E_CACHE}" --profile nsys \
-    --nsys-host-path "${REPO_ROOT}/tests/fakes/nsys" --flush-settle-seconds 3 --flush-timeout-seconds 60
+  e2e::run_job -N2 -- --manifest "${NSYS_MANIFEST}" --runtime pyxis --image-cache "${E2E_CACHE}" "${E2E_NSYS_ARGS[@]}"
   assert_equal "${JOB_RC}" 0
   local r node
   for r in 0 1; do
@@ -277,22 +267,12 @@ PY
 
 @test "pyxis + nsys scancelled mid-run: no report is lost, every rank staged" {
   e2e::nsys_manifest
-  mkdir -p "${BATS_FILE_TMPDIR}/out"
-  cd "${BATS_FILE_TMPDIR}"
-  local out dir deadline r node
-  out=$(sbatch --parsable -N2 -o "${BATS_FILE_TMPDIR}/job-%j.out" "${REPO_ROOT}/sbatch/multi.sbatch" \
-    --out "${BATS_FILE_TMPDIR}/out" --manifest "${NSYS_MANIFEST}" --runtime pyxis --image-cache "${E2E_CACHE}" \
-    --profile nsys --nsys-host-path "${REPO_ROOT}/tests/fakes/nsys" --flush-settle-seconds 3 \
-    --flush-timeout-seconds 60 -- sh run.sh --steps 400)
-  JOB_ID=${out%%;*}
-  dir=${BATS_FILE_TMPDIR}/out/toy_model/${JOB_ID}
-  deadline=$((SECONDS + 120))
-  until grep -qs 'step 20/400' "${dir}/node_0/node.log" && grep -qs 'step 20/400' "${dir}/node_1/node.log"; do
-    ((SECONDS < deadline)) || { cat "${BATS_FILE_TMPDIR}/job-${JOB_ID}.out" >&2; scancel "${JOB_ID}"; false; }
-    sleep 0.3
-  done
-  scancel "${JOB_ID}"
-  e2e::wait_teardown "${JOB_ID}" "${dir}" 120
+  local dir r node
+  e2e::submit_job -N2 -- --manifest "${NSYS_MANIFEST}" --runtime pyxis --image-cache "${E2E_CACHE}" \
+    "${E2E_NSYS_ARGS[@]}" -- sh run.sh --steps 400
+  JOB_DIR=${BATS_FILE_TMPDIR}/out/toy_model/${JOB_ID}
+  dir=${JOB_DIR}
+  e2e::cancel_when 120 120 e2e::ranks_say 'step 20/400' 0 1
   assert_file_exists "${dir}/summary.json"
   for r in 0 1; do
     node=$(e2e::json "${dir}/node_${r}/status.json" 'd["node"]')

@@ -16,11 +16,10 @@ setup() {
   e2e::wait_for_nodes --docker node1 node2
 }
 
-# nsys_job_args: the options every job here uses (short flush values: the fake writes in 1 s).
+# nsys_job_args: the options every job here uses (the fake nsys, short flush values: E2E_NSYS_ARGS).
 nsys_job_args() {
-  printf '%s\0' --manifest "${NSYS_MANIFEST}" --image-cache "${E2E_CACHE}" --profile nsys \
-    --nsys-host-path "${REPO_ROOT}/tests/fakes/nsys" --profile-start-iter 5 --profile-stop-iter 15 \
-    --flush-settle-seconds 3 --flush-timeout-seconds 60 --stop-grace 20
+  printf '%s\0' --manifest "${NSYS_MANIFEST}" --image-cache "${E2E_CACHE}" "${E2E_NSYS_ARGS[@]}" \
+    --profile-start-iter 5 --profile-stop-iter 15 --stop-grace 20
 }
 
 # node_of RANK: the node a rank ran on (its status.json).
@@ -62,22 +61,12 @@ node_of() { e2e::json "${JOB_DIR}/node_$1/status.json" 'd["node"]'; }
 }
 
 @test "nsys, scancelled mid-run: every rank's report is complete, flushed before the steps were killed" {
-  local args=() out state deadline r node
+  local args=() r node
   mapfile -d '' args < <(nsys_job_args)
-  mkdir -p "${BATS_FILE_TMPDIR}/out"
-  cd "${BATS_FILE_TMPDIR}"
-  out=$(sbatch --parsable -N2 -o "${BATS_FILE_TMPDIR}/job-%j.out" "${REPO_ROOT}/sbatch/multi.sbatch" \
-    --out "${BATS_FILE_TMPDIR}/out" "${args[@]}" -- sh run.sh --steps 400)
-  JOB_ID=${out%%;*}
+  e2e::submit_job -N2 -- "${args[@]}" -- sh run.sh --steps 400
   JOB_DIR=${BATS_FILE_TMPDIR}/out/toy_model/${JOB_ID}
-  # Wait until both ranks are training under nsys (the toy logs every 5th of its 400 steps).
-  deadline=$((SECONDS + 120))
-  until grep -qs 'step 30/400' "${JOB_DIR}/node_0/node.log" && grep -qs 'step 30/400' "${JOB_DIR}/node_1/node.log"; do
-    ((SECONDS < deadline)) || { cat "${BATS_FILE_TMPDIR}/job-${JOB_ID}.out" >&2; scancel "${JOB_ID}"; false; }
-    sleep 0.3
-  done
-  scancel "${JOB_ID}"
-  e2e::wait_teardown "${JOB_ID}" "${JOB_DIR}" 120
+  # Cancelled once both ranks are training under nsys (the toy logs every 5th of its 400 steps).
+  e2e::cancel_when 120 120 e2e::ranks_say 'step 30/400' 0 1
   assert_file_exists "${JOB_DIR}/summary.json"
   for r in 0 1; do
     node=$(node_of "${r}")

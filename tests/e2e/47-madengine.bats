@@ -37,6 +37,36 @@ mad::one_world() {
   [[ $(grep -c "/$2 " <<<"${ranks}") -eq $2 && $(wc -l <<<"${ranks}") -eq $2 ]]
 }
 
+# mad::assert_one_torchrun_world: the last job (2 nodes x 2 processes) SUCCEEDED as one world of 4:
+# every process saw the whole world, every node ran madengine's torchrun runner (never a standalone
+# fallback), and job.json and summary.json say so.
+mad::assert_one_torchrun_world() {
+  assert_equal "${JOB_RC}" 0
+  assert_equal "$(e2e::json "${JOB_DIR}/summary.json" 'd["verdict"]')" SUCCESS
+  run mad::one_world "${JOB_DIR}" 4
+  assert_success
+  local r
+  for r in 0 1; do
+    run cat "${JOB_DIR}/node_${r}/node.log"
+    assert_output --partial "Launcher Command: torchrun --nnodes=2 --nproc_per_node=2 --node_rank=${r} --master_addr=node1 --master_port=29500"
+    refute_output --partial "using standalone torchrun"
+    refute_output --partial "Running in Standalone Mode"
+  done
+  assert_equal "$(e2e::json "${JOB_DIR}/job.json" 'd["world_size"], d["nproc_per_node"], d["launcher"]')" "(4, 2, 'torchrun')"
+  assert_equal "$(e2e::json "${JOB_DIR}/summary.json" 'd["world"]')" "{'expected': 4, 'seen': {'0': 4, '1': 4}, 'silent': []}"
+}
+
+# mad::assert_every_node_alone: the last job (2 nodes x 2 processes) FAILED although each node ran
+# fine, because each node's processes made a world of their own: both nodes are named.
+mad::assert_every_node_alone() {
+  assert_equal "${JOB_RC}" 1
+  assert_equal "$(e2e::json "${JOB_DIR}/summary.json" 'd["verdict"]')" FAILURE
+  assert_equal "$(e2e::json "${JOB_DIR}/summary.json" '[n["status"] for n in d["nodes"]]')" "['ok', 'ok']"
+  run e2e::json "${JOB_DIR}/summary.json" '"\n".join(d["reasons"])'
+  assert_line --regexp "^node1 \(rank 0\): the workload ran in a world of 2 \(2 processes: this node alone\), not the job's 4"
+  assert_line --regexp "^node2 \(rank 1\): the workload ran in a world of 2 \(2 processes: this node alone\), not the job's 4"
+}
+
 # mad::checkout_untouched: no node wrote into the shared checkout (each has its own run directory).
 mad::checkout_untouched() {
   run find "${MAD_DIR}" -newer "${BATS_FILE_TMPDIR}/checkout-mark"
@@ -45,17 +75,12 @@ mad::checkout_untouched() {
 
 @test "docker, 2 nodes x 2 processes: a madengine model script through real torchrun, one world of 4, SUCCESS" {
   e2e::run_job -N2 -- --manifest "${MAD_MANIFEST}" --model dummy_torchrun_multi --image-cache "${E2E_CACHE}"
-  assert_equal "${JOB_RC}" 0
-  assert_equal "$(e2e::json "${JOB_DIR}/summary.json" 'd["verdict"]')" SUCCESS
-  run mad::one_world "${JOB_DIR}" 4
-  assert_success
+  mad::assert_one_torchrun_world
   # The script ran as madengine runs it: bash, in the run directory, with this node's runner.
   local r
   for r in 0 1; do
     run cat "${JOB_DIR}/node_${r}/node.log"
     assert_output --partial "dummy_torchrun: run directory /myworkspace/run_directory"
-    assert_output --partial "Launcher Command: torchrun --nnodes=2 --nproc_per_node=2 --node_rank=${r} --master_addr=node1 --master_port=29500"
-    refute_output --partial "using standalone torchrun"
     assert_file_exists "${JOB_DIR}/node_${r}/perf_dummy_torchrun.csv"
   done
   # perf.csv holds the script's row (the CSV written in the run directory), its extra column kept.
@@ -65,8 +90,6 @@ mad::checkout_untouched() {
   assert_output 4
   run e2e::perf_column "${JOB_DIR}/perf.csv" launcher
   assert_output torchrun
-  assert_equal "$(e2e::json "${JOB_DIR}/summary.json" 'd["world"]')" "{'expected': 4, 'seen': {'0': 4, '1': 4}, 'silent': []}"
-  assert_equal "$(e2e::json "${JOB_DIR}/job.json" 'd["world_size"], d["nproc_per_node"], d["launcher"]')" "(4, 2, 'torchrun')"
   mad::checkout_untouched
 }
 
@@ -75,41 +98,21 @@ mad::checkout_untouched() {
   # deployment_config.distributed means madengine's default, torchrun across the nodes.
   e2e::run_job -N2 -- --manifest "${MAD_DIR}/no_launcher_manifest.json" --model dummy_torchrun_multi \
     --image-cache "${E2E_CACHE}"
-  assert_equal "${JOB_RC}" 0
-  assert_equal "$(e2e::json "${JOB_DIR}/summary.json" 'd["verdict"]')" SUCCESS
-  run mad::one_world "${JOB_DIR}" 4
-  assert_success
-  local r
-  for r in 0 1; do
-    run cat "${JOB_DIR}/node_${r}/node.log"
-    assert_output --partial "Launcher Command: torchrun --nnodes=2 --nproc_per_node=2 --node_rank=${r} --master_addr=node1 --master_port=29500"
-    refute_output --partial "Running in Standalone Mode"
-  done
-  assert_equal "$(e2e::json "${JOB_DIR}/job.json" 'd["world_size"], d["launcher"]')" "(4, 'torchrun')"
-  assert_equal "$(e2e::json "${JOB_DIR}/summary.json" 'd["world"]')" "{'expected': 4, 'seen': {'0': 4, '1': 4}, 'silent': []}"
+  mad::assert_one_torchrun_world
 }
 
 @test "--launcher none on a multi-node manifest: every node runs alone and the world check fails the job" {
   e2e::run_job -N2 -- --manifest "${MAD_DIR}/no_launcher_manifest.json" --model dummy_torchrun_multi \
     --launcher none --image-cache "${E2E_CACHE}"
-  assert_equal "${JOB_RC}" 1
-  assert_equal "$(e2e::json "${JOB_DIR}/summary.json" 'd["verdict"]')" FAILURE
-  assert_equal "$(e2e::json "${JOB_DIR}/summary.json" '[n["status"] for n in d["nodes"]]')" "['ok', 'ok']"
-  run e2e::json "${JOB_DIR}/summary.json" '"\n".join(d["reasons"])'
   # The job's world is still 2 nodes x 2 processes; each node's `torchrun --standalone` made its own.
-  assert_line --regexp "^node1 \(rank 0\): the workload ran in a world of 2 \(2 processes: this node alone\), not the job's 4"
-  assert_line --regexp "^node2 \(rank 1\): the workload ran in a world of 2 \(2 processes: this node alone\), not the job's 4"
+  mad::assert_every_node_alone
 }
 
 @test "a model script that falls back to a standalone run on every node: FAILURE naming each node, exit 1" {
   e2e::run_job -N2 -- --manifest "${MAD_MANIFEST}" --model dummy_torchrun_standalone --image-cache "${E2E_CACHE}"
-  assert_equal "${JOB_RC}" 1
-  assert_equal "$(e2e::json "${JOB_DIR}/summary.json" 'd["verdict"]')" FAILURE
   # Each node trained alone and succeeded; the job is still not a 2-node result.
-  assert_equal "$(e2e::json "${JOB_DIR}/summary.json" '[n["status"] for n in d["nodes"]]')" "['ok', 'ok']"
-  run e2e::json "${JOB_DIR}/summary.json" '"\n".join(d["reasons"])'
+  mad::assert_every_node_alone
   assert_line --regexp "^node1 \(rank 0\): the workload ran in a world of 2 \(2 processes: this node alone\), not the job's 4; .*node.log:[0-9]+: .*Rank: [01]/2"
-  assert_line --regexp "^node2 \(rank 1\): the workload ran in a world of 2 \(2 processes: this node alone\), not the job's 4"
   run grep -h "world size: 2 node(s) ran in a smaller world than the job's 4" "${JOB_OUT}"
   assert_success
 }

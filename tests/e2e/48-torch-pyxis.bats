@@ -105,26 +105,18 @@ nsight_pyxis_job() {
   NSIGHT_ARGS=(--runtime pyxis --image sm/torchrun:local --image-cache "${E2E_CACHE}" "${E2E_NSIGHT_ARGS[@]}" -- "$@")
 }
 
+# both_ranks_printed: both ranks run under nsys, in their run stage, and have printed.
+both_ranks_printed() {
+  e2e::ranks_profiled 2 && [[ $(cat "${JOB_DIR}"/node_*/node.log 2>/dev/null | grep -c ' of 2 on ') == 2 ]]
+}
+
 @test "nsight-slurm under pyxis, 2 nodes, scancelled mid-run: the connector runs in each rank's container, every rank's report arrives" {
   nsight_pyxis_job --flush-timeout-seconds 40 -- sh -c 'echo "rank ${RANK} of ${WORLD_SIZE} on $(hostname)"; sleep 60'
-  local out deadline f r
-  mkdir -p "${BATS_FILE_TMPDIR}/out"
-  cd "${BATS_FILE_TMPDIR}"
-  E2E_JOB_SARGS=(-N2 -w 'node1,node2') E2E_JOB_ARGS=(--out "${BATS_FILE_TMPDIR}/out" "${NSIGHT_ARGS[@]}")
-  out=$(sbatch --parsable "${E2E_JOB_SARGS[@]}" -o "${BATS_FILE_TMPDIR}/job-%j.out" "${REPO_ROOT}/sbatch/multi.sbatch" \
-    "${E2E_JOB_ARGS[@]}")
-  JOB_ID=${out%%;*}
-  JOB_DIR=${BATS_FILE_TMPDIR}/out/torchrun_local/${JOB_ID} JOB_OUT=${BATS_FILE_TMPDIR}/job-${JOB_ID}.out
-  # Both ranks run under nsys (their streams open), in their run stage, and have printed.
-  deadline=$((SECONDS + 120))
-  until [[ $(find "${JOB_DIR}/nsight-slurm-direct" -name '*.qdstrm' 2>/dev/null | wc -l) == 2 &&
-    $(grep -ls 'stage_start .*stage=run' "${JOB_DIR}"/node_*/events.log 2>/dev/null | wc -l) == 2 &&
-    $(cat "${JOB_DIR}"/node_*/node.log 2>/dev/null | grep -c ' of 2 on ') == 2 ]]; do
-    ((SECONDS < deadline)) || { tail -n 40 "${JOB_OUT}" >&2; scancel "${JOB_ID}"; false; }
-    sleep 0.3
-  done
-  scancel "${JOB_ID}"
-  e2e::wait_teardown "${JOB_ID}" "${JOB_DIR}" 90
+  local f r
+  e2e::submit_job -N2 -w 'node1,node2' -- "${NSIGHT_ARGS[@]}"
+  JOB_DIR=${BATS_FILE_TMPDIR}/out/torchrun_local/${JOB_ID}
+  # Cancelled once both ranks run under nsys (their streams open), in their run stage, and have printed.
+  e2e::cancel_when 120 90 both_ranks_printed
   assert_file_exists "${JOB_DIR}/summary.json"
   sed -n '/^results:/,/^ *timeline/p' "${JOB_OUT}" | grep -E '^ *(results|profile|rank|[0-9])' | sed 's/^/# /' >&3
   # Both ranks registered with the one coordinator (each from a one-task step: SLURM_PROCID 0 in

@@ -21,6 +21,13 @@ setup() {
   e2e::wait_for_nodes node1 node2
 }
 
+# mad::run_model MODEL: the whole-run manifest's MODEL on 2 nodes, SUCCESS.
+mad::run_model() {
+  e2e::run_job -N2 -- --manifest "${MAD_DIR}/whole_run_manifest.json" --model "$1"
+  assert_equal "${JOB_RC}" 0
+  assert_equal "$(e2e::json "${JOB_DIR}/summary.json" 'd["verdict"]')" SUCCESS
+}
+
 @test "two tools, the context's scripts and encapsulate_script run around the model on every node, in madengine's order" {
   e2e::run_job -N2 -- --manifest "${MAD_DIR}/tools_manifest.json"
   assert_equal "${JOB_RC}" 0
@@ -53,9 +60,7 @@ setup() {
 }
 
 @test "a local data provider: MAD_DATAHOME mounted read-only on every node, perf.csv's data columns filled" {
-  e2e::run_job -N2 -- --manifest "${MAD_DIR}/whole_run_manifest.json" --model dummy_data_local
-  assert_equal "${JOB_RC}" 0
-  assert_equal "$(e2e::json "${JOB_DIR}/summary.json" 'd["verdict"]')" SUCCESS
+  mad::run_model dummy_data_local
   local r
   for r in 0 1; do
     run grep -h "^data: " "${JOB_DIR}/node_${r}/node.log"
@@ -72,9 +77,7 @@ setup() {
 }
 
 @test "a custom data provider: its script makes the data in MAD_DATAHOME before the model runs, on every node" {
-  e2e::run_job -N2 -- --manifest "${MAD_DIR}/whole_run_manifest.json" --model dummy_data_custom
-  assert_equal "${JOB_RC}" 0
-  assert_equal "$(e2e::json "${JOB_DIR}/summary.json" 'd["verdict"]')" SUCCESS
+  mad::run_model dummy_data_custom
   local r
   for r in 0 1; do
     run grep -hE "^(make_data|data): " "${JOB_DIR}/node_${r}/node.log"
@@ -85,9 +88,7 @@ setup() {
 }
 
 @test "a superset model: perf_super.json carries each row's own config and its extra columns" {
-  e2e::run_job -N2 -- --manifest "${MAD_DIR}/whole_run_manifest.json" --model dummy_superset
-  assert_equal "${JOB_RC}" 0
-  assert_equal "$(e2e::json "${JOB_DIR}/summary.json" 'd["verdict"]')" SUCCESS
+  mad::run_model dummy_superset
   assert_file_exists "${JOB_DIR}/perf_entry.json"
   assert_file_exists "${JOB_DIR}/perf_super.csv"
   assert_file_exists "${JOB_DIR}/perf_entry_super.json"

@@ -140,31 +140,18 @@ PY
 # submit_long_job: the 2x2 bare-metal job of nsight_job, training for a minute, submitted without
 # waiting; sets JOB_ID and JOB_DIR (the tests cancel it).
 submit_long_job() {
-  local out
-  mkdir -p "${BATS_FILE_TMPDIR}/out"
-  cd "${BATS_FILE_TMPDIR}" || return 1
   e2e::nsight_args "${REPO_ROOT}/tests/fakes/nsys" --flush-timeout-seconds 40
-  out=$(sbatch --parsable -N2 -w node1,node2 --ntasks-per-node=2 -o "${BATS_FILE_TMPDIR}/job-%j.out" \
-    "${REPO_ROOT}/sbatch/multi.sbatch" --out "${BATS_FILE_TMPDIR}/out" --runtime none --ntasks-per-node 2 \
-    "${E2E_NSIGHT_ARGS[@]}" -- sh -c 'echo "rank ${RANK} training"; sleep 60') || return 1
-  JOB_ID=${out%%;*}
+  e2e::submit_job -N2 -w node1,node2 --ntasks-per-node=2 -- --runtime none --ntasks-per-node 2 \
+    "${E2E_NSIGHT_ARGS[@]}" -- sh -c 'echo "rank ${RANK} training"; sleep 60' || return 1
   JOB_DIR=${BATS_FILE_TMPDIR}/out/job/${JOB_ID}
 }
 
 @test "nsight-slurm scancelled mid-run: the flush still gets every rank's report before the steps die" {
-  local deadline state
   submit_long_job
-  # Wait until all 4 ranks run under nsys (4 sessions registered, 4 streams open) and every rank's
-  # sm-node is in its run stage (mid-run: a node.log alone can be a rank still in prepare, and a
-  # cancel there is another test's case; CI saw it twice), then cancel.
-  deadline=$((SECONDS + 90))
-  until [[ $(find "${JOB_DIR}/nsight-slurm-direct" -name '*.qdstrm' 2>/dev/null | wc -l) == 4 &&
-    $(grep -ls 'stage_start .*stage=run' "${JOB_DIR}"/node_*/events.log 2>/dev/null | wc -l) == 4 ]]; do
-    ((SECONDS < deadline)) || { cat "${BATS_FILE_TMPDIR}/job-${JOB_ID}.out" >&2; scancel "${JOB_ID}"; false; }
-    sleep 0.3
-  done
-  scancel "${JOB_ID}"
-  e2e::wait_teardown "${JOB_ID}" "${JOB_DIR}" 90
+  # Cancelled once all 4 ranks run under nsys (4 sessions registered, 4 streams open) and every
+  # rank's sm-node is in its run stage (mid-run: a node.log alone can be a rank still in prepare,
+  # and a cancel there is another test's case; CI saw it twice).
+  e2e::cancel_when 90 90 e2e::ranks_profiled 4
   assert_file_exists "${JOB_DIR}/summary.json"
   node1_quirk_held
   run ls "${JOB_DIR}/nsight-slurm-direct"
@@ -190,19 +177,15 @@ submit_long_job() {
   assert_line --partial 'coordinator stop --force'
 }
 
+every_rank_has_a_node_log() { [[ $(find "${JOB_DIR}" -name node.log 2>/dev/null | wc -l) == 4 ]]; }
+
 @test "nsight-slurm scancelled as soon as every rank has a node.log (some still in prepare or fitness): every rank stages" {
   # scancel, nsys and the connector each forward a SIGTERM to sm-node; a task that took them while
   # in prepare or fitness hung in its handler until Slurm's SIGKILL (2 of 12 such cancels), with
   # no status.json and no summary within the teardown.
-  local deadline r
+  local r
   submit_long_job
-  deadline=$((SECONDS + 90))
-  until [[ $(find "${JOB_DIR}" -name node.log 2>/dev/null | wc -l) == 4 ]]; do
-    ((SECONDS < deadline)) || { cat "${BATS_FILE_TMPDIR}/job-${JOB_ID}.out" >&2; scancel "${JOB_ID}"; false; }
-    sleep 0.05
-  done
-  scancel "${JOB_ID}"
-  e2e::wait_teardown "${JOB_ID}" "${JOB_DIR}" 60
+  E2E_POLL=0.05 e2e::cancel_when 90 60 every_rank_has_a_node_log
   grep -h 'stage_start' "${JOB_DIR}"/node_*/events.log 2>/dev/null | grep -o 'stage=[a-z-]*' | sort | uniq -c | sed 's/^/# /' >&3 || true
   assert_file_exists "${JOB_DIR}/summary.json"
   for r in 0 1 2 3; do

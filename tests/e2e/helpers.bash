@@ -199,6 +199,53 @@ e2e::run_job() {
   fi
 }
 
+# e2e::submit_job [SBATCH_ARGS...] -- [MULTI_ARGS...]: submit sbatch/multi.sbatch and return at once
+# (a test that cancels the job: e2e::cancel_when). Sets JOB_ID and JOB_OUT, and what
+# e2e::assert_dry_run_is_the_job gives the dry run; the test sets JOB_DIR (<out>/<model>/JOB_ID).
+e2e::submit_job() {
+  local sargs=() out
+  while (($#)) && [[ $1 != -- ]]; do
+    sargs+=("$1")
+    shift
+  done
+  (($#)) && shift
+  mkdir -p "${BATS_FILE_TMPDIR}/out"
+  cd "${BATS_FILE_TMPDIR}" || return 1
+  out=$(sbatch --parsable "${sargs[@]}" -o "${BATS_FILE_TMPDIR}/job-%j.out" "${REPO_ROOT}/sbatch/multi.sbatch" \
+    --out "${BATS_FILE_TMPDIR}/out" "$@") || return 1
+  JOB_ID=${out%%;*} JOB_OUT=${BATS_FILE_TMPDIR}/job-${out%%;*}.out
+  E2E_JOB_SARGS=("${sargs[@]}") E2E_JOB_ARGS=(--out "${BATS_FILE_TMPDIR}/out" "$@")
+}
+
+# e2e::cancel_when WAIT TEARDOWN CHECK...: scancel JOB_ID once CHECK (a command, tried every
+# E2E_POLL s, default 0.3) succeeds, then wait up to TEARDOWN s for its teardown (JOB_DIR's
+# summary.json). CHECK still failing after WAIT s: the batch output on stderr, scancel, fail.
+e2e::cancel_when() {
+  local deadline=$((SECONDS + $1)) teardown=$2
+  shift 2
+  until "$@"; do
+    ((SECONDS < deadline)) || { cat "${JOB_OUT}" >&2; scancel "${JOB_ID}"; return 1; }
+    sleep "${E2E_POLL:-0.3}"
+  done
+  scancel "${JOB_ID}"
+  e2e::wait_teardown "${JOB_ID}" "${JOB_DIR}" "${teardown}"
+}
+
+# e2e::ranks_say TEXT RANK...: every RANK's node.log in JOB_DIR holds TEXT (a check for cancel_when).
+e2e::ranks_say() {
+  local text=$1 r
+  shift
+  for r in "$@"; do grep -qs -- "${text}" "${JOB_DIR}/node_${r}/node.log" || return 1; done
+}
+
+# e2e::ranks_profiled N: N ranks run under nsight-slurm's nsys (N streams open in
+# JOB_DIR/nsight-slurm-direct) and are in their run stage (a node.log alone can be a rank still in
+# prepare: a cancel there is another test's case).
+e2e::ranks_profiled() {
+  [[ $(find "${JOB_DIR}/nsight-slurm-direct" -name '*.qdstrm' 2>/dev/null | wc -l) == "$1" &&
+    $(grep -ls 'stage_start .*stage=run' "${JOB_DIR}"/node_*/events.log 2>/dev/null | wc -l) == "$1" ]]
+}
+
 # e2e::assert_dry_run_is_the_job [RANK...]: the dry run of the last e2e::run_job (its sbatch -N and
 # --ntasks-per-node, its arguments, as the job's user, from where it was submitted) shows the batch
 # step's srun and each RANK's run command (default 0 1) word for word as the job logged them, bar
@@ -269,6 +316,12 @@ e2e::wait_teardown() {
 # written only when its session ends, over NSYS_FAKE_WRITE_SECONDS -- like the real tool.
 FAKE_CHUNKS=4
 FAKE_CHUNK_KIB=32
+
+# A job profiled by the fake nsys (--nsys-host-path), with short flush values (the fake writes in
+# 1 s): the one spelling of these options for 25's pyxis jobs and 40's docker jobs.
+# shellcheck disable=SC2034 # read by the test files
+E2E_NSYS_ARGS=(--profile nsys --nsys-host-path "${REPO_ROOT}/tests/fakes/nsys" --flush-settle-seconds 3
+  --flush-timeout-seconds 60)
 
 # e2e::nsys_manifest: NSYS_MANIFEST, the toy manifest with absolute paths and the fake's knobs in
 # the workload's env (passed to the container, or the pyxis rank's step).

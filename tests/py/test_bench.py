@@ -22,7 +22,6 @@ import benchlib  # noqa: E402
 import collect_bench  # noqa: E402
 import relay_bench  # noqa: E402
 import report  # noqa: E402
-import startup_bench  # noqa: E402
 
 ROW_FIELDS = {
     "row", "what", "baseline", "median_s", "spread_s", "baseline_median_s", "baseline_spread_s",
@@ -69,6 +68,24 @@ def test_targets_parse_and_judge_the_ratio() -> None:
         benchlib.target_limit("under 2")
 
 
+def test_a_target_in_seconds_added_judges_the_pairs_differences() -> None:
+    assert benchlib.target_limit("<= 0.8 s added") == 0.8 and benchlib.target_on_added("<= 0.8 s added")
+    assert benchlib.target_limit("<= 1.5 CPU-s added") == 1.5 and not benchlib.target_on_added("<= 2.0x")
+    # Pairs: (3.0, 1.0), (2.5, 2.0), (2.2, 1.9), (9.0, 1.2): added 2.0, 0.5, 0.3, 7.8 -> median 1.25.
+    row = benchlib.make_row(
+        "r", "w", "b", [3.0, 2.5, 2.2, 9.0], [1.0, 2.0, 1.9, 1.2], target="<= 0.8 s added", paired=True
+    )
+    assert row["added_s"] == pytest.approx(1.25) and row["added_spread_s"] == pytest.approx([0.3, 7.8])
+    assert row["added_iqr_s"] == pytest.approx([0.45, 3.45])
+    assert row["ratio"] == pytest.approx(2.75 / 1.55) and row["met"] is False  # judged on added, not ratio
+    met = benchlib.make_row("r", "w", "b", [2.0, 2.1], [1.5, 1.4], target="<= 0.8 s added", paired=True)
+    assert met["met"] is True and met["added_samples_s"] == pytest.approx([0.5, 0.7])
+    with pytest.raises(ValueError, match="paired"):
+        benchlib.make_row("r", "w", "b", [2.0], [1.0], target="<= 0.8 s added")  # no pairs, no added
+    with pytest.raises(ValueError, match="1 samples vs 2"):
+        benchlib.make_row("r", "w", "b", [2.0], [1.0, 1.1], paired=True)
+
+
 def test_make_row_uses_the_medians_of_both_sides() -> None:
     row = benchlib.make_row("r", "what", "base", [3.0, 1.0, 2.0, 9.0, 2.5], [1.0, 1.0, 2.0], target="<= 2.0x")
     assert ROW_FIELDS <= set(row)
@@ -107,6 +124,15 @@ def _rows() -> list[dict]:
             "results collect, 1000 node dirs", "w", "b", [0.9] * 3, [0.1] * 3, target="<= 3.0x"
         ),
         benchlib.make_row("start-up: redact", "a | b", "b", [0.04] * 3, [0.01] * 3),
+        benchlib.make_row(
+            "toolkit overhead, warm 2-node toy job",
+            "w",
+            "b",
+            [2.2, 2.0, 2.4],
+            [1.5, 1.5, 1.5],
+            target="<= 0.8 s added",
+            paired=True,
+        ),  # fmt: skip
         benchlib.skipped_row("toolkit overhead / image distribution", "", "", "test cluster not up"),
     ]
 
@@ -116,16 +142,18 @@ def test_table_has_the_documented_columns_and_one_line_per_row() -> None:
     lines = text.splitlines()
     header = next(line for line in lines if line.startswith("| Row"))
     assert header == (
-        "| Row | Measured (median, spread) | Baseline (median, spread) | Ratio | Target | Met |"
+        "| Row | Measured (median, spread) | Baseline (median, spread) | Added (median, spread) | Ratio "
+        "| Target | Met |"
     )
     table = [line for line in lines if line.startswith("| ") and line != header]
-    assert len(table) == 4
+    assert len(table) == 5
     assert "| barrier release, 4096 ranks | 210 ms (200 ms – 220 ms, n=3) | 100 ms" in table[0]
-    assert table[0].endswith("| 2.10x | <= 2.0x | **no** |")
-    assert table[1].endswith("| 9.00x | <= 3.0x | **no** |")
-    assert table[2].endswith("| 4.00x | - | - |")
-    assert table[3] == (
-        "| toolkit overhead / image distribution | skipped (test cluster not up) | - | - | - | - |"
+    assert table[0].endswith("| - | 2.10x | <= 2.0x | **no** |")
+    assert table[1].endswith("| - | 9.00x | <= 3.0x | **no** |")
+    assert table[2].endswith("| - | 4.00x | - | - |")
+    assert table[3].endswith("| +700 ms (+500 ms – +900 ms) | 1.47x | <= 0.8 s added | yes |")
+    assert table[4] == (
+        "| toolkit overhead / image distribution | skipped (test cluster not up) | - | - | - | - | - |"
     )
     assert "a \\| b" in text  # a pipe in a description cannot break the table
     assert "Targets missed: barrier release, 4096 ranks, results collect, 1000 node dirs." in text
@@ -140,7 +168,7 @@ def test_a_met_target_reads_yes() -> None:
 
 def test_rows_load_from_lists_and_single_objects(tmp_path: Path) -> None:
     (tmp_path / "a.json").write_text(json.dumps(_rows()[:2]))
-    (tmp_path / "b.json").write_text(json.dumps(_rows()[3]))
+    (tmp_path / "b.json").write_text(json.dumps(_rows()[4]))
     rows = report.load_rows([tmp_path / "a.json", tmp_path / "b.json"])
     assert [r["row"] for r in rows] == [
         "barrier release, 4096 ranks",
@@ -284,20 +312,6 @@ def test_relay_bench_rejects_bad_arguments(capsys: pytest.CaptureFixture[str]) -
         assert info.value.code == 2
 
 
-def test_startup_bench_runs_every_helper_successfully(tmp_path: Path) -> None:
-    rows = startup_bench.run(repeats=1)
-    names = [row["row"] for row in rows]
-    assert names == [f"start-up: {helper.name}" for helper in startup_bench.helpers(tmp_path)]
-    assert "start-up: slurm-multi --help" in names and "start-up: gpus detect (no GPU tools)" in names
-    assert all(row["median_s"] > 0 and row["baseline_median_s"] > 0 for row in rows)
-    assert len({row["baseline_median_s"] for row in rows}) == 1  # one shared `python -c pass` series
-
-
-def test_startup_bench_rejects_an_unknown_helper_name() -> None:
-    with pytest.raises(ValueError, match="unknown helper"):
-        startup_bench.run(repeats=1, only=["no such helper"])
-
-
 # --------------------------------------------------------------------------------------------------
 # bench/run and its cluster hook
 
@@ -316,7 +330,7 @@ def test_bench_run_help_and_usage_errors() -> None:
 
 def test_bench_run_smoke_prints_the_table_and_writes_json(tmp_path: Path) -> None:
     done = subprocess.run(
-        [BENCH / "run", "--smoke", "--only", "barrier,collect,startup", "--results-dir", str(tmp_path)],
+        [BENCH / "run", "--smoke", "--only", "barrier,collect", "--results-dir", str(tmp_path)],
         capture_output=True,
         text=True,
         env=bench_env(),
@@ -324,7 +338,7 @@ def test_bench_run_smoke_prints_the_table_and_writes_json(tmp_path: Path) -> Non
     )
     assert done.returncode == 0, done.stderr
     assert "| Row | Measured (median, spread)" in done.stdout
-    for name in ("barrier release, 16 ranks", "results collect, 20 node dirs", "start-up: redact"):
+    for name in ("barrier release, 16 ranks", "results collect, 20 node dirs"):
         assert f"| {name} |" in done.stdout
     assert "toolkit overhead" not in done.stdout  # not selected: the cluster hook did not run
     document = json.loads((tmp_path / "latest.json").read_text())
@@ -554,3 +568,121 @@ def test_the_recorder_runs_in_the_background_and_counts_a_node_process(tmp_path:
     assert summary["cpu_s"]["python"] >= 0.35  # the burner, seen by the poll on "node1"
     assert not (rec / "recorder.pid").exists()
     assert subprocess.run([sys.executable, script, "off", str(rec)], timeout=30).returncode == 0
+
+
+def _job_recording(batch_cpu: float) -> tuple[dict, list[dict]]:
+    """A job under the recorder: its batch step on the host (below pid 100), a step and a container
+    on node1, an idle engine on node3 (not the job's) and unrelated work on the host."""
+    doc = {
+        "started": 1000.0, "ended": 1003.0, "acct": True,
+        "machine_s": {"user": 3.0, "nice": 0.0, "system": 1.0, "idle": 2.0, "iowait": 0.0, "irq": 0.0,
+                      "softirq": 0.0, "steal": 0.0},
+        "procs": [
+            {"pid": 100, "ppid": 50, "comm": "bash", "argv": ["bash"], "node": "host", "start": 1000.0,
+             "cpu_at_start": 0.0, "cpu_last": 0.0, "alive_at_start": False},
+            {"pid": 101, "ppid": 100, "comm": "python", "node": "host", "start": 1000.1,
+             "argv": ["/v/bin/python", "-m", "slurm_multi", "job", "plan", "/tmp/x"], "cpu_at_start": 0.0,
+             "alive_at_start": False},
+            {"pid": 200, "ppid": 1, "comm": "slurmstepd", "argv": ["slurmstepd"], "node": "node1",
+             "start": 1000.2, "cpu_at_start": 0.0, "alive_at_start": False},
+            {"pid": 201, "ppid": 1, "comm": "containerd-shim", "argv": ["containerd-shim-runc-v2"],
+             "node": "node1", "start": 1000.5, "cpu_at_start": 0.0, "alive_at_start": False},
+            {"pid": 300, "ppid": 1, "comm": "dockerd", "argv": ["dockerd"], "node": "node3", "start": 900.0,
+             "cpu_at_start": 10.0, "cpu_last": 10.5, "alive_at_start": True, "alive_at_end": True},
+            {"pid": 400, "ppid": 1, "comm": "pytest", "argv": ["pytest"], "node": "host", "start": 990.0,
+             "cpu_at_start": 5.0, "cpu_last": 6.0, "alive_at_start": True, "alive_at_end": True},
+        ],
+    }  # fmt: skip
+    acct = [
+        {"pid": 100, "ppid": 50, "comm": "bash", "start": 1000.0, "wall_s": 3.0, "cpu_s": 0.1},
+        {"pid": 101, "ppid": 100, "comm": "python", "start": 1000.0, "wall_s": 0.2, "cpu_s": batch_cpu},
+        {"pid": 102, "ppid": 100, "comm": "srun", "start": 1000.0, "wall_s": 2.0, "cpu_s": 0.05},
+        {"pid": 200, "ppid": 1, "comm": "slurmstepd", "start": 1000.0, "wall_s": 2.0, "cpu_s": 0.2},
+        {"pid": 201, "ppid": 1, "comm": "containerd-shim", "start": 1000.0, "wall_s": 2.0, "cpu_s": 0.03},
+        {"pid": 202, "ppid": 201, "comm": "runc:[0:PARENT]", "start": 1000.0, "wall_s": 0.1, "cpu_s": 0.02},
+        {"pid": 203, "ppid": 201, "comm": "sh", "start": 1000.0, "wall_s": 1.5, "cpu_s": 0.3},
+        {"pid": 204, "ppid": 203, "comm": "sleep", "start": 1001.0, "wall_s": 0.1, "cpu_s": 0.01},
+    ]
+    return doc, acct
+
+
+def test_a_jobs_cpu_is_split_at_the_container_and_its_batch_step_counts_with_the_nodes() -> None:
+    import cpu_profile
+
+    doc, acct = _job_recording(0.4)
+    procs = {
+        p["pid"]: p for p in cpu_profile.attribute(doc, acct, "node1", root=100, job_nodes=["node1", "node2"])
+    }
+    assert [procs[pid]["node"] for pid in (100, 101, 102)] == ["batch"] * 3  # below the root, on the host
+    assert procs[101]["label"] == "slurm-multi job plan"
+    assert [procs[pid]["container"] for pid in (201, 202, 203, 204)] == [False, False, True, True]
+    assert (
+        procs[300]["node"] == "host" and procs[400]["node"] == "host"
+    )  # not the job's nodes, not below root
+    summary = cpu_profile.summarize(list(procs.values()), doc)
+    assert summary["container_cpu_s"] == pytest.approx(0.31)
+    assert summary["job_cpu_s_by_node"] == pytest.approx({"batch": 0.55, "node1": 0.25})
+    assert cpu_profile.job_cpu_per_node(summary, 2) == pytest.approx(0.4)
+    assert list(summary["job_by_label"])[0] == "slurm-multi job plan"
+    # Without a root the host's processes are the host's: nothing is the batch step.
+    plain = cpu_profile.attribute(doc, acct, "node1")
+    assert not [p for p in plain if p["node"] == "batch"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "label"),
+    [
+        (["/v/python", "-m", "slurm_multi", "barrier", "serve", "--rank", "0"], "slurm-multi barrier serve"),
+        (["/v/python", "-m", "slurm_multi", "job", "watch", "/out/toy/12"], "slurm-multi job watch"),
+        (["/v/python", "-m", "slurm_multi.warm", "statusfile"], "python -m slurm_multi.warm statusfile"),
+        (["/v/python", "-S", "-m", "slurm_multi.watch", "/out/toy/12"], "python -m slurm_multi.watch"),
+        (["bash", "bin/sm-node"], "bash"),
+    ],
+)
+def test_a_helper_is_labelled_by_its_area_and_command_not_its_arguments(argv: list[str], label: str) -> None:
+    import cpu_profile
+
+    assert cpu_profile.label_of(argv[0].rsplit("/", 1)[-1], argv) == label
+
+
+def test_the_cpu_row_is_the_cpu_per_node_the_toolkit_adds_pair_by_pair(tmp_path: Path) -> None:
+    import cluster_rows
+    import cpu_profile
+
+    args = [
+        "--row",
+        "toolkit CPU",
+        "--what",
+        "w",
+        "--baseline",
+        "b",
+        "--paired",
+        "--nodes",
+        "2",
+        "--cpu-samples",
+    ]
+    for pair, (toolkit_cpu, bare_cpu) in enumerate([(0.9, 0.0), (1.3, 0.2)]):
+        for side, cpu in (("cpu", toolkit_cpu), ("baseline-cpu", bare_cpu)):
+            doc, acct = _job_recording(cpu)
+            path = tmp_path / f"{side}-{pair}.json"
+            summary = cpu_profile.summarize(cpu_profile.attribute(doc, acct, "node1", 100, ["node1"]), doc)
+            path.write_text(json.dumps(summary))
+            args += [f"--{side}", str(path)]
+    out = tmp_path / "row.json"
+    assert cluster_rows.main([*args, "--target", "<= 0.6 CPU-s added", "--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())
+    # Per node: (0.1 bash + X plan + 0.05 srun + 0.25 node1) / 2; the pairs differ by (X - Y) / 2.
+    assert row["samples_s"] == pytest.approx([0.65, 0.85]) and row["baseline_samples_s"] == pytest.approx(
+        [0.2, 0.3]
+    )
+    assert row["added_samples_s"] == pytest.approx([0.45, 0.55]) and row["added_s"] == pytest.approx(0.5)
+    assert row["met"] is True
+    assert (
+        "CPU s per node per job outside the workload's containers (2 runs, mean): toolkit 0.75 vs bare 0.25"
+        in (row["notes"])
+    )
+    assert "by node batch step 1.25, node1 0.25" in row["notes"]
+    with pytest.raises(SystemExit):
+        cluster_rows.main(
+            ["--row", "r", "--what", "w", "--baseline", "b", "--cpu-samples", "--out", str(out)]
+        )

@@ -246,3 +246,18 @@ def test_every_multi_node_job_expects_a_world_of_its_ranks(tmp_path, nodes, task
     code, _, err, v = plan(tmp_path, ["--runtime", "none", "--", "true"], env)
     assert code == 0, err
     assert json.loads(Path(v["SM_JOBDIR"], "job.json").read_text())["world_size"] == world
+
+
+@pytest.mark.parametrize(("runtime", "tasks", "refused"), [("none", "2", True), ("pyxis", "1", False)])
+def test_a_one_world_launcher_on_several_tasks_per_node_is_refused_in_one_line(
+    tmp_path, runtime, tasks, refused
+):
+    env = {"SLURM_JOB_ID": "94", "SLURM_JOB_NUM_NODES": "2", "SLURM_NTASKS_PER_NODE": tasks}
+    argv = ["--manifest", str(_no_launcher_manifest(tmp_path)), "--runtime", runtime]
+    code, _, err, _ = plan(tmp_path, [*argv, "--launcher", "torchrun"], env)
+    if refused:
+        assert code == 2
+        assert "launcher torchrun starts 1 processes per node itself; run one task per node " in err
+        assert "(--ntasks-per-node 1), not 2" in err
+    else:
+        assert code == 0, err

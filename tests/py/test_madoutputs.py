@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -494,3 +495,35 @@ def test_a_re_run_on_the_same_job_dir_writes_the_same_files(tmp_path: Path):
     assert mad_outputs(str(jobdir)).exit_code == 0
     assert {name: (jobdir / name).read_bytes() for name in MADE} == first
     assert json.loads(first["perf_entry.json"])[0]["model"].endswith("model-1")
+
+
+def sm_collect(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO / "py"), SM_PYTHON=sys.executable)
+    return subprocess.run([str(REPO / "bin" / "sm-collect"), *args], env=env, capture_output=True, text=True,
+                          check=False, timeout=120)  # fmt: skip
+
+
+def test_sm_collect_writes_the_madengine_files_from_what_collect_was_given_in_any_order(tmp_path: Path):
+    jobdir = collected(tmp_path / "jobs" / "1", manifest_job(checkout(tmp_path / "checkout")))
+    shared = tmp_path / "shared" / "perf.csv"
+    shared.parent.mkdir()
+    done = sm_collect("--error-pattern", "never printed", "--perf-csv", str(shared), str(jobdir), "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["verdict"] == "SUCCESS"
+    assert all((jobdir / name).is_file() for name in MADE)
+    assert len(load(shared.parent / "perf_super.json")) == 3
+    assert f"madengine files: 3 record(s) in {jobdir}" in done.stderr and f"beside {shared}" in done.stderr
+
+
+def test_sm_collect_says_a_failed_madengine_step_and_keeps_the_verdicts_exit(tmp_path: Path):
+    jobdir = collected(tmp_path / "jobs" / "1", manifest_job(checkout(tmp_path / "checkout")))
+    shared = tmp_path / "shared" / "perf.csv"
+    shared.parent.mkdir()
+    (shared.parent / "perf_super.json").write_text("not json")
+    done = sm_collect(str(jobdir), "--perf-csv", str(shared))
+    assert done.returncode == 0, done.stderr
+    said = [x for x in done.stderr.splitlines() if x.startswith("slurm-multi:") or "collect:" in x]
+    assert len(said) == 2, done.stderr
+    assert said[0].startswith(f"slurm-multi: results: {shared.parent / 'perf_super.json'} is unreadable")
+    warning = "collect: warning: madengine's perf_entry/perf_super files not written (see above)"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ \S+ r\S+ " + re.escape(warning), said[1])

@@ -164,6 +164,7 @@ def test_a_local_provider_is_mounted_read_only_at_madengines_datahome(tmp_path: 
         ("d2", "local", str(tmp_path), "/data", True),
     ]
     assert run.env == {"MAD_DATAHOME": "/data_dlm_0,/data", "MAD_DATANAME": "d1,d2"}
+    assert [d.mount for d in run.data] == [f"{root / 'ds'}:/data_dlm_0:ro", f"{tmp_path}:/data"]
     assert run.data_columns() == {"dataname": "d1,d2", "data_provider_type": "local,local", "data_size": "",
                                   "data_download_duration": "0"}  # fmt: skip
 
@@ -290,8 +291,8 @@ def test_a_custom_provider_runs_its_script_in_datahome_before_the_model(tmp_path
     root = data_checkout(tmp_path, {"d": {"custom": {"path": "scripts/m/make.sh", "args": "2 $X"}}})
     (root / "scripts" / "m" / "make.sh").write_text('echo "made $1 $2 in $(pwd)" >made.txt; echo made\n')
     run = plan(root, model={"data": "d"})
-    assert [(d.provider, d.script, d.args, d.home, d.mounted) for d in run.data] == [
-        ("custom", "scripts/m/make.sh", "2 $X", "/data_dlm_0", False)
+    assert [(d.provider, d.script, d.args, d.home, d.mounted, d.writable) for d in run.data] == [
+        ("custom", "scripts/m/make.sh", "2 $X", "/data_dlm_0", False, False)  # made by its script
     ]
     assert (str(root / "scripts" / "m" / "make.sh"), "scripts/m/make.sh") in run.files
     home = tmp_path / "home"
@@ -305,13 +306,86 @@ def test_a_custom_provider_runs_its_script_in_datahome_before_the_model(tmp_path
                           env={**os.environ, "H": str(home), "X": "x"}, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert f"made 2 x in {home}" in done.stdout
-    # A script that fails: the model does not run.
+    assert done.stdout.startswith(f"mad: data d (custom): scripts/m/make.sh 2 $X into {home}\nmade\n")
+    # A script that fails: the model does not run, and the wrapper says so in one line.
     (root / "scripts" / "m" / "make.sh").write_text("exit 4\n")
     done = subprocess.run(["bash", "-c", text], cwd=work, capture_output=True, text=True, check=False)
-    assert done.returncode == 4 and "the model does not run" in done.stderr and "made" not in done.stdout
+    assert done.returncode == 4 and "made" not in done.stdout
+    said = "mad: data d (custom): scripts/m/make.sh 2 $X failed (exit 4): the model does not run\n"
+    assert done.stderr == said
+    # After a failed pre-script the data is not made either (one failure, one line).
+    run.pre = [madrun.Script("scripts/m/make.sh", "", "context")]
+    text = madrun.wrapper(run, madrun.model_line(run, ["bash", "run.sh"], ""))
+    done = subprocess.run(["bash", "-c", text], cwd=work, capture_output=True, text=True, check=False)
+    assert done.returncode == 4 and " into " not in done.stdout
+    assert done.stderr == "mad: pre-script scripts/m/make.sh failed (exit 4): the model does not run\n"
 
 
 def test_a_custom_provider_whose_script_is_not_in_the_checkout_is_one_line(tmp_path: Path) -> None:
     root = data_checkout(tmp_path, {"d": {"custom": {"path": "scripts/none.sh"}}})
     with pytest.raises(HelperError, match="custom: script scripts/none.sh is not a file in the checkout"):
         plan(root, model={"data": "d"})
+
+
+def test_bare_metal_sees_mounted_data_where_it_is_and_makes_custom_data_under_its_root(tmp_path: Path):
+    root = data_checkout(tmp_path, {"d1": {"local": {"path": "ds"}}, "d2": {"custom": {"path": "scripts/m/run.sh"}}})  # fmt: skip # noqa: E501
+    parts = madrun.read_parts(manifest(model={"data": "d1,d2"}), "k")
+    bare = madrun.plan_run(parts, str(root), {}, 2, bare_root="/scratch/r0")
+    assert [d.home for d in bare.data] == [str(root / "ds"), "/scratch/r0/data_dlm_1"]
+    assert bare.env["MAD_DATAHOME"] == f"{root / 'ds'},/scratch/r0/data_dlm_1"
+    # In a container: the mount point and the custom provider's home there.
+    assert madrun.plan_run(parts, str(root), {}, 2).env["MAD_DATAHOME"] == "/data_dlm_0,/data_dlm_1"
+
+
+def prepare_data_model(tmp_path: Path, runtime: str) -> Path:
+    """`node prepare` of a model with a local and a custom data provider, the manifest giving its own
+    MAD_DATAHOME; returns the scratch dir."""
+    from slurm_multi import node
+
+    root = data_checkout(tmp_path, {"d1": {"local": {"path": "ds"}}, "d2": {"custom": {"path": "scripts/m/run.sh"}}})  # fmt: skip # noqa: E501
+    doc = {"built_images": {"k": {"docker_image": "toy/model:local"}},
+           **manifest({"docker_env_vars": {"MAD_DATAHOME": "/theirs"}}, {"data": "d1,d2"})}  # fmt: skip
+    (root / "build_manifest.json").write_text(json.dumps(doc))
+    scratch = tmp_path / "scratch"
+    env = {"SM_MANIFEST": str(root / "build_manifest.json"), "SM_RUNTIME": runtime, "PATH": "/usr/bin:/bin"}
+    node.prepare(env, str(scratch), (), detect=False)
+    return scratch
+
+
+def test_prepare_on_bare_metal_names_the_data_by_its_paths_on_the_node(tmp_path: Path) -> None:
+    scratch = prepare_data_model(tmp_path, "none")
+    workload = (scratch / "workload.env").read_text().splitlines()
+    home = f"{tmp_path / 'mad' / 'ds'},{scratch}/data_dlm_1"
+    assert f"declare -gx MAD_DATAHOME={home}" in workload  # ours, over the manifest's
+    assert "MAD_DATAHOME=/theirs" not in "\n".join(workload)
+
+
+def test_prepare_in_a_container_mounts_the_data_and_keeps_the_manifests_datahome(tmp_path: Path) -> None:
+    scratch = prepare_data_model(tmp_path, "pyxis")
+    assert "declare -gx MAD_DATAHOME=/theirs" in (scratch / "workload.env").read_text().splitlines()
+    context = (scratch / "context.sh").read_text()
+    assert f"{tmp_path / 'mad' / 'ds'}:/data_dlm_0:ro" in context
+    assert ":/data_dlm_1" not in context  # the custom provider's data is made by its script, not mounted
+
+
+def test_rocprof_as_rocprofv3_is_said_once_by_the_plan_not_by_every_node(tmp_path: Path, capfd) -> None:
+    from slurm_multi import node
+
+    root = checkout(tmp_path)
+    doc = manifest({"tools": [{"name": "rocprof"}]})
+    doc["built_images"] = {"k": {"docker_image": "toy/model:local"}}
+    path = root / "build_manifest.json"
+    path.write_text(json.dumps(doc))
+    note = "tool rocprof runs as rocprofv3 on a multi-node job (madengine's rule)"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SM_", "SLURM_", "MAD_"))}
+    env.update(PYTHONPATH=str(Path(madrun.__file__).parents[1]), SLURM_JOB_ID="7", SLURM_JOB_NUM_NODES="2")
+    argv = [sys.executable, "-m", "slurm_multi", "job", "plan", "--batch-args", "--emit", str(tmp_path / "p")]
+    argv += ["--submit-dir", str(tmp_path), "--", "--manifest", str(path), "--runtime", "none"]
+    planned = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+    assert planned.returncode == 0, planned.stderr
+    assert planned.stderr.count(note) == 1
+    capfd.readouterr()
+    node_env = {"SM_MANIFEST": str(path), "SM_RUNTIME": "none", "PATH": "/usr/bin:/bin", "NNODES": "2"}
+    node.prepare(node_env, str(tmp_path / "scratch"), (), detect=False)
+    said = capfd.readouterr().err
+    assert "madengine's run of scripts/m/run.sh: tools rocprofv3" in said and note not in said

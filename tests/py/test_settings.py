@@ -279,3 +279,25 @@ def test_defaults_and_what_does_matter_are_not_warned_about():
 def test_the_default_out_is_relative_to_the_submit_dir_and_accepted():
     r = check({}, ["--image", "img"])  # the default ./slurm_output is not the user's relative path
     assert (r.values["SM_OUT"], r.label("SM_OUT")) == ("./slurm_output", "default")
+
+
+@pytest.mark.parametrize(
+    ("values", "tasks"),
+    [
+        ({}, 1),
+        ({"SM_RUNTIME": "none", "SM_NTASKS_PER_NODE": "4"}, 4),
+        ({"SM_RUNTIME": "pyxis", "SM_NTASKS_PER_NODE": "2"}, 2),
+        ({"SM_RUNTIME": "docker", "SM_NTASKS_PER_NODE": "2"}, 1),  # one container per node
+        ({"SM_RUNTIME": "none", "SM_NTASKS_PER_NODE": ""}, 1),
+        ({"SM_RUNTIME": "none", "SM_NTASKS_PER_NODE": "0"}, 1),
+    ],
+)
+def test_the_ranks_per_node_are_slurms_tasks_except_under_docker(values: dict, tasks: int) -> None:
+    assert table.tasks_per_node(values) == tasks
+
+
+def test_the_plan_and_madengine_count_the_ranks_per_node_with_the_settings_rule() -> None:
+    from slurm_multi import madengine, plan
+
+    assert plan.tasks_per_node is table.tasks_per_node
+    assert madengine.tasks_per_node is table.tasks_per_node

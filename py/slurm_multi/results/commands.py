@@ -6,6 +6,7 @@ FAILURE, 2 usage / bad input file, 3 the --perf-csv lock stayed taken); `run_col
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import Any
 import click
 
 from slurm_multi import EXIT_FAILURE, EXIT_OK
-from slurm_multi.common import HelperError, talk, usage_error
+from slurm_multi.common import HelperError, internal_error, talk, usage_error
 from slurm_multi.results.collect import collect
 from slurm_multi.results.logscan import compile_patterns
 from slurm_multi.results.pick import no_candidate_message, pick_best
@@ -109,6 +110,13 @@ NOT_A_DIRECTORY = click.Path(dir_okay=False)
     help="With --perf-csv: append nothing when there are bad nodes (the batch step requeues the job "
     "without them; the attempt that counts appends).",
 )
+@click.option(
+    "--mad-outputs",
+    is_flag=True,
+    help="Then write madengine's perf_entry/perf_super files of a manifest model, as `slurm-multi results "
+    "mad-outputs` does with this JOBDIR, --perf-csv and --no-perf-csv-on-bad-nodes (needs pandas); its "
+    "failure is a warning, never the exit status (bin/sm-collect).",
+)
 def collect_command(
     jobdir: str,
     manifest: str | None,
@@ -120,6 +128,7 @@ def collect_command(
     picture: bool,
     bad_nodes: str | None,
     hold_perf_csv: bool,
+    mad_outputs: bool,
 ) -> None:
     """Judge JOBDIR and write JOBDIR/perf.csv and JOBDIR/summary.json; exit 0 SUCCESS, 1 FAILURE.
 
@@ -142,6 +151,7 @@ def collect_command(
         picture,
         bad_nodes,
         hold_perf_csv,
+        mad_outputs,
     )
     click.get_current_context().exit(rc)
 
@@ -174,9 +184,10 @@ def run_collect(
     picture: bool,
     bad_nodes: str | None = None,
     hold_perf_csv: bool = False,
+    mad_outputs: bool = False,
 ) -> int:
     """Collect JOBDIR: summary.json, perf.csv, the timeline, the table on stderr, --perf-csv,
-    --bad-nodes; the exit."""
+    --bad-nodes, --mad-outputs; the exit."""
     if not jobdir.is_dir():
         raise usage_error(f"{AREA}: job directory {jobdir} does not exist; pass the directory the job wrote")
     if manifest is not None and not manifest.is_file():
@@ -204,7 +215,27 @@ def run_collect(
         grown = f"; new columns: {', '.join(done.new_columns)}" if done.new_columns else ""
         verb = "created" if done.created else "appended to"
         talk(AREA, f"{done.rows} rows {verb} {done.path}{grown}; this run's rows: {done.entry}")
+    if mad_outputs:
+        mad_outputs_or_warn(jobdir, perf_csv, hold_perf_csv)
     return EXIT_OK if summary.verdict == "SUCCESS" else EXIT_FAILURE
+
+
+def mad_outputs_or_warn(jobdir: Path, perf_csv: str | None, hold_perf_csv: bool) -> None:
+    """--mad-outputs: `results mad-outputs` for what collect was given, once the job is judged. Its
+    failure is its own one line, then a warning: never collect's exit status."""
+    from slurm_multi.results.madoutputs import mad_outputs
+
+    try:
+        mad_outputs(jobdir, perf_csv, hold_perf_csv)
+    except HelperError as exc:
+        exc.show()
+    except Exception as exc:  # a bug of ours: one line, as every helper says one (SM_DEBUG=1: the traceback)
+        if os.environ.get("SM_DEBUG") == "1":
+            raise
+        internal_error(exc)
+    else:
+        return
+    talk("collect", "warning: madengine's perf_entry/perf_super files not written (see above)")
 
 
 @cli.command("mad-outputs")
@@ -227,8 +258,6 @@ def mad_outputs_command(jobdir: str, perf_csv: str | None, hold: bool) -> None:
 
     Example: slurm-multi results mad-outputs /shared/jobs/4711 --perf-csv /shared/perf.csv
     """
-    from slurm_multi.results.madoutputs import write_mad_outputs
+    from slurm_multi.results.madoutputs import mad_outputs
 
-    done = write_mad_outputs(Path(jobdir), perf_csv, hold)
-    talk_warnings(done.warnings)
-    talk(AREA, done.describe())
+    mad_outputs(Path(jobdir), perf_csv, hold)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from slurm_multi.common import HelperError, usage_error
+from slurm_multi.common import HelperError, talk, usage_error
 from slurm_multi.results.perfcsv import LOCK_SUFFIX, LOCK_TIMEOUT_S, check_target, locked
 from slurm_multi.results.pick import CsvProblem, column_index, read_table
 from slurm_multi.results.rows import PERF_COLUMNS
@@ -115,6 +115,16 @@ def write_mad_outputs(jobdir: Path, perf_csv: str | None = None, hold_on_bad_nod
     elif target is not None:
         done.shared, done.shared_total = target, write_shared_files(target, records)
     return done
+
+
+def mad_outputs(jobdir: Path, perf_csv: str | None = None, hold_on_bad_nodes: bool = False) -> None:
+    """`results mad-outputs` (and collect's --mad-outputs): write the files, then say so (the
+    warnings first)."""
+    from slurm_multi.results.commands import talk_warnings
+
+    done = write_mad_outputs(jobdir, perf_csv, hold_on_bad_nodes)
+    talk_warnings(done.warnings)
+    talk(AREA, done.describe())
 
 
 def _json_object(path: Path, fix: str, required: bool = False) -> dict[str, Any]:

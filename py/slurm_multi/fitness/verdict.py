@@ -1,0 +1,516 @@
+"""The fitness stage's verdict: which nodes are bad, from one node's report or from every node's.
+
+Each judge returns [{"rank", "host", "reason"}]. `judge_job` judges one attempt of a job as the
+batch step and collect do, from the files in its node dirs (fitness.json, status.json's prepare,
+fitness-cmd.json: `write_cmd_record`'s, how --fitness-cmd ended on that node).
+
+Verdict rules (`judge`: one node's view, from its own report; `judge_reports`: the batch step's,
+over every node's report, None for a node that wrote none). A node named twice gets its reasons
+joined with `; `. Host names are shown as given (host:port when several ranks share one host).
+- local checks: a node whose own check failed is bad, with that check's reason (both judges; a
+  node's view also names a peer whose HELLO carries a failed verdict).
+- no report (judge_reports): "no fitness report (the stage did not finish on that node)", plus the
+  verdict of its HELLO if a peer heard one that was not ok.
+- stopped (SIGTERM before the verdict: scancel, a time limit, or its task ending because a peer
+  failed first): the report is written with "stopped" set and "ok" null. It is no verdict and no
+  evidence: it never votes on reachability, rates or clocks, and its node is never named for the
+  missing verdict (a scancelled healthy job must not quarantine its nodes). Only facts it holds
+  count: a local check that finished and failed, a failed verdict a peer heard in its HELLO.
+- reachability, node view: with N >= 3, no peer's HELLO heard while some peer took ours: this node
+  is "unreachable on port P from every peer"; nothing reached and nothing heard: this node, "...
+  and reached none" (or, when every peer answered `bad token`, "every peer rejects this node's job
+  token"); nothing reached but something heard: this node "reached no peer". Otherwise each peer
+  not heard by the deadline is named (wrong job token / accepted our connection but sent no HELLO
+  / no answer on its port: did its stage start?) and each peer heard but not reached ("does not
+  accept connections on port P from <me>"). A node that could not listen names only peers it
+  could not reach.
+- reachability, global: x is unreachable from y when y did not reach x and x did not hear y. A node
+  unreachable from a strict majority of the other nodes that wrote a report is bad ("unreachable on
+  port P from every peer" / "from k of m peers (...)"; "wrong job token" when every failing peer's
+  connection failed on the token). With N == 2 and neither reaching the other, both are named: "A
+  and B cannot reach each other on port P" (or "do not share the job token"): which one is at fault
+  cannot be told; with one direction failing, the node that could not be reached is named. A node
+  without a report is named for that alone.
+- slow link: ring rates r -> r+1 (each node's own, else from a peer's HELLO); with at least 3
+  measured links (N >= 3), a link slower than --slow-factor x the median of the measured ones is
+  slow. A node whose links in and out are both slow is bad ("both ring links slow: ..."); any other
+  slow link names both ends: "link A->B: X MB/s, median Y MB/s" (MB = 10^6 bytes). With fewer
+  links the rates are reported and nothing is judged slow.
+- clock: offsets relative to the judging node (itself 0). With 3 or more clocks known, a node
+  further than --clock-bound from their median is bad ("clock 5.2 s ahead of the job's median" /
+  "behind"); the global judge takes, for each node, the median over the reports of its distance
+  from that report's median. With only 2 clocks known (N == 2), a difference beyond the bound names
+  both: "clocks of A and B differ by X s (...)".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from slurm_multi.fitness.protocol import DEFAULT_TIMEOUT, MAX_REASON, one_line
+from slurm_multi.net import secs
+from slurm_multi.shell import write_json
+from slurm_multi.words import is_rank
+
+DEFAULT_SLOW_FACTOR = 0.1
+DEFAULT_CLOCK_BOUND = 2.0
+CMD_RECORD = "fitness-cmd.json"
+
+
+def mbps(rate: float) -> str:
+    return f"{rate / 1e6:.1f} MB/s"
+
+
+class _Report:
+    """What a judge reads from one node's report, defensively (a report is another process's file)."""
+
+    def __init__(self, report: Mapping[str, Any], nnodes: int | None = None) -> None:
+        self.raw = report
+        self.stopped = bool(report.get("stopped"))
+        self.n = max(1, _int(report.get("nnodes"), 1)) if nnodes is None else nnodes
+        self.me = _int(report.get("rank"), -1)
+        self.hosts = _strings(report.get("hosts"), self.n)
+        self.ports = [
+            _int(p, 0) for p in (report.get("ports") if isinstance(report.get("ports"), list) else [])
+        ]
+        local = report.get("local") if isinstance(report.get("local"), Mapping) else {}
+        self.local_ok = local.get("ok") is not False
+        self.local_reason = str(local.get("reason") or "local checks failed")
+        self.timeout = _float(report.get("timeout")) or DEFAULT_TIMEOUT
+        checks = report.get("checks") if isinstance(report.get("checks"), Mapping) else {}
+        net = checks.get("network") if isinstance(checks.get("network"), Mapping) else {}
+        self.port = _int(net.get("port"), 0)
+        self.listening = net.get("listening") is not False
+        self.reached = _ranks(net.get("reached"), self.n)
+        self.heard = _ranks(net.get("heard"), self.n)
+        self.token_rejected_by = _ranks(net.get("token_rejected_by"), self.n)
+        rejected = net.get("rejected") if isinstance(net.get("rejected"), list) else []
+        self.rejected_ranks = _ranks([r.get("rank") for r in rejected if isinstance(r, Mapping)], self.n)
+        errors = net.get("errors") if isinstance(net.get("errors"), Mapping) else {}
+        self.errors = {_int(k, -1): str(v) for k, v in errors.items()}
+        ring = net.get("ring") if isinstance(net.get("ring"), Mapping) else {}
+        self.ring_rate = _float(ring.get("bytes_per_s"))
+        offsets = net.get("offsets") if isinstance(net.get("offsets"), Mapping) else {}
+        self.offsets = {_int(k, -1): _float(v) for k, v in offsets.items()}
+        self.offsets = {k: v for k, v in self.offsets.items() if 0 <= k < self.n and v is not None}
+        peers = net.get("peers") if isinstance(net.get("peers"), Mapping) else {}
+        self.peers = {_int(k, -1): v for k, v in peers.items() if isinstance(v, Mapping)}
+
+    def peer_verdict(self, rank: int) -> str:
+        return str(self.peers.get(rank, {}).get("verdict") or "ok")
+
+    def peer_rate(self, rank: int) -> float | None:
+        return _float(self.peers.get(rank, {}).get("ring_bytes_per_s"))
+
+
+def _int(value: Any, default: int) -> int:
+    return (
+        value
+        if isinstance(value, int) and not isinstance(value, bool)
+        else (int(value) if isinstance(value, str) and is_rank(value) else default)
+    )
+
+
+def _float(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:  # NaN
+        return None
+    return float(value)
+
+
+def _ranks(value: Any, n: int) -> set[int]:
+    return {
+        v
+        for v in (value if isinstance(value, list) else [])
+        if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < n
+    }
+
+
+def _strings(value: Any, n: int) -> list[str]:
+    found = [str(v) for v in value] if isinstance(value, list) else []
+    return found + [f"rank{r}" for r in range(len(found), n)]
+
+
+class _Names:
+    """How nodes are named in reasons: their host, or host:port where ranks share a host (tests)."""
+
+    def __init__(self, hosts: Sequence[str], ports: Sequence[int]) -> None:
+        self.hosts, self.ports = list(hosts), list(ports)
+        self.unique = len(set(self.hosts)) == len(self.hosts)
+
+    def __call__(self, rank: int) -> str:
+        host = self.hosts[rank] if rank < len(self.hosts) else f"rank{rank}"
+        if self.unique or rank >= len(self.ports) or not self.ports[rank]:
+            return host
+        return f"{host}:{self.ports[rank]}"
+
+    def port(self, rank: int, default: int = 0) -> str:
+        return str(self.ports[rank]) if rank < len(self.ports) and self.ports[rank] else str(default or "?")
+
+
+class _Bad:
+    def __init__(self) -> None:
+        self.reasons: dict[int, list[str]] = {}
+
+    def add(self, rank: int, reason: str) -> None:
+        listed = self.reasons.setdefault(rank, [])
+        if reason not in listed:
+            listed.append(reason)
+
+    def listing(self, hosts: Sequence[str]) -> list[dict[str, Any]]:
+        return [
+            {
+                "rank": r,
+                "host": hosts[r] if r < len(hosts) else f"rank{r}",
+                "reason": one_line("; ".join(self.reasons[r]), 2 * MAX_REASON),
+            }
+            for r in sorted(self.reasons)
+        ]
+
+
+def slow_links(
+    rates: Mapping[int, float | None], n: int, name: Callable[[int], str], factor: float, bad: _Bad
+) -> None:
+    """The slow-link rule over ring rates `rates[r]` of link r -> (r+1) % n (see the module docstring)."""
+    links = {r: rate for r, rate in rates.items() if rate is not None and rate >= 0 and 0 <= r < n}
+    if n < 3 or len(links) < 3:
+        return
+    mid = statistics.median(links.values())
+    slow = {r for r, rate in links.items() if rate < factor * mid}
+    both = {node for node in range(n) if node in slow and (node - 1) % n in slow}
+    for node in sorted(both):
+        before, after = (node - 1) % n, (node + 1) % n
+        bad.add(
+            node,
+            f"both ring links slow: {name(before)}->{name(node)} {mbps(links[before])} and "
+            f"{name(node)}->{name(after)} {mbps(links[node])}, median {mbps(mid)}",
+        )
+    for r in sorted(slow):
+        a, b = r, (r + 1) % n
+        if a in both or b in both:
+            continue
+        reason = f"link {name(a)}->{name(b)}: {mbps(links[r])}, median {mbps(mid)}"
+        bad.add(a, reason)
+        bad.add(b, reason)
+
+
+def clock_rule(offsets: Mapping[int, float], name: Callable[[int], str], bound: float, bad: _Bad) -> None:
+    """The clock rule over `offsets` (seconds, relative to any one node)."""
+    if len(offsets) < 2:
+        return
+    if len(offsets) == 2:
+        (a, first), (b, second) = sorted(offsets.items())
+        if abs(first - second) > bound:
+            reason = (
+                f"clocks of {name(a)} and {name(b)} differ by {abs(first - second):.1f} s (more than "
+                f"{bound:g} s; with two clocks, which one is off cannot be told)"
+            )
+            bad.add(a, reason)
+            bad.add(b, reason)
+        return
+    mid = statistics.median(offsets.values())
+    for rank, offset in sorted(offsets.items()):
+        distance = offset - mid
+        if abs(distance) > bound:
+            bad.add(
+                rank,
+                f"clock {abs(distance):.1f} s {'ahead of' if distance > 0 else 'behind'} the job's median",
+            )
+
+
+def _token_hint() -> str:
+    return "is the job token the same on every node?"
+
+
+def judge(
+    report: Mapping[str, Any],
+    slow_factor: float = DEFAULT_SLOW_FACTOR,
+    clock_bound: float = DEFAULT_CLOCK_BOUND,
+) -> list[dict[str, Any]]:
+    """The bad nodes in one node's view (its report, or the same figures): [{"rank", "host", "reason"}].
+    Pure; the rules are the module docstring's."""
+    view = _Report(report)
+    name, bad = _Names(view.hosts, view.ports), _Bad()
+    me, n = view.me, view.n
+    if not 0 <= me < n:
+        return [{"rank": me, "host": "?", "reason": "not a fitness report (no valid rank)"}]
+    if not view.local_ok:
+        bad.add(me, view.local_reason)
+    for q in sorted(view.heard):
+        if view.peer_verdict(q) != "ok":
+            bad.add(q, view.peer_verdict(q))
+    if view.stopped:  # cut short: what it did not see yet is no evidence
+        return bad.listing(view.hosts)
+    if n > 1:
+        _reach_view(view, name, bad)
+    rates = {q: view.peer_rate(q) for q in view.heard}
+    rates[me] = view.ring_rate
+    slow_links(rates, n, name, slow_factor, bad)
+    clock_rule(view.offsets, name, clock_bound, bad)
+    return bad.listing(view.hosts)
+
+
+def _reach_view(view: _Report, name: _Names, bad: _Bad) -> None:
+    me, n = view.me, view.n
+    peers = [q for q in range(n) if q != me]
+    mine = name.port(me, view.port)
+
+    def first_error() -> str:
+        return next((view.errors[q] for q in peers if view.errors.get(q)), "no answer")
+
+    if not view.listening:  # nobody could deliver to us: only the peers we could not reach say anything
+        for q in peers:
+            if q not in view.reached:
+                bad.add(
+                    q,
+                    f"does not accept connections on port {name.port(q)} from {name(me)} "
+                    f"({view.errors.get(q) or 'no answer'})",
+                )
+        return
+    if n >= 3 and not view.heard:
+        if view.reached:
+            bad.add(me, f"unreachable on port {mine} from every peer")
+        elif all(q in view.token_rejected_by for q in peers):
+            bad.add(me, f"every peer rejects this node's job token on port {mine} ({_token_hint()})")
+        else:
+            bad.add(me, f"unreachable on port {mine} from every peer and reached none ({first_error()})")
+        return
+    if n >= 3 and not view.reached:
+        bad.add(me, f"reached no peer ({first_error()})")
+        return
+    for q in peers:
+        if q in view.heard and q in view.reached:
+            continue
+        port = name.port(q)
+        if q not in view.heard:
+            if q in view.rejected_ranks or q in view.token_rejected_by:
+                reason = f"wrong job token: its connections on port {port} do not verify ({_token_hint()})"
+            elif q in view.reached:
+                reason = (
+                    f"accepted {name(me)}'s connection on port {port} but sent no HELLO within "
+                    f"{secs(view.timeout)} s"
+                )
+            else:
+                reason = (
+                    f"no answer on port {port} within {secs(view.timeout)} s "
+                    f"({view.errors.get(q) or 'no answer'}): did its fitness stage start?"
+                )
+        else:
+            error = view.errors.get(q) or "no answer"
+            reason = f"does not accept connections on port {port} from {name(me)} ({error})"
+        bad.add(q, reason)
+
+
+def judge_reports(
+    reports: Sequence[Mapping[str, Any] | None],
+    nnodes: int,
+    slow_factor: float = DEFAULT_SLOW_FACTOR,
+    clock_bound: float = DEFAULT_CLOCK_BOUND,
+) -> list[dict[str, Any]]:
+    """The bad nodes over every node's report (None: a node that wrote none), as the batch step
+    judges after the stage: [{"rank", "host", "reason"}]. Pure; the rules are the module docstring's."""
+    views: list[_Report | None] = [
+        _Report(r, nnodes) if isinstance(r, Mapping) else None for r in list(reports)[:nnodes]
+    ]
+    views += [None] * (nnodes - len(views))
+    hosts, ports = [f"rank{r}" for r in range(nnodes)], [0] * nnodes
+    for view in views:
+        if view is not None:
+            hosts = [view.hosts[r] if r < len(view.hosts) else hosts[r] for r in range(nnodes)]
+            ports = [view.ports[r] if r < len(view.ports) else ports[r] for r in range(nnodes)]
+            break
+    name, bad = _Names(hosts, ports), _Bad()
+    for r in range(nnodes):
+        view = views[r]
+        if view is not None and not view.local_ok:
+            bad.add(r, view.local_reason)
+        elif view is None or view.stopped:
+            said = [v.peer_verdict(r) for v in views if v is not None and r in v.heard]
+            failed = next((verdict for verdict in said if verdict != "ok"), "")
+            if view is None:
+                bad.add(
+                    r,
+                    "no fitness report (the stage did not finish on that node)"
+                    + (f"; its HELLO said: {failed}" if failed else ""),
+                )
+            elif failed:
+                bad.add(r, failed)
+    # A stopped report votes on nothing below (what it had not seen yet is no evidence).
+    views = [None if view is not None and view.stopped else view for view in views]
+    present = [r for r in range(nnodes) if views[r] is not None]
+    _reach_global(views, nnodes, present, name, bad)
+    rates: dict[int, float | None] = {}
+    for r in range(nnodes):
+        view = views[r]
+        rate = view.ring_rate if view is not None else None
+        if rate is None:
+            rate = next((v.peer_rate(r) for v in views if v is not None and v.peer_rate(r) is not None), None)
+        rates[r] = rate
+    slow_links(rates, nnodes, name, slow_factor, bad)
+    _clock_global(views, nnodes, name, clock_bound, bad)
+    return bad.listing(hosts)
+
+
+def _reach_global(
+    views: Sequence[_Report | None], n: int, present: Sequence[int], name: _Names, bad: _Bad
+) -> None:
+    def works(a: int, b: int) -> bool:  # a's connection to b got through (either side's record)
+        va, vb = views[a], views[b]
+        return (va is not None and b in va.reached) or (vb is not None and a in vb.heard)
+
+    def token_failed(a: int, b: int) -> bool:
+        va, vb = views[a], views[b]
+        return (va is not None and b in va.token_rejected_by) or (vb is not None and a in vb.rejected_ranks)
+
+    if n == 2 and len(present) == 2:
+        if not works(0, 1) and not works(1, 0):
+            token = token_failed(0, 1) or token_failed(1, 0)
+            port = name.port(0) if name.port(0) == name.port(1) else f"{name.port(0)}/{name.port(1)}"
+            what = "do not share the job token" if token else "cannot reach each other"
+            for r in (0, 1):
+                bad.add(r, f"{name(0)} and {name(1)} {what} on port {port}")
+        elif not works(0, 1) or not works(1, 0):
+            x = 1 if not works(0, 1) else 0
+            bad.add(x, f"unreachable on port {name.port(x)} from every peer")
+        return
+    for x in present:
+        voters = [y for y in present if y != x]
+        failing = [y for y in voters if not works(y, x)]
+        if not voters or 2 * len(failing) <= len(voters):
+            continue
+        if all(token_failed(y, x) for y in failing):
+            reason = (
+                f"wrong job token: {len(failing)} of {len(voters)} peers reject its connections "
+                f"on port {name.port(x)}"
+            )
+        elif len(failing) == len(voters):
+            reason = f"unreachable on port {name.port(x)} from every peer"
+        else:
+            names = ", ".join(name(y) for y in failing)
+            reason = (
+                f"unreachable on port {name.port(x)} from {len(failing)} of {len(voters)} peers ({names})"
+            )
+        bad.add(x, reason)
+
+
+def _clock_global(views: Sequence[_Report | None], n: int, name: _Names, bound: float, bad: _Bad) -> None:
+    if n == 2:
+        for view in views:
+            if view is not None and len(view.offsets) == 2:
+                clock_rule(view.offsets, name, bound, bad)
+                return
+        return
+    distances: dict[int, list[float]] = {}
+    for view in views:
+        if view is None or len(view.offsets) < 3:
+            continue
+        mid = statistics.median(view.offsets.values())
+        for rank, offset in view.offsets.items():
+            distances.setdefault(rank, []).append(offset - mid)
+    for rank, found in sorted(distances.items()):
+        distance = statistics.median(found)
+        if abs(distance) > bound:
+            bad.add(
+                rank,
+                f"clock {abs(distance):.1f} s {'ahead of' if distance > 0 else 'behind'} the job's median",
+            )
+
+
+def read_reports(jobdir: str, nnodes: int) -> list[dict[str, Any] | None]:
+    """DIR/node_<r>/fitness.json for every rank; None where it is missing or not a JSON object."""
+    reports: list[dict[str, Any] | None] = []
+    for rank in range(nnodes):
+        try:
+            with open(os.path.join(jobdir, f"node_{rank}", "fitness.json"), encoding="utf-8") as handle:
+                found = json.loads(handle.read())
+        except (OSError, ValueError, RecursionError):
+            found = None
+        reports.append(found if isinstance(found, dict) else None)
+    return reports
+
+
+def _node_dirs(jobdir: str) -> list[str]:
+    try:
+        names = os.listdir(jobdir)
+    except OSError:
+        return []
+    return sorted((n for n in names if n.startswith("node_") and n[5:].isdecimal()), key=lambda n: int(n[5:]))
+
+
+def write_cmd_record(path: str, host: str, code: int, reason: str) -> None:
+    """node_<rank>/fitness-cmd.json: how --fitness-cmd ended on that node (lib/node.sh writes it)."""
+    write_json(path, {"host": host, "exit_code": code, "ok": code == 0, "reason": reason})
+
+
+def read_cmd_records(jobdir: str, nodes: Sequence[str]) -> dict[int, tuple[bool, str]]:
+    """Node index -> (ok, reason) of every fitness-cmd.json in the job's node dirs."""
+    out: dict[int, tuple[bool, str]] = {}
+    for name in _node_dirs(jobdir):
+        try:
+            with open(os.path.join(jobdir, name, CMD_RECORD), encoding="utf-8") as handle:
+                found = json.loads(handle.read())
+        except (OSError, ValueError, RecursionError):
+            continue
+        if isinstance(found, dict) and found.get("host") in nodes:
+            index = list(nodes).index(found["host"])
+            ok = found.get("ok") is True
+            if not ok or index not in out:
+                out[index] = (ok, str(found.get("reason") or "fitness command failed"))
+    return out
+
+
+def judge_job(jobdir: str, nodes: Sequence[str], slow_factor: float = DEFAULT_SLOW_FACTOR,
+              clock_bound: float = DEFAULT_CLOCK_BOUND) -> list[dict[str, Any]]:  # fmt: skip
+    """The bad nodes of one attempt of a job, as the batch step and collect judge it: [{"rank" (the
+    node's index), "host", "reason"}].
+
+    `nodes` are the job's host names in node order. The fitness reports are found in every
+    node_<rank>/ dir (with several tasks per node, the node's first task wrote one) and placed by
+    the node index each holds. A node that wrote none because its prepare failed for a reason of its
+    own (another node passed prepare: a dead docker engine is caught there first) is bad with that
+    reason; when every node failed prepare alike (a bad manifest), no node is to blame. Without a
+    single report (the stage did not run), only that prepare rule applies."""
+    from slurm_multi.statusfile import read_status, status_path
+
+    nnodes = len(nodes)
+    reports: list[dict[str, Any] | None] = [None] * nnodes
+    prepare: dict[int, tuple[bool, str]] = {}
+    for name in _node_dirs(jobdir):
+        node_dir = os.path.join(jobdir, name)
+        try:
+            with open(os.path.join(node_dir, "fitness.json"), encoding="utf-8") as handle:
+                found = json.loads(handle.read())
+        except (OSError, ValueError, RecursionError):
+            found = None
+        if isinstance(found, dict) and isinstance(found.get("rank"), int) and 0 <= found["rank"] < nnodes:
+            reports[found["rank"]] = found
+        status = read_status(status_path(node_dir))
+        document = status.document if status is not None and isinstance(status.document, dict) else {}
+        host, stages = document.get("node"), document.get("stages")
+        stage = stages.get("prepare") if isinstance(stages, dict) else None
+        if isinstance(host, str) and host in nodes and isinstance(stage, dict):
+            index = list(nodes).index(host)
+            ok = stage.get("status") == "ok"
+            if not ok or index not in prepare:
+                prepare[index] = (ok, str(document.get("reason") or "prepare failed"))
+    passed = any(ok for ok, _ in prepare.values())
+    own = {i: why for i, (ok, why) in prepare.items() if not ok and passed}
+    # --fitness-cmd, the user's own check: the same rule (all failing alike blames the check).
+    cmds = read_cmd_records(jobdir, nodes)
+    if any(ok for ok, _ in cmds.values()):
+        own.update({i: why for i, (ok, why) in cmds.items() if not ok and i not in own})
+    if not any(reports):
+        return [{"rank": i, "host": nodes[i], "reason": own[i]} for i in sorted(own)]
+    found = judge_reports(reports, nnodes, slow_factor, clock_bound)
+    out = []
+    for entry in found:
+        rank = entry.get("rank")
+        if isinstance(rank, int) and rank in own and reports[rank] is None:
+            entry = {**entry, "host": nodes[rank], "reason": own[rank]}
+        out.append(entry)
+    named = {e.get("rank") for e in out}
+    out += [{"rank": i, "host": nodes[i], "reason": own[i]} for i in sorted(own) if i not in named]
+    return sorted(out, key=lambda e: e.get("rank", 0))
