@@ -331,3 +331,34 @@ def test_relay_send_with_a_layer_plan_moves_only_what_each_worker_lacks_and_fill
     assert b"cache: 3 new layer blob(s)" in send.stderr
     assert json.loads((tmp_path / "index").read_text())["image_id"] == IMAGE_ID
     assert sorted(os.listdir(store.blob_dir(str(cache)))) == sorted({d[7:] for d in DIFFS})
+
+
+def test_layers_plan_prints_layers_or_whole_and_writes_the_plan(tmp_path):
+    env, server = fixture.engine_env(tmp_path, {
+        "/info": b'{"DriverStatus":[]}',
+        "/images/fixture:1/json": fixture.inspect(IMAGE_ID, DIFFS),
+    })  # fmt: skip
+    (tmp_path / "holds").write_text(f"1 - - {chain.claim_text(DIFFS, 3)}\n2 {IMAGE_ID} -\n")
+    args = ["layers", "plan", "--image", "fixture:1", "--image-id", IMAGE_ID, "--nnodes", "3",
+            "--holds-file", str(tmp_path / "holds"), "--nodes", "n1,n2,n3",
+            "--out", str(tmp_path / "plan")]  # fmt: skip
+    try:
+        done = sm(args, env={**env, "JOB_IMAGE_LAYERS": " ".join(DIFFS)})
+        blind = sm(
+            [*args[:-1], str(tmp_path / "blind")], env={**env, "SM_LAYERS_FAULT": "blind:0", "SM_RANK": "0"}
+        )
+    finally:
+        server.close()
+    assert done.returncode == 0, done.stderr.decode()
+    assert done.stdout == b"layers\n" and b"rank 1 (n2) 3, rank 2 (n3) 4" in done.stderr
+    assert plan.read_plan(str(tmp_path / "plan")).prefixes == {1: 3, 2: 4}
+    assert blind.stdout == b"whole\n" and b"the whole image moves: SM_LAYERS_FAULT" in blind.stderr
+
+
+def test_relay_send_takes_the_cache_only_with_a_layer_plan(tmp_path):
+    done = sm(["relay", "send", "--nodes", "a,b", "--port", "30000", "--cache-dir", str(tmp_path)],
+              env={"SM_BARRIER_TOKEN": "t"}, stdin=subprocess.DEVNULL)  # fmt: skip
+    assert (
+        done.returncode == 2
+        and b"--cache-dir and --cache-index go together, with --layer-plan" in done.stderr
+    )
