@@ -129,7 +129,8 @@ layers_rows() {
     --what "the most bytes a worker's link received during that job (the bridge port's counter, everything the node received)" \
     --baseline "the changed layer's bytes (the image's size minus the example image's)" \
     --samples "$(join "${bytes[@]}")" --baseline-samples "$(join "${layer[@]}")" --target "<= 1.1x" \
-    --notes "includes the config, the manifest, the barrier and Slurm's own traffic" --out "${out}/layers-bytes-vs-layer.json"
+    --paired --unit bytes --notes "includes the config, the manifest, the barrier and Slurm's own traffic" \
+    --out "${out}/layers-bytes-vs-layer.json"
   row --row "layers: rebuilt image through the shared cache (3 nodes)" \
     --what "image stage (slowest node), --image-transport cache: rank 0 stores the new blob and index, each worker reads the layer it lacks" \
     --baseline "the same with --image-layers off: a whole-image tar saved and loaded, same run" \

@@ -55,16 +55,28 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def format_measure(median: float | None, spread: Sequence[float] | None, runs: int | None = None) -> str:
+def format_bytes(value: float | None) -> str:
+    """A row whose unit is bytes (`unit: bytes`): 45.7 kB, 1.31 GB."""
+    if value is None:
+        return "-"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g} {unit}"
+    return f"{value:.0f} bytes"
+
+
+def format_measure(
+    median: float | None, spread: Sequence[float] | None, runs: int | None = None, fmt=format_seconds
+) -> str:
     """`213 ms (208 ms – 247 ms, n=5)`; `-` when there is no number."""
     if median is None:
         return "-"
     parts = []
     if spread and len(spread) == 2:
-        parts.append(f"{format_seconds(spread[0])} – {format_seconds(spread[1])}")
+        parts.append(f"{fmt(spread[0])} – {fmt(spread[1])}")
     if runs:
         parts.append(f"n={runs}")
-    return f"{format_seconds(median)} ({', '.join(parts)})" if parts else format_seconds(median)
+    return f"{fmt(median)} ({', '.join(parts)})" if parts else fmt(median)
 
 
 def signed_seconds(value: float) -> str:
@@ -92,10 +104,13 @@ def format_met(met: bool | None) -> str:
 def table_row(row: dict[str, Any]) -> list[str]:
     if row.get("skipped"):
         return [row["row"], f"skipped ({row['skipped']})", "-", "-", "-", row.get("target") or "-", "-"]
+    fmt = format_bytes if row.get("unit") == "bytes" else format_seconds
     return [
         row["row"],
-        format_measure(row.get("median_s"), row.get("spread_s"), row.get("runs")),
-        format_measure(row.get("baseline_median_s"), row.get("baseline_spread_s"), row.get("baseline_runs")),
+        format_measure(row.get("median_s"), row.get("spread_s"), row.get("runs"), fmt),
+        format_measure(
+            row.get("baseline_median_s"), row.get("baseline_spread_s"), row.get("baseline_runs"), fmt
+        ),
         format_added(row.get("added_s"), row.get("added_spread_s")),
         format_ratio(row.get("ratio")),
         row.get("target") or "-",
