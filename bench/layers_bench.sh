@@ -123,7 +123,7 @@ layers_rows() {
   row --row "layers: rebuilt image, one changed ${LAYERS_MIB} MiB layer (3 nodes, relay, no cache)" --what "${what}" \
     --baseline "the same job with --image-layers off (the whole image), same run" \
     --samples "$(join "${relay[@]}")" --baseline-samples "$(join "${relay_whole[@]}")" --paired --target "<= 0.1x" \
-    --notes "rank 0 still runs docker save of the whole image (the engine writes every layer before the first byte)" \
+    --notes "the floor is rank 0's docker save of the whole image: the engine exports every layer before its first byte" \
     --out "${out}/layers-relay-vs-whole.json"
   row --row "layers: bytes on each worker's link vs the changed layer (3 nodes, relay)" \
     --what "the most bytes a worker's link received during that job (the bridge port's counter, everything the node received)" \

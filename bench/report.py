@@ -79,18 +79,19 @@ def format_measure(
     return f"{fmt(median)} ({', '.join(parts)})" if parts else fmt(median)
 
 
-def signed_seconds(value: float) -> str:
+def signed_seconds(value: float, fmt=format_seconds) -> str:
     """`+620 ms`, `-40 ms`: a difference, with its sign."""
-    return ("-" if value < 0 else "+") + format_seconds(abs(value))
+    return ("-" if value < 0 else "+") + fmt(abs(value))
 
 
-def format_added(median: float | None, spread: Sequence[float] | None) -> str:
+def format_added(median: float | None, spread: Sequence[float] | None, fmt=format_seconds) -> str:
     """`+620 ms (+410 ms – +900 ms)` for a paired row; `-` for any other."""
     if median is None:
         return "-"
     if spread and len(spread) == 2:
-        return f"{signed_seconds(median)} ({signed_seconds(spread[0])} – {signed_seconds(spread[1])})"
-    return signed_seconds(median)
+        low, high = signed_seconds(spread[0], fmt), signed_seconds(spread[1], fmt)
+        return f"{signed_seconds(median, fmt)} ({low} – {high})"
+    return signed_seconds(median, fmt)
 
 
 def format_ratio(value: float | None) -> str:
@@ -111,7 +112,7 @@ def table_row(row: dict[str, Any]) -> list[str]:
         format_measure(
             row.get("baseline_median_s"), row.get("baseline_spread_s"), row.get("baseline_runs"), fmt
         ),
-        format_added(row.get("added_s"), row.get("added_spread_s")),
+        format_added(row.get("added_s"), row.get("added_spread_s"), fmt),
         format_ratio(row.get("ratio")),
         row.get("target") or "-",
         format_met(row.get("met")),

@@ -28,6 +28,7 @@ def test_a_row_in_bytes_prints_in_bytes(tmp_path: Path) -> None:
     assert row["unit"] == "bytes" and row["met"] is True
     cells = report.table_row(row)
     assert cells[1].startswith("45 kB (44.3 kB – 45.7 kB, n=2)") and cells[2].startswith("1.05 MB")
+    assert cells[3].startswith("-1 MB (")  # the pairs' differences, in bytes too
     seconds = benchlib.make_row("t", "w", "b", [1.0], [2.0])
     assert report.table_row(seconds)[1] == "1 s (1 s – 1 s, n=1)"  # other rows as before
 

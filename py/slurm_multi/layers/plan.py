@@ -17,7 +17,6 @@ load partial images (the containerd store), or --image-layers off. Then the stre
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -154,6 +153,3 @@ def describe(plan: LayerPlan, nnodes: int, hosts: Sequence[str] = ()) -> str:
 def hosts_from(nodes: str | None) -> list[str]:
     return [h for h in (nodes or "").split(",") if h]
 
-
-def env_off(env: Mapping[str, str] | None = None) -> bool:
-    return (env if env is not None else os.environ).get("SM_IMAGE_LAYERS", "auto") == "off"
