@@ -152,4 +152,3 @@ def describe(plan: LayerPlan, nnodes: int, hosts: Sequence[str] = ()) -> str:
 
 def hosts_from(nodes: str | None) -> list[str]:
     return [h for h in (nodes or "").split(",") if h]
-
