@@ -270,6 +270,10 @@ job::teardown() {
   # No timeline.png here: matplotlib's import and the drawing would hold the allocation a second
   # after the verdict is known; bin/sm-collect draws it on request.
   local cargs=("${SM_JOBDIR}" --no-picture --bad-nodes "${bad}")
+  # The job's page (report.html): written by the last helper that writes the job dir, in its own
+  # process (a helper of its own would add ~0.09 s to every job; the page itself is ~1 ms): collect's,
+  # or, for a manifest model, mad-outputs' below. Its failure is a warning, never the job's exit.
+  [[ -n ${JOB_MODEL_KEY:-} ]] || cargs+=(--page)
   if [[ -n ${SM_PERF_CSV:-} ]]; then
     cargs+=(--perf-csv "${SM_PERF_CSV}")
     # A job to be requeued appends its rows with the attempt that counts.
@@ -297,10 +301,15 @@ job::teardown() {
   # they need pandas, which collect does without. Beside --perf-csv only where collect
   # appended the rows. Their failure is a warning, never the job's exit.
   if [[ -n ${JOB_MODEL_KEY:-} ]] && ((collected < 2)); then
-    local margs=("${SM_JOBDIR}")
+    local margs=("${SM_JOBDIR}" --page)
     [[ -z ${SM_PERF_CSV:-} ]] || margs+=(--perf-csv "${SM_PERF_CSV}")
     util::warm_logged multi results mad-outputs "${margs[@]}" ||
       log::warn multi "madengine's perf_entry/perf_super files not written: ${UTIL_ERROR}"
+  fi
+  # A manifest job whose collect did not judge it (2, 3) has no mad-outputs: its page on its own.
+  if [[ -n ${JOB_MODEL_KEY:-} ]] && ((collected >= 2)) && [[ -f ${SM_JOBDIR}/summary.json ]]; then
+    util::sm_logged multi report "${SM_JOBDIR}" ||
+      log::warn multi "the job's page (report.html) not written: ${UTIL_ERROR}"
   fi
   util::log_drain
   exit "${rc}"
@@ -441,7 +450,7 @@ job::keep_attempt() {
     log::warn multi "could not write ${dir}/requeue.json"
   # The profilers' outputs in the job dir go with the attempt too (a --profile-dir elsewhere keeps
   # every attempt's reports side by side: their names carry the attempt, lib/profile.sh).
-  for f in "${SM_JOBDIR}"/node_* "${SM_JOBDIR}"/{job.json,summary.json,perf.csv,timeline.json,timeline.txt,batch.log,batch,profile-flush.json,profile,hang-cause.json,.pre-cleanup.done} \
+  for f in "${SM_JOBDIR}"/node_* "${SM_JOBDIR}"/{job.json,summary.json,report.html,perf.csv,timeline.json,timeline.txt,batch.log,batch,profile-flush.json,profile,hang-cause.json,.pre-cleanup.done} \
     "${SM_JOBDIR}"/{nsight-slurm-direct,nsight-slurm-reports,nsight-slurm-runtime,nsight-slurm.out,.nsight-slurm}; do
     [[ -e ${f} ]] && mv -f "${f}" "${dir}/"
   done

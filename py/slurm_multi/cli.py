@@ -33,6 +33,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "slurm_multi.results.commands:cli",
         "Pick the best per-node CSV and aggregate perf.csv/summary.json.",
     ),
+    "report": (
+        "slurm_multi.report.commands:cli",
+        "Write a job's page (report.html) or the page across runs.",
+    ),
     "reports": (
         "slurm_multi.reports_cli:cli",
         "Snapshot, count and wait for new profiler reports.",

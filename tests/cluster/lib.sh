@@ -14,7 +14,8 @@ CLUSTER_MUNGE_PID=/run/munge/munged.sm-cluster.pid
 CLUSTER_MARK="# managed by slurm-multi tests/cluster"
 CLUSTER_PACKAGES=(slurmctld slurmd slurm-client munge docker.io iptables iproute2 util-linux
   bats bats-assert bats-support bats-file busybox-static procps psmisc acl python3-venv debootstrap
-  gcc make libc6-dev makeself squashfs-tools squashfuse fuse-overlayfs parallel pigz jq libbsd-dev libslurm-dev)
+  gcc make libc6-dev makeself squashfs-tools squashfuse fuse-overlayfs parallel pigz jq libbsd-dev libslurm-dev
+  chromium)
 # The ordinary user the end-to-end jobs run as (real users are not root): in the docker group,
 # nothing else. It stays after `down` (a user account holds no process and no port).
 CLUSTER_USER=${SM_CLUSTER_USER:-smuser}

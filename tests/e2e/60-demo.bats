@@ -18,6 +18,8 @@ setup_file() {
     assert_output --partial "chosen CSV: node_1/perf_toy.csv"
     assert_output --regexp "toy_model_toy-llm +10142\.5 tok_per_s_per_gpu +SUCCESS"
     assert_output --regexp "rank +node +status +exit +prepare +fitness +image +barrier +run +save-outputs"
+    # Where the job's page is, which the batch step wrote.
+    assert_output --regexp "Page: +/[^ ]+/slurm_output/toy_model/[0-9]+/report\.html  \(open it in a browser"
     assert_output --partial "make cluster-down"
   done
   # The demo leaves the cluster up.

@@ -22,6 +22,7 @@ import benchlib  # noqa: E402
 import collect_bench  # noqa: E402
 import relay_bench  # noqa: E402
 import report  # noqa: E402
+import report_bench  # noqa: E402
 
 ROW_FIELDS = {
     "row", "what", "baseline", "median_s", "spread_s", "baseline_median_s", "baseline_spread_s",
@@ -272,6 +273,19 @@ def test_collect_bench_runs_in_process_and_through_the_cli() -> None:
     assert row["target"] is None  # the target applies at 1,000 node dirs
     assert left["row"] == "results collect, 5 node dirs as a job leaves them" and left["target"] is None
     assert "26 files" in left["notes"]  # job.json + 5 per node
+
+
+def test_report_bench_times_the_page_against_collect_as_the_batch_step_runs_them() -> None:
+    small, large = report_bench.run(repeats=1, large=5)
+    assert (
+        small["row"] == "job page (report), 2-node job dir"
+        and large["row"] == "job page (report), 5 node dirs"
+    )
+    for row in (small, large):
+        assert ROW_FIELDS <= set(row) and row["median_s"] > 0 and row["baseline_median_s"] > 0
+        assert row["target"] is None
+    assert small["in_process_median_s"] < small["median_s"]  # the cold start is most of it
+    assert "the seconds the page adds to a job's end" in small["notes"] and small["page_bytes"] > 1000
 
 
 def test_the_collect_bench_dirs_as_a_job_leaves_them_have_an_events_timeline(tmp_path: Path) -> None:

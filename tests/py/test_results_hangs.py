@@ -139,7 +139,7 @@ def test_summary_json_has_the_hang_and_each_nodes_last_progress(tmp_path: Path):
             {
                 "rank": 1, "node": "node2", "state": "frozen", "detail": "docker pause (cgroup frozen)",
                 "quiet_seconds": 120.4, "last_progress": "2025-11-30T12:03:07Z",
-                "detected": "2025-11-30T12:05:07Z",
+                "detected": "2025-11-30T12:05:07Z", "diagnostics": [],
             },
         ],
         "waiters": [
@@ -147,11 +147,13 @@ def test_summary_json_has_the_hang_and_each_nodes_last_progress(tmp_path: Path):
                 "rank": 0, "node": "node1", "state": "socket-wait",
                 "detail": "python3[4242] in do_epoll_wait", "quiet_seconds": 120.4,
                 "last_progress": "2025-11-30T12:03:08Z", "detected": "2025-11-30T12:05:08Z",
+                "diagnostics": [],
             },
             {
                 "rank": 2, "node": "node3", "state": "socket-wait",
                 "detail": "python3[4250] in sk_wait_data", "quiet_seconds": 120.4,
                 "last_progress": "2025-11-30T12:03:08Z", "detected": "2025-11-30T12:05:08Z",
+                "diagnostics": [],
             },
         ],
     }  # fmt: skip
@@ -161,6 +163,22 @@ def test_summary_json_has_the_hang_and_each_nodes_last_progress(tmp_path: Path):
     assert list(summary["nodes"][0]) == [
         "rank", "node", "exit_code", "status", "stages", "last_progress", "reasons", "log_errors"
     ]  # fmt: skip
+
+
+def test_a_hung_ranks_diagnostics_files_are_named_in_its_hang_entry(tmp_path: Path):
+    jobdir = cause_and_waiters_job(tmp_path / "88")
+    snapshot = jobdir / "node_1" / "diagnostics"
+    snapshot.mkdir()
+    for name in ("kernel-stacks.txt", "hang-processes.txt", "py-spy.txt"):
+        (snapshot / name).write_text(f"{name}\n")
+    (snapshot / "a-directory").mkdir()  # only files are named
+    collect(jobdir)
+    hang = read_summary(jobdir)["hang"]
+    assert hang["causes"][0]["diagnostics"] == [
+        "node_1/diagnostics/hang-processes.txt", "node_1/diagnostics/kernel-stacks.txt",
+        "node_1/diagnostics/py-spy.txt",
+    ]  # fmt: skip
+    assert [w["diagnostics"] for w in hang["waiters"]] == [[], []]  # no snapshot there
 
 
 def test_without_hang_files_hang_is_null_and_last_progress_comes_from_progress_json(tmp_path: Path):
@@ -325,7 +343,7 @@ def test_wrong_types_in_a_hang_json_are_left_out_and_the_rest_still_counts(tmp_p
     )
     assert read_summary(jobdir)["hang"]["causes"][0] == {
         "rank": 1, "node": "node2", "state": None, "detail": "docker pause\\x1b[31m", "quiet_seconds": None,
-        "last_progress": "2025-11-30T12:03:07Z", "detected": None,
+        "last_progress": "2025-11-30T12:03:07Z", "detected": None, "diagnostics": [],
     }  # fmt: skip
 
 

@@ -117,6 +117,12 @@ NOT_A_DIRECTORY = click.Path(dir_okay=False)
     "mad-outputs` does with this JOBDIR, --perf-csv and --no-perf-csv-on-bad-nodes (needs pandas); its "
     "failure is a warning, never the exit status (bin/sm-collect).",
 )
+@click.option(
+    "--page",
+    is_flag=True,
+    help="Last, write the job's page JOBDIR/report.html, as `slurm-multi report JOBDIR` does; its failure "
+    "is a warning, never the exit status (bin/sm-collect).",
+)
 def collect_command(
     jobdir: str,
     manifest: str | None,
@@ -129,6 +135,7 @@ def collect_command(
     bad_nodes: str | None,
     hold_perf_csv: bool,
     mad_outputs: bool,
+    page: bool,
 ) -> None:
     """Judge JOBDIR and write JOBDIR/perf.csv and JOBDIR/summary.json; exit 0 SUCCESS, 1 FAILURE.
 
@@ -152,6 +159,7 @@ def collect_command(
         bad_nodes,
         hold_perf_csv,
         mad_outputs,
+        page,
     )
     click.get_current_context().exit(rc)
 
@@ -185,9 +193,10 @@ def run_collect(
     bad_nodes: str | None = None,
     hold_perf_csv: bool = False,
     mad_outputs: bool = False,
+    page: bool = False,
 ) -> int:
     """Collect JOBDIR: summary.json, perf.csv, the timeline, the table on stderr, --perf-csv,
-    --bad-nodes, --mad-outputs; the exit."""
+    --bad-nodes, --mad-outputs, --page; the exit."""
     if not jobdir.is_dir():
         raise usage_error(f"{AREA}: job directory {jobdir} does not exist; pass the directory the job wrote")
     if manifest is not None and not manifest.is_file():
@@ -210,13 +219,17 @@ def run_collect(
         talk(AREA, f"bad nodes: no rows appended to {perf_csv} (the job is to be requeued without them)")
     elif perf_csv is not None:
         from slurm_multi.results.perfcsv import append_perf_csv
+        from slurm_multi.results.stagehistory import stage_record
 
-        done = append_perf_csv(perf_csv, summary.perf_header, summary.perf_rows)
+        stages = stage_record(summary.job_id, summary.model, summary.verdict, summary.nodes)
+        done = append_perf_csv(perf_csv, summary.perf_header, summary.perf_rows, stages=stages)
         grown = f"; new columns: {', '.join(done.new_columns)}" if done.new_columns else ""
         verb = "created" if done.created else "appended to"
         talk(AREA, f"{done.rows} rows {verb} {done.path}{grown}; this run's rows: {done.entry}")
     if mad_outputs:
         mad_outputs_or_warn(jobdir, perf_csv, hold_perf_csv)
+    if page:
+        page_or_warn(jobdir)
     return EXIT_OK if summary.verdict == "SUCCESS" else EXIT_FAILURE
 
 
@@ -238,6 +251,14 @@ def mad_outputs_or_warn(jobdir: Path, perf_csv: str | None, hold_perf_csv: bool)
     talk("collect", "warning: madengine's perf_entry/perf_super files not written (see above)")
 
 
+def page_or_warn(jobdir: Path) -> None:
+    """--page: `slurm-multi report JOBDIR` once the job is judged (and madengine's files are
+    written). Its failure is its own one line, then a warning: never collect's exit status."""
+    from slurm_multi.report.commands import job_page_or_warn
+
+    job_page_or_warn(jobdir)
+
+
 @cli.command("mad-outputs")
 @click.argument("jobdir", metavar="JOBDIR")
 @click.option("--perf-csv", metavar="PATH",
@@ -247,7 +268,11 @@ def mad_outputs_or_warn(jobdir: Path, perf_csv: str | None, hold_perf_csv: bool)
 @click.option("--no-perf-csv-on-bad-nodes", "hold", is_flag=True,
               help="With --perf-csv: write nothing beside it when summary.json names bad nodes (as "
               "collect's option of the same name, which then appended nothing).")  # fmt: skip
-def mad_outputs_command(jobdir: str, perf_csv: str | None, hold: bool) -> None:
+@click.option("--page", is_flag=True,
+              help="Then write the job's page JOBDIR/report.html, as `slurm-multi report JOBDIR` does; "
+              "its failure is a warning (a manifest job's batch step: the page after madengine's "
+              "files).")  # fmt: skip
+def mad_outputs_command(jobdir: str, perf_csv: str | None, hold: bool, page: bool) -> None:
     """Write madengine's perf_entry.json/.csv, perf_super.json/.csv and perf_entry_super.json/.csv into
     a collected JOBDIR, from its perf.csv, summary.json and job.json.
 
@@ -260,4 +285,8 @@ def mad_outputs_command(jobdir: str, perf_csv: str | None, hold: bool) -> None:
     """
     from slurm_multi.results.madoutputs import mad_outputs
 
-    mad_outputs(Path(jobdir), perf_csv, hold)
+    try:
+        mad_outputs(Path(jobdir), perf_csv, hold)
+    finally:
+        if page:
+            page_or_warn(Path(jobdir))

@@ -27,6 +27,10 @@ from slurm_multi.results.shared import json_error, rank_label, read_json, short,
 
 PROGRESS_FILE = "progress.json"
 HANG_FILE = "hang.json"
+# What a hung rank snapshots (processes, kernel stacks, py-spy, sockets, log tails: lib/run.sh and
+# the hang watch write it, sm-node stages it); summary.json names its files, the report shows them.
+DIAGNOSTICS_DIR = "diagnostics"
+MAX_DIAGNOSTICS = 32  # files named per rank
 # How each state reads in the waiters' line (`blocked in a socket wait since 12:03:08`).
 STATE_WORDS = {
     "frozen": "frozen",
@@ -53,6 +57,7 @@ class HangEntry:
     quiet_seconds: float | None = None
     last_progress: float | None = None  # epoch seconds
     detected: float | None = None  # epoch seconds
+    diagnostics: tuple[str, ...] = ()  # its snapshot's files, `node_<rank>/diagnostics/<name>`
 
     @property
     def label(self) -> str:
@@ -67,6 +72,7 @@ class HangEntry:
             "quiet_seconds": self.quiet_seconds,
             "last_progress": utc_iso(self.last_progress),
             "detected": utc_iso(self.detected),
+            "diagnostics": list(self.diagnostics),
         }
 
 
@@ -196,7 +202,21 @@ def read_hang_entry(path: str, name: str, node: NodeReport, warnings: list[str])
     return HangEntry(
         node.rank, node.node, role, fields["state"] or None, fields["detail"] or None,
         fields["quiet_seconds"], last_progress, fields["detected_epoch"],
+        diagnostics_files(node),
     )  # fmt: skip
+
+
+def diagnostics_files(node: NodeReport) -> tuple[str, ...]:
+    """The files of the rank's diagnostics snapshot, as `node_<rank>/diagnostics/<name>` (sorted; at
+    most MAX_DIAGNOSTICS); none when it left no snapshot or it cannot be listed."""
+    if node.path is None:
+        return ()
+    directory = os.path.join(node.path, DIAGNOSTICS_DIR)
+    try:
+        names = sorted(entry.name for entry in os.scandir(directory) if entry.is_file())
+    except OSError:
+        return ()
+    return tuple(f"{node.dirname}/{DIAGNOSTICS_DIR}/{name}" for name in names[:MAX_DIAGNOSTICS])
 
 
 def read_hangs(root: Path, nodes: Sequence[NodeReport], warnings: list[str]) -> Hang | None:

@@ -28,6 +28,7 @@ from slurm_multi.common import HelperError, timeout_error, usage_error
 from slurm_multi.readfile import PathLike
 from slurm_multi.results.rows import PERF_COLUMNS
 from slurm_multi.results.shared import AREA, os_error, read_at_most, write_atomic
+from slurm_multi.results.stagehistory import STAGES_NAME
 from slurm_multi.results.values import as_number, format_number, relative_change
 
 ENTRY_NAME = "perf_entry.csv"
@@ -72,9 +73,12 @@ def append_perf_csv(
     header: Sequence[str],
     rows: Sequence[Sequence[str]],
     lock_timeout: float = LOCK_TIMEOUT_S,
+    stages: str | None = None,
 ) -> Appended:
     """Append rows (columns named by `header`) to the madengine perf.csv at `path`, filling
-    relative_change; write them to perf_entry.csv beside it. HelperError on any bad input."""
+    relative_change; write them to perf_entry.csv beside it, and `stages` (the job's line of node
+    stage times, results.stagehistory) to perf_stages.jsonl beside it. HelperError on any bad
+    input."""
     target = check_target(path)
     new = [dict(zip(header, row)) for row in rows]
     with locked(target.with_name(target.name + LOCK_SUFFIX), lock_timeout):
@@ -92,6 +96,8 @@ def append_perf_csv(
             created = False
         entry = target.with_name(ENTRY_NAME)
         write_atomic(entry, _csv_text([names, *_ordered(new, names)], "\n"), _hint(target))
+        if stages is not None:
+            _append(target.with_name(STAGES_NAME), stages, create=True)
     return Appended(target, entry, len(new), created, added)
 
 
@@ -233,22 +239,24 @@ def _config_value(text: str) -> str:
     return format_number(number) if number is not None else text.strip()
 
 
-def _key(values: dict[str, str]) -> tuple[str, ...]:
+def config_key(values: dict[str, str]) -> tuple[str, ...]:
+    """A row's model and configuration (CONFIG_COLUMNS): rows with the same key are runs of the same
+    thing, compared by relative_change here and by the history page (slurm_multi.report)."""
     return tuple(_config_value(values.get(column, "")) for column in CONFIG_COLUMNS)
 
 
 def _fill_relative_change(new: list[dict[str, str]], names: list[str], old_rows: list[list[str]]) -> None:
     """relative_change of each new row against the LAST earlier row in the file with the same
     CONFIG_COLUMNS ("" without one, or when either performance is not a number)."""
-    wanted = {_key(row) for row in new}
+    wanted = {config_key(row) for row in new}
     last: dict[tuple[str, ...], str] = {}
     for row in old_rows:  # file order: the later row is the more recent one
         values = dict(zip(names, row))
-        key = _key(values)
+        key = config_key(values)
         if key in wanted:
             last[key] = values.get("performance", "")
     for row in new:
-        previous = last.get(_key(row))
+        previous = last.get(config_key(row))
         row["relative_change"] = relative_change(row.get("performance", ""), previous or "")
 
 
@@ -278,11 +286,12 @@ def _write_rows(target: Path, existing: _PerfFile, names: list[str], rows: list[
     write_atomic(target, text, _hint(target), mode=existing.mode)
 
 
-def _append(target: Path, text: str) -> None:
-    """One O_APPEND write (looped only if the kernel writes less), then fsync."""
+def _append(target: Path, text: str, create: bool = False) -> None:
+    """One O_APPEND write (looped only if the kernel writes less), then fsync; `create`: the file is
+    made (0666 less the umask) when it is not there."""
     data = text.encode("utf-8")
     try:
-        fd = os.open(target, os.O_WRONLY | os.O_APPEND)
+        fd = os.open(target, os.O_WRONLY | os.O_APPEND | (os.O_CREAT if create else 0), 0o666)
         try:
             view = memoryview(data)
             while view:

@@ -86,17 +86,17 @@ def column_index(header: Sequence[str], name: str) -> int | None:
 # ----------------------------------------------------------------------------- reading
 
 
-def _read_bytes(path: PathLike) -> bytes:
+def _read_bytes(path: PathLike, limit: int = MAX_CSV_BYTES) -> bytes:
     try:
-        data = read_bytes(path, MAX_CSV_BYTES + 1)
+        data = read_bytes(path, limit + 1)
     except (FileNotFoundError, NotADirectoryError) as exc:
         raise CsvMissing(f"cannot read: {os_error(exc)}") from None
     except OSError as exc:
         raise CsvProblem(f"cannot read: {os_error(exc)}") from None
     except ValueError as exc:  # a NUL in the name
         raise CsvProblem(f"cannot read: {exc}") from None
-    if len(data) > MAX_CSV_BYTES:
-        raise CsvProblem(f"larger than {MAX_CSV_BYTES // (1024 * 1024)} MiB; not a results CSV")
+    if len(data) > limit:
+        raise CsvProblem(f"larger than {limit // (1024 * 1024)} MiB; not a results CSV")
     if b"\x00" in data:
         raise CsvProblem("binary file (contains NUL bytes)")
     return data
@@ -113,9 +113,10 @@ def _decode(data: bytes) -> tuple[str, str | None]:
     return text, None
 
 
-def read_table(path: PathLike, label: str | None = None) -> Table:
-    """The table of a results CSV, or CsvProblem when the file as a whole is unusable."""
-    text, undecoded = _decode(_read_bytes(path))
+def read_table(path: PathLike, label: str | None = None, limit: int = MAX_CSV_BYTES) -> Table:
+    """The table of a results CSV, or CsvProblem when the file as a whole is unusable (`limit`: the
+    most bytes it may have; a shared perf.csv read by the history page may have more)."""
+    text, undecoded = _decode(_read_bytes(path, limit))
     if not text.strip():
         raise CsvProblem("empty file")
     return parse_table(text, label if label is not None else str(path), undecoded)

@@ -2,6 +2,8 @@
 # A toy multi-node "training" run. Every rank reads the rank env, proves it can reach rank 0 over
 # TCP and "trains" for --steps. The last global rank writes the throughput rows of the
 # multiple-results CSV; every other rank writes the present-but-empty rows Primus writes.
+# TOY_THROUGHPUT_PCT (environment, default 100) scales that throughput: a slower build, planted
+# without changing the model's args (tests/e2e/75-report.bats).
 set -u
 steps=20 step_seconds=0.05 fail_rank=-1 fail_code=3 empty=0 hang=0 hang_rank=-1 busy=0
 csv=${TOY_RESULTS_CSV:-perf_toy.csv}
@@ -77,10 +79,10 @@ if [ "${RANK}" = 0 ] && [ "${world}" -gt 1 ]; then
 fi
 
 last=$((world - 1))
+tok=$(((10000 + steps * 7 + world) * ${TOY_THROUGHPUT_PCT:-100} / 100))
 {
   echo "model,performance,metric,mode,precision,batch_size,global_batch_size,seq_len,device,num_gpus"
   if [ "${RANK}" = "${last}" ] && [ "${empty}" = 0 ]; then
-    tok=$((10000 + steps * 7 + world))
     echo "toy-llm,${tok}.5,tok_per_s_per_gpu,pretrain,BF16,4,512,8192,busybox,${world}"
     echo "toy-llm,$((tok / 20)).25,TFLOPS_per_gpu,pretrain,BF16,4,512,8192,busybox,${world}"
   else
@@ -89,7 +91,7 @@ last=$((world - 1))
   fi
 } >"${out}/${csv}"
 if [ "${RANK}" = "${last}" ] && [ "${empty}" = 0 ]; then
-  echo "performance: $((10000 + steps * 7 + world)).5 tok_per_s_per_gpu"
+  echo "performance: ${tok}.5 tok_per_s_per_gpu"
 fi
 echo "toy: rank ${RANK} wrote ${out}/${csv}"
 if [ "${RANK}" = "${fail_rank}" ]; then
