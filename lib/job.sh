@@ -261,6 +261,7 @@ job::teardown() {
   if ! settings::truthy "${SM_COLLECT}"; then
     job::judge_fitness && job::on_bad_nodes
     util::log_drain
+    util::remove_private_dir
     exit "${rc}"
   fi
   rc=0
@@ -312,6 +313,7 @@ job::teardown() {
       log::warn multi "the job's page (report.html) not written: ${UTIL_ERROR}"
   fi
   util::log_drain
+  util::remove_private_dir
   exit "${rc}"
 }
 
@@ -347,8 +349,9 @@ job::respect_quarantine() {
 }
 
 # job::judge_fitness: the bad nodes of this attempt, from every node's fitness.json and status.json
-# (`slurm-multi fitness judge`), into JOB_BAD_NODES (`<node>\t<reason>` each); false when there are
-# none. Only without collect: collect judges them itself (job::bad_nodes_from reads what it found).
+# (`slurm-multi fitness judge`), into JOB_BAD_NODES (`<node>\t<reason>` each) and JOB_BAD_EVIDENCE;
+# false when there are none. Only without collect: collect judges them itself (job::bad_nodes_from
+# reads what it found).
 job::judge_fitness() {
   JOB_BAD_NODES=()
   [[ ${SM_FITNESS} != off ]] || return 1
@@ -373,32 +376,41 @@ job::bad_nodes_from() {
   job::take_bad_nodes <"$1"
 }
 
-# job::take_bad_nodes: `<rank>\t<node>\t<reason>` lines on stdin (the judge's, collect's) into
-# JOB_BAD_NODES, each said on the batch log; false when there are none.
+# job::take_bad_nodes: `<rank>\t<node>\t<reason>\t<evidence>` lines on stdin (the judge's, collect's)
+# into JOB_BAD_NODES and JOB_BAD_EVIDENCE (local, peers or none: slurm_multi.fitness.verdict), each
+# said on the batch log; false when there are none.
 job::take_bad_nodes() {
-  local rank node reason
-  JOB_BAD_NODES=()
-  while IFS=$'\t' read -r rank node reason; do
+  local rank node reason evidence
+  JOB_BAD_NODES=() JOB_BAD_EVIDENCE=()
+  while IFS=$'\t' read -r rank node reason evidence; do
     [[ -n ${node} ]] || continue
     JOB_BAD_NODES+=("${node}"$'\t'"${reason}")
+    JOB_BAD_EVIDENCE+=("${evidence:-none}")
     log::error multi "bad node ${node} (rank ${rank}): ${reason}"
   done
   ((${#JOB_BAD_NODES[@]}))
 }
 
-# job::on_bad_nodes: quarantine them (--quarantine-hours) and, with --on-bad-node requeue, keep this
-# attempt's evidence (collect has judged it into its own summary, unless collect is off) and requeue
-# the job without them.
+# job::on_bad_nodes: quarantine those whose own check failed or whose peers agree (--quarantine-hours;
+# never what somebody else could have caused: a missing report, a port or a scratch dir another user
+# holds; docs/bad-nodes.md) and, with --on-bad-node requeue, keep this attempt's evidence (collect
+# has judged it into its own summary, unless collect is off) and requeue the job without them all.
 job::on_bad_nodes() {
-  local entry nodes=()
-  for entry in "${JOB_BAD_NODES[@]}"; do nodes+=("${entry%%$'\t'*}"); done
+  local i entry node nodes=()
   if [[ -n ${SM_STATE_DIR:-} ]] && ((SM_QUARANTINE_HOURS > 0)); then
-    for entry in "${JOB_BAD_NODES[@]}"; do
+    for i in "${!JOB_BAD_NODES[@]}"; do
+      entry=${JOB_BAD_NODES[i]} node=${JOB_BAD_NODES[i]%%$'\t'*}
+      if [[ ${JOB_BAD_EVIDENCE[i]:-none} == none ]]; then
+        log::warn multi "${node} is not quarantined: what failed there is no proof against the node (somebody else could have caused it)"
+        continue
+      fi
+      nodes+=("${node}")
       util::sm quarantine add --quiet --state-dir "${SM_STATE_DIR}" --job "${SLURM_JOB_ID}" \
-        --hours "${SM_QUARANTINE_HOURS}" --reason "${entry#*$'\t'}" -- "${entry%%$'\t'*}" ||
-        log::warn multi "could not quarantine ${entry%%$'\t'*} in ${SM_STATE_DIR} (see the line above)"
+        --hours "${SM_QUARANTINE_HOURS}" --reason "${entry#*$'\t'}" -- "${node}" ||
+        log::warn multi "could not quarantine ${node} in ${SM_STATE_DIR} (see the line above)"
     done
-    log::info multi "quarantined for ${SM_QUARANTINE_HOURS} h in ${SM_STATE_DIR}: ${nodes[*]} (bin/slurm-multi quarantine list)"
+    ((${#nodes[@]} == 0)) ||
+      log::info multi "quarantined for ${SM_QUARANTINE_HOURS} h in ${SM_STATE_DIR}: ${nodes[*]} (bin/slurm-multi quarantine list)"
   fi
   [[ ${SM_ON_BAD_NODE} == requeue ]] || return 0
   job::requeue_without fitness || log::error multi "the job is not requeued: it fails with this attempt's verdict"
@@ -435,6 +447,7 @@ job::requeue_without() {
     return 1
   fi
   trap - EXIT
+  util::remove_private_dir
   exit 0
 }
 
@@ -587,7 +600,7 @@ job::dry_run_fitness() {
   [[ ${SM_ON_BAD_NODE} != requeue ]] || on_bad="requeue the job without it, at most ${SM_MAX_REQUEUES} time(s) (--on-bad-node requeue)"
   local runtime="the ${SM_RUNTIME} runtime answers; "
   [[ ${SM_RUNTIME} != none ]] || runtime=""
-  printf '  %-16s %s\n' checks "${runtime}free disk for the image and the outputs; no other job's process on a GPU; every node reaches every other on the job's fitness port (derived from MASTER_PORT and the job ID); a ring bandwidth probe; the clocks (docs/bad-nodes.md)" \
+  printf '  %-16s %s\n' checks "${runtime}free disk for the image and the outputs; no other job's process on a GPU; every node reaches every other on the job's fitness ports (4 candidates derived from MASTER_PORT and the job ID: one another process holds is skipped, never held against the node); a ring bandwidth probe; the clocks (docs/bad-nodes.md)" \
     bound "--fitness-timeout ${SM_FITNESS_TIMEOUT} s" "a bad node" "${on_bad}"
   if [[ -z ${SM_STATE_DIR:-} ]] || ((SM_QUARANTINE_HOURS == 0)); then
     printf '  %-16s %s\n\n' quarantine "off"
@@ -600,7 +613,7 @@ job::dry_run_fitness() {
     listing=$(util::sm quarantine list --state-dir "${SM_STATE_DIR}" 2>/dev/null)
     [[ -n ${listing} ]] || listing="no node is quarantined"
   fi
-  printf '  %-16s %s, %s h per bad node\n' quarantine "${SM_STATE_DIR}" "${SM_QUARANTINE_HOURS}"
+  printf '  %-16s %s, %s h per bad node whose own check failed or whose peers agree (never what somebody else could have caused)\n' quarantine "${SM_STATE_DIR}" "${SM_QUARANTINE_HOURS}"
   printf '%s\n' "${listing}" | sed 's/^/    /'
   printf '\n'
 }

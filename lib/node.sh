@@ -67,6 +67,8 @@ node::init() {
   node::own_scratch "${SM_SCRATCH}"
   chmod 700 "${SM_SCRATCH}"
   : >>"${SM_SCRATCH}/secrets"
+  # The helpers mask what the log filter masks before they store or cut a reason (secret_rule.masked).
+  export SM_SECRETS_FILE=${SM_SCRATCH}/secrets
   if [[ ${SM_NODE_LOG_REDIRECTED:-0} != 1 ]]; then
     export SM_NODE_LOG_REDIRECTED=1
     # Everything this task prints goes to the node log (secrets masked) and on to srun's output.
@@ -79,12 +81,16 @@ node::init() {
 # node::own_scratch DIR: the scratch name is predictable (the reaper and the next job find it by it),
 # so another user may have made it first, or planted a symlink there: refuse both, naming the owner
 # (checked before and after it is made: never a chmod or a secret in someone else's directory).
+# The task ends, and its status.json says why: the batch step names the cause and requeues or fails
+# the job, but never quarantines the node for it (anybody may make such a dir: docs/bad-nodes.md).
 node::own_scratch() {
   local dir=$1 owner
   [[ -L ${dir} || (-e ${dir} && ! -O ${dir}) ]] || return 0
   owner=$(stat -c %U "${dir}" 2>/dev/null || echo unknown)
   NODE_SCRATCH_FOREIGN=1 # the exit path must not remove it
-  log::die node "scratch dir ${dir} on $(hostname) is $([[ -L ${dir} ]] && echo "a symlink" || echo "a directory") of ${owner}, not of $(id -un): remove it, or set TMPDIR to a directory of your own" 1
+  NODE_REASON="scratch dir ${dir} on $(hostname) is $([[ -L ${dir} ]] && echo "a symlink" || echo "a directory") of ${owner}, not of $(id -un): remove it, or set TMPDIR to a directory of your own"
+  mkdir -p "${SM_NODE_DIR}" 2>/dev/null || true # (where the exit path writes status.json)
+  log::die node "${NODE_REASON}" 1
 }
 
 node::is_rank0() { [[ ${SM_RANK} == 0 ]]; }
@@ -209,7 +215,7 @@ node::stage_prepare() {
 
 # node::stage_fitness: before any image moves, every node checks itself (the container runtime
 # answers, free disk where the image and the outputs land, GPUs free of other jobs' processes) and
-# the network between the nodes (each reaches every other on the job's fitness port, a bandwidth
+# the network between the nodes (each reaches every other on the job's fitness ports, a bandwidth
 # probe along the ring, the clocks), in one helper (`slurm-multi fitness run`). Every node
 # learns every other's verdict, so a bad node stops all of them here, in seconds, each naming it;
 # the batch step judges the fitness.json files, requeues without the node or fails (lib/job.sh).
@@ -324,10 +330,12 @@ node::stage_image() {
 # node::fitness_cmd: --fitness-cmd, the user's own check of this node, inside the job's image once
 # it is here (rank 0: before it releases it; a worker: before it says it is ready), with the node's
 # GPU arguments and the container env, bounded by --fitness-timeout. Its output goes to
-# node_<rank>/fitness-cmd.log, its outcome to fitness-cmd.json (the batch step's judge reads it).
+# node_<rank>/fitness-cmd.log through the log filter (it sees the job's environment and may print a
+# secret: raw only in the private scratch dir), its outcome to fitness-cmd.json (the batch step's
+# judge reads it); the reason is cut only once masked, and said as `record-cmd` stored it.
 node::fitness_cmd() {
   [[ -n ${SM_FITNESS_CMD:-} && ${SM_FITNESS} != off ]] || return 0
-  local log=${SM_NODE_DIR}/fitness-cmd.log rc=0 argv=() last why
+  local log=${SM_NODE_DIR}/fitness-cmd.log raw=${SM_SCRATCH}/fitness-cmd.out rc=0 argv=() last why stored
   case ${SM_RUNTIME} in
     docker)
       argv=(docker run --rm --network host "${RUN_GPU_ARGS[@]+"${RUN_GPU_ARGS[@]}"}" "${RUN_ENV_ARGS[@]+"${RUN_ENV_ARGS[@]}"}"
@@ -341,20 +349,28 @@ node::fitness_cmd() {
     *) argv=(sh -c "${SM_FITNESS_CMD}") ;;
   esac
   log::cmd fitness timeout "${SM_FITNESS_TIMEOUT}" "${argv[@]}"
-  timeout "${SM_FITNESS_TIMEOUT}" "${argv[@]}" </dev/null >"${log}" 2>&1 || rc=$?
+  timeout "${SM_FITNESS_TIMEOUT}" "${argv[@]}" </dev/null >"${raw}" 2>&1 || rc=$?
+  util::redact --secrets-file "${SM_SCRATCH}/secrets" <"${raw}" >"${log}" ||
+    log::warn fitness "could not copy --fitness-cmd's output into ${log} through the log filter"
+  util::remove "${raw}"
   if ((rc == 0)); then
     log::info fitness "--fitness-cmd passed on $(hostname)"
     why=
   else
-    last=$(grep -v '^[[:space:]]*$' "${log}" | tail -n 1 | cut -c1-200)
+    last=$(grep -v '^[[:space:]]*$' "${log}" | tail -n 1) || last=
+    last=${last:0:200} # (masked already: a secret is never cut in half before the filter sees it)
     if ((rc == 124)); then why="did not finish within ${SM_FITNESS_TIMEOUT} s"; else why="exited ${rc}${last:+: ${last}}"; fi
     why="fitness command on $(hostname): ${why} (node_${SM_RANK}/fitness-cmd.log)"
-    NODE_IMAGE_FAILED=${why}
-    log::error fitness "${why}"
   fi
-  util::sm fitness record-cmd "${SM_NODE_DIR}/fitness-cmd.json" "$(hostname)" "${rc}" "${why}" ||
+  if stored=$(util::sm fitness record-cmd "${SM_NODE_DIR}/fitness-cmd.json" "$(hostname)" "${rc}" "${why}"); then
+    why=${stored:-${why}}
+  else
     log::warn fitness "could not write ${SM_NODE_DIR}/fitness-cmd.json"
-  ((rc == 0))
+  fi
+  ((rc != 0)) || return 0
+  NODE_IMAGE_FAILED=${why}
+  log::error fitness "${why}"
+  return 1
 }
 
 # node::image_abort WHY: rank 0's image stage failed: every worker is told (ABORT), and it is the
@@ -879,6 +895,7 @@ node::on_exit() {
   log::info node "done: exit ${NODE_EXIT}${NODE_REASON:+ (${NODE_REASON})}"
   util::log_drain
   node::remove_scratch
+  util::remove_private_dir # (a re-run by hand may have used one before its scratch dir was made)
   exit "${NODE_EXIT}"
 }
 

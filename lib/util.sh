@@ -84,7 +84,32 @@ util::warm_logged() {
   util::warm_run "$@"
 }
 
-util::_helper() { util::_helper_with "${TMPDIR:-/tmp}/.sm-error.$$.${BASHPID}.${RANDOM}" "$@"; }
+util::_helper() {
+  util::private_dir || { UTIL_ERROR="cannot create a private temp dir in ${TMPDIR:-/tmp}" UTIL_ERROR_SHOWN=0; return 1; }
+  util::_helper_with "${UTIL_PRIVATE}/.sm-error.$$.${BASHPID}.${RANDOM}" "$@"
+}
+
+# util::private_dir: UTIL_PRIVATE, where a helper's one-line reason goes (its name is predictable:
+# in a shared /tmp another user could plant a file or a link there first; the helper creates it
+# O_EXCL|O_NOFOLLOW as well). A node task's scratch dir (0700, checked to be ours: node::own_scratch),
+# else one of this shell's own (mktemp -d: 0700, a random name), made once and removed by
+# util::remove_private_dir on the way out (the batch step makes it before its first helper).
+util::private_dir() {
+  if [[ -n ${SM_SCRATCH:-} && -d ${SM_SCRATCH} && ! -L ${SM_SCRATCH} && -O ${SM_SCRATCH} ]]; then
+    UTIL_PRIVATE=${SM_SCRATCH}
+    return 0
+  fi
+  if [[ -z ${UTIL_PRIVATE_OWN:-} || ! -d ${UTIL_PRIVATE_OWN} ]]; then
+    UTIL_PRIVATE_OWN=$(mktemp -d "${TMPDIR:-/tmp}/sm-private.XXXXXX") || return 1
+  fi
+  UTIL_PRIVATE=${UTIL_PRIVATE_OWN}
+}
+
+# util::remove_private_dir: the dir util::private_dir made for this shell, if any.
+util::remove_private_dir() {
+  [[ -z ${UTIL_PRIVATE_OWN:-} ]] || rm -rf "${UTIL_PRIVATE_OWN}"
+  UTIL_PRIVATE_OWN=
+}
 
 # util::_helper_with ERRFILE RUN ARGS…: util::_helper with the helper's error file named (a warm
 # helper was given its file when it started).
@@ -125,8 +150,10 @@ util::remove() {
 # shell does (its pipe closes).
 declare -gA UTIL_WARM_FD=() UTIL_WARM_PID=() UTIL_WARM_ERR=()
 util::warm_start() {
-  local key="$1 $2" fd errfile=${TMPDIR:-/tmp}/.sm-error.$$.${BASHPID}.${RANDOM}
+  local key="$1 $2" fd errfile
   [[ -z ${UTIL_WARM_PID[${key}]:-} ]] || return 0
+  util::private_dir || return 0 # (a cold start later says why)
+  errfile=${UTIL_PRIVATE}/.sm-error.$$.${BASHPID}.${RANDOM}
   exec {fd}> >(trap '' TERM INT HUP; SM_ERROR_FILE=${errfile} PYTHONPATH="${SM_HOME}/py${PYTHONPATH:+:${PYTHONPATH}}" \
     exec "${SM_PYTHON}" -m slurm_multi warm "$1" "$2")
   UTIL_WARM_PID[${key}]=$! UTIL_WARM_FD[${key}]=${fd} UTIL_WARM_ERR[${key}]=${errfile}

@@ -18,11 +18,9 @@ except ImportError:
     )
     sys.stderr.write(line + "\n")
     if os.environ.get("SM_ERROR_FILE"):
-        try:
-            with open(os.environ["SM_ERROR_FILE"], "w", encoding="utf-8") as handle:
-                handle.write(line + "\n")
-        except OSError:
-            pass
+        from slurm_multi.shell import write_error_file
+
+        write_error_file(os.environ["SM_ERROR_FILE"], line)
     sys.exit(2)
 
 from slurm_multi.cli import main  # noqa: E402

@@ -36,15 +36,15 @@ class HelperError(click.ClickException):
 
 
 def record_error(line: str) -> None:
-    """The caller (bash) asked for our one-line reason in a file: it becomes the stage's reason."""
+    """The caller (bash) asked for our one-line reason in a file: it becomes the stage's reason, so
+    the log filter's secrets are masked in it first (shell.write_error_file: never through a link)."""
     path = os.environ.get("SM_ERROR_FILE")
     if not path:
         return
-    try:
-        with open(path, "w", encoding="utf-8") as handle:
-            handle.write((line.splitlines() or [""])[0] + "\n")
-    except OSError:
-        pass
+    from slurm_multi.secret_rule import masked
+    from slurm_multi.shell import write_error_file
+
+    write_error_file(path, masked(line))
 
 
 def usage_error(message: str) -> HelperError:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -448,12 +449,19 @@ class Peers(NamedTuple):
     def cause(self, rank: int, since: float) -> dict[str, Any] | None:
         """Another rank's announcement made after `since` (this watch's start: an earlier one is a
         requeued attempt's, which job::keep_attempt moves away anyway), else None. One open per
-        poll, which fails while no rank is hung."""
+        poll, which fails while no rank is hung. Only a regular file of this job's user counts
+        (O_NOFOLLOW|O_NONBLOCK, then fstat): one somebody else put in the job dir makes no rank stop."""
         try:
-            with open(self.cause_file, encoding="utf-8") as handle:
-                record = json.loads(handle.read())
+            fd = os.open(self.cause_file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            try:
+                info = os.fstat(fd)
+                if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
+                    return None
+                record = json.loads(os.read(fd, 1 << 16))
+            finally:
+                os.close(fd)
             other, detected = int(record["rank"]), float(record["detected_epoch"])
-        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        except (OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError):
             return None
         if other == rank or detected < since:
             return None

@@ -6,15 +6,26 @@ import os
 import sys
 import time
 
-# The control characters a log excerpt shows as \xNN (tab stays), as a str.translate table.
-CONTROL_CHARS = {code: f"\\x{code:02x}" for code in (*range(0x09), *range(0x0A, 0x20), 0x7F)}
+from slurm_multi.secret_rule import masked
+
+
+def escaped(text: str) -> str:
+    """`text` safe for a terminal and for a line of fields: every character str.isprintable() refuses
+    but a tab (the C0 and C1 controls: a newline, ANSI colours and cursor moves; bidi overrides)
+    shown as \\xNN or \\uNNNN."""
+    if text.isprintable():
+        return text
+    return "".join(
+        c if c.isprintable() or c == "\t" else (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+        for c in text
+    )
 
 
 def short(text: str, limit: int = 240) -> str:
-    """A log excerpt safe for a terminal: control characters (ANSI colours too) shown as \\xNN."""
-    text = text.strip()
-    if not text.isprintable():  # every character CONTROL_CHARS names is one isprintable() refuses
-        text = text.translate(CONTROL_CHARS)
+    """A log excerpt safe for a terminal (`escaped`) and for a log: the log filter's secrets masked
+    before it is cut (secret_rule.masked: a secret cut in half would pass the filter later), at most
+    `limit` characters."""
+    text = escaped(masked(text.strip()))
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

@@ -12,6 +12,7 @@ job.json; nobody else re-derives what it holds.
 from __future__ import annotations
 
 import os
+import stat
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -43,6 +44,43 @@ def job_dir(out: str, submit_dir: str, model: str, job_id: str) -> str:
     if os.path.commonpath([real_base, real]) != real_base or real == real_base:
         raise usage_error(f"{AREA}: the job dir {path} would not be inside --out {base}; rename the model")
     return path
+
+
+def make_job_dir(directory: str) -> None:
+    """The job dir, ours alone: made writable by nobody else whatever the umask (0755 at most), and
+    refused when it is there already and another user owns it, can write it, or it is a link: the
+    verdict believes the files in it (fitness.json, status.json, hang-cause.json), and its name is
+    as predictable as the next job ID."""
+    try:
+        os.makedirs(os.path.dirname(directory), exist_ok=True)
+        try:
+            os.mkdir(directory, 0o755)
+        except FileExistsError:
+            pass
+        info = os.lstat(directory)
+    except OSError as exc:
+        raise HelperError(f"{AREA}: cannot create the job dir {directory}: {exc.strerror}") from None
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        why = "is a symbolic link" if stat.S_ISLNK(info.st_mode) else "is not a directory"
+    elif info.st_uid != os.geteuid():
+        why = f"belongs to {_owner(info.st_uid)}, not to {_owner(os.geteuid())}"
+    elif info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        why = f"is writable by other users (mode {stat.S_IMODE(info.st_mode):04o})"
+    else:
+        return
+    raise HelperError(
+        f"{AREA}: the job dir {directory} {why}: another user could put files there that the verdict "
+        "believes; remove it (or chmod go-w it, if it is yours) and submit again"
+    )
+
+
+def _owner(uid: int) -> str:
+    try:
+        import pwd
+
+        return pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError):
+        return f"uid {uid}"
 
 
 EARLIER_RUN = "run_"  # <jobdir>/run_<k>/: an earlier run of the batch script in the same allocation
@@ -293,10 +331,7 @@ def plan(
     nodes = node_list.split() or [f"node_{r}" for r in range(nnodes)]
     earlier = ""
     if write if write is not None else (batch_args and not dry):
-        try:
-            os.makedirs(directory, exist_ok=True)
-        except OSError as exc:
-            raise HelperError(f"{AREA}: cannot create the job dir {directory}: {exc.strerror}") from None
+        make_job_dir(directory)
         earlier = set_aside_earlier_run(directory)
         shell.write_json(
             os.path.join(directory, "job.json"), job_document(ctx, env, job_id, nodes, nnodes, command)
@@ -358,7 +393,7 @@ def _quarantine(state_dir: str, node_list: str, batch_args: bool, dry: bool) -> 
         found = quarantine.in_allocation(state_dir, node_list.split())
     except quarantine.QuarantineError as exc:
         return [], str(exc)
-    return [f"{e.node}\t{e.reason}\t{e.job}\t{e.expires_iso}" for e in found], ""
+    return [entry.check_line() for entry in found], ""
 
 
 def _emit(path: str | None, text: str) -> None:

@@ -14,8 +14,9 @@ The file (version 1; this module is its one writer and its one reader):
      ]}
 
 - `node`: a Slurm host name (letters, digits, `-`, `_`, `.`, starting with a letter or digit).
-- `reason`: one line (whitespace runs, newlines and tabs included, become one space; at most 240
-  characters). `job`: the Slurm job that quarantined it, or `manual`. `who`: the user.
+- `reason`: one line (the log filter's secrets masked first; whitespace runs, newlines and tabs
+  included, become one space; other control characters shown as \\xNN; at most 240 characters).
+  `job`: the Slurm job that quarantined it, or `manual`. `who`: the user who wrote the entry.
 - `since_epoch` / `expires_epoch` (UTC seconds) are what counts; `since` / `expires` are the same
   instants for people (ISO-8601 UTC), rewritten from the epochs on every write.
 - An entry is active while `expires_epoch` > now; expired entries are never reported as active and
@@ -29,19 +30,26 @@ The file (version 1; this module is its one writer and its one reader):
   `quarantine.json.broken-<UTC time>` beside it.
 
 Writes (add, remove) take an exclusive `flock` on `<state-dir>/quarantine.lock` (created if absent,
-never removed: removing a lock file lets two writers lock two different files), read, change,
-write through the project's one atomic writer (`shell.write_atomic(..., durable=True)`: a temp file
-in the same dir, fsynced, renamed over quarantine.json, the dir fsynced), then unlock. Concurrent
-writers on any node therefore lose nothing, provided flock works across nodes on that filesystem
-(NFSv4 and GPFS do; Lustre only with `-o flock`, not `localflock`: see docs/image-cache.md for a
-two-node check). The lock wait is bounded (10 s by default). Readers take no lock: a rename is
-atomic, so they see the old file or the new one.
+never removed: removing a lock file lets two writers lock two different files; opened for writing:
+NFS emulates flock with POSIX locks, which need that), read, change, write through the project's
+one atomic writer (`shell.write_atomic(..., durable=True)`: a temp file in the same dir, fsynced,
+renamed over quarantine.json, the dir fsynced), then unlock. Concurrent writers on any node
+therefore lose nothing, provided flock works across nodes on that filesystem (NFSv4 and GPFS do;
+Lustre only with `-o flock`, not `localflock`: see docs/image-cache.md for a two-node check). The
+lock wait is bounded (10 s by default), and so is every read (READ_TIMEOUT_S: a hung filesystem is
+one line, not a job that never starts). Readers take no lock: a rename is atomic, so they see the
+old file or the new one.
 
-A state dir that does not exist is created by the first add, mode 2775 whatever the umask (group
-members may add and remove, and the setgid bit gives every file in it the dir's group); a dir that
-exists is left as it is (pre-create it with the mode you want for a private quarantine). The lock
-file is created 0664 (a writer opens it for writing: NFS emulates flock with POSIX locks, which need
-that), quarantine.json is written 0644.
+Whom it trusts (docs/bad-nodes.md): the quarantine keeps nodes away from every job that shares the
+state dir, so only who may write the dir may write it. A state dir that does not exist is created by
+the first add with the user's umask: private, unless the umask or the user makes it group-writable
+(create it yourself, `mkdir -m 2770` and `chgrp`, for a quarantine a group shares). Every file in
+it is opened with O_NOFOLLOW|O_NONBLOCK (a link or a FIFO planted there is refused in one line,
+never followed or waited on) and must be a regular file owned as the dir says: by the dir's owner,
+or, in a group-writable dir, by its group; writable by nobody else. A world-writable dir without
+the sticky bit is refused. The lock file is made 0600 in a private dir (nobody else can hold it)
+and 0660 in a group-writable one. Each entry records who wrote it (`who`: the user the writer runs
+as, not a variable anybody can set), and `list` shows it.
 
 The command line over these functions, for the batch step and for people alike, is
 slurm_multi.quarantine_cli (`slurm-multi quarantine check|add|list|remove`). The job plan reads the
@@ -58,13 +66,15 @@ import json
 import math
 import os
 import re
+import stat
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from slurm_multi import EXIT_FAILURE, EXIT_USAGE, shell
-from slurm_multi.logline import short
+from slurm_multi.logline import escaped
+from slurm_multi.secret_rule import reason_line
 
 AREA = "quarantine"
 FILE_NAME = "quarantine.json"
@@ -75,10 +85,9 @@ STATE_DIR_ENV = "SM_STATE_DIR"
 DEFAULT_HOURS = 24.0
 MAX_HOURS = 24.0 * 366 * 10  # ten years: longer is a typo, and far dates overflow the ISO form
 LOCK_TIMEOUT_S = 10.0
+READ_TIMEOUT_S = 10.0  # one read of quarantine.json (a hung network filesystem)
 MANUAL_JOB = "manual"  # the job of an entry a person added outside a Slurm job
-DIR_MODE = 0o2775
-LOCK_MODE = 0o664
-FILE_MODE = 0o644
+PRIVATE_LOCK_MODE, SHARED_LOCK_MODE = 0o600, 0o660
 MAX_FILE_BYTES = 16 * 1024 * 1024
 REASON_LIMIT = 240
 
@@ -146,6 +155,12 @@ class Entry:
             "who": self.who,
         }
 
+    def check_line(self) -> str:
+        """`node TAB reason TAB job TAB expires` (what `check` prints and the plan hands bash): each
+        field one line without a tab, control characters escaped, whatever the file held."""
+        fields = (self.node, self.reason, self.job, self.expires_iso)
+        return "\t".join(escaped(" ".join(field.split())) for field in fields)
+
     def __repr__(self) -> str:
         return (
             f"Entry({self.node!r}, {self.reason!r}, job={self.job!r}, since={self.since_iso}, "
@@ -196,7 +211,7 @@ def check_hours(value: float | str, flag: str = "--hours") -> float:
 
 
 def check_reason(reason: str, flag: str = "--reason") -> str:
-    line = short(" ".join(str(reason).split()), REASON_LIMIT)
+    line = reason_line(reason, REASON_LIMIT)
     if not line:
         raise QuarantineUsageError(f"{AREA}: {flag} is empty; say in one line why the node is quarantined")
     return line
@@ -226,15 +241,26 @@ def default_job(environ: dict[str, str] | None = None) -> str:
 
 
 def current_user() -> str:
-    name = os.environ.get("USER") or os.environ.get("LOGNAME")
-    if name:
-        return name
+    """The user this process runs as (its uid's name; never $USER, which anybody sets as they like)."""
+    return _user_name(os.getuid())
+
+
+def _user_name(uid: int) -> str:
     try:
         import pwd
 
-        return pwd.getpwuid(os.getuid()).pw_name
+        return pwd.getpwuid(uid).pw_name
     except (ImportError, KeyError):
-        return str(os.getuid())
+        return str(uid)
+
+
+def _group_name(gid: int) -> str:
+    try:
+        import grp
+
+        return grp.getgrgid(gid).gr_name
+    except (ImportError, KeyError):
+        return str(gid)
 
 
 def resolve_state_dir(given: str | None, environ: dict[str, str] | None = None) -> str:
@@ -322,20 +348,114 @@ def _parse(data: bytes, path: str) -> list[Entry]:
     return list(merged.values())
 
 
-def _read_bytes(path: str) -> bytes | None:
+@dataclass(frozen=True)
+class Trust:
+    """Who may write the state dir, so whose files are believed there (the module docstring)."""
+
+    uid: int  # the dir's owner
+    gid: int  # the dir's group
+    shared: bool  # group-writable: the group's members write here too
+
+    def check(self, path: str, info: os.stat_result, content: bool = True) -> None:
+        """QuarantineError unless `info` (an fstat of `path`) is a regular file owned as the dir says
+        and (a file whose `content` counts) writable by nobody else."""
+        if not stat.S_ISREG(info.st_mode):
+            raise QuarantineError(
+                f"{AREA}: cannot read {path}: not a regular file (a directory, a FIFO or a device); "
+                "nothing was changed; remove it"
+            )
+        owned = info.st_uid in (self.uid, 0) or (self.shared and info.st_gid == self.gid)
+        others = stat.S_IWOTH | (0 if self.shared else stat.S_IWGRP)
+        if owned and not (content and info.st_mode & others):
+            return
+        expected = _user_name(self.uid) + (f" or group {_group_name(self.gid)}" if self.shared else "")
+        why = "writable by others" if owned else f"owned by {_user_name(info.st_uid)}, not {expected}"
+        raise QuarantineError(
+            f"{AREA}: {path} is {why}: the quarantine believes only who may write its dir; nothing was "
+            f"changed; remove it (the owner of {os.path.dirname(path) or '.'} may)"
+        )
+
+
+def trust(state_dir: str) -> Trust:
+    """The state dir's owner, group and whether its group writes there; QuarantineError for a dir
+    anybody may replace files in (world-writable without the sticky bit) or a path that is no dir."""
     try:
-        with open(path, "rb") as handle:
-            return handle.read(MAX_FILE_BYTES + 1)
-    except FileNotFoundError:
-        return None
+        info = os.stat(state_dir)
     except OSError as exc:
-        raise QuarantineError(f"{AREA}: cannot read {path}: {exc.strerror or exc}") from None
+        raise QuarantineError(
+            f"{AREA}: cannot read the state dir {state_dir}: {exc.strerror or exc}"
+        ) from None
+    if not stat.S_ISDIR(info.st_mode):
+        raise QuarantineError(f"{AREA}: --state-dir {state_dir} exists and is not a directory")
+    if info.st_mode & stat.S_IWOTH and not info.st_mode & stat.S_ISVTX:
+        raise QuarantineError(
+            f"{AREA}: the state dir {state_dir} is writable by everybody: anybody could replace the "
+            f"quarantine; use a dir of your own (or of your group: chmod o-w {state_dir})"
+        )
+    return Trust(info.st_uid, info.st_gid, bool(info.st_mode & stat.S_IWGRP))
+
+
+NOFOLLOW = os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+
+
+def _read_bytes(path: str, trusted: Trust) -> bytes | None:
+    """quarantine.json's bytes (at most MAX_FILE_BYTES + 1), None when there is none; opened
+    O_NOFOLLOW|O_NONBLOCK and checked (Trust.check); given READ_TIMEOUT_S at most (a thread of its
+    own: a read on a hung filesystem cannot be interrupted)."""
+    import threading
+
+    box: dict[str, Any] = {}
+
+    def read() -> None:
+        try:
+            fd = os.open(path, os.O_RDONLY | NOFOLLOW)
+        except FileNotFoundError:
+            box["data"] = None
+            return
+        except OSError as exc:
+            box["error"] = exc
+            return
+        try:
+            trusted.check(path, os.fstat(fd))
+            os.set_blocking(fd, True)
+            chunks, left = [], MAX_FILE_BYTES + 1
+            while left > 0:
+                chunk = os.read(fd, min(left, 1 << 20))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                left -= len(chunk)
+            box["data"] = b"".join(chunks)
+        except (OSError, QuarantineError) as exc:
+            box["error"] = exc
+        finally:
+            os.close(fd)
+
+    reader = threading.Thread(target=read, name="quarantine-read", daemon=True)
+    reader.start()
+    reader.join(READ_TIMEOUT_S)
+    if reader.is_alive():
+        raise QuarantineError(
+            f"{AREA}: reading {path} took more than {READ_TIMEOUT_S:g} s (a hung filesystem?); not used"
+        )
+    error = box.get("error")
+    if isinstance(error, QuarantineError):
+        raise error
+    if isinstance(error, OSError):
+        if error.errno == errno.ELOOP:
+            raise QuarantineError(
+                f"{AREA}: cannot read {path}: a symbolic link; nothing was changed; remove it"
+            ) from None
+        raise QuarantineError(f"{AREA}: cannot read {path}: {error.strerror or error}") from None
+    return box["data"]
 
 
 def entries(state_dir: str) -> list[Entry]:
     """Every entry in the file, expired ones included (`list --all`); [] when there is no file."""
+    if not os.path.lexists(state_dir):
+        return []
     path = file_path(state_dir)
-    data = _read_bytes(path)
+    data = _read_bytes(path, trust(state_dir))
     return [] if data is None else _parse(data, path)
 
 
@@ -356,12 +476,14 @@ def in_allocation(state_dir: str, nodes: Iterable[str], now: float | None = None
 
 
 def _ensure_dir(state_dir: str) -> None:
+    """The state dir, made with the user's umask when it is not there (private unless the umask
+    shares it: the module docstring)."""
     if os.path.isdir(state_dir):
         return
     try:
         parent = os.path.dirname(os.path.abspath(state_dir))
         os.makedirs(parent, exist_ok=True)
-        os.mkdir(state_dir, 0o775)
+        os.mkdir(state_dir)
     except FileExistsError:
         if os.path.isdir(state_dir):
             return  # another writer made it first
@@ -370,28 +492,37 @@ def _ensure_dir(state_dir: str) -> None:
         raise QuarantineError(
             f"{AREA}: cannot create the state dir {state_dir}: {exc.strerror or exc}"
         ) from None
-    try:  # group-shared whatever the umask (mkdir's mode is masked; setgid may be refused)
-        os.chmod(state_dir, DIR_MODE)
-    except OSError:
-        pass
 
 
-def _open_lock(path: str) -> int:
-    cloexec = getattr(os, "O_CLOEXEC", 0)
+def _open_lock(path: str, trusted: Trust) -> int:
+    flags = os.O_RDWR | NOFOLLOW
+    mode = SHARED_LOCK_MODE if trusted.shared else PRIVATE_LOCK_MODE
     try:
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | cloexec, LOCK_MODE)
+            fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, mode)
+            made = True
         except FileExistsError:
-            return os.open(path, os.O_RDWR | cloexec)
+            fd, made = os.open(path, flags), False
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise QuarantineError(
+                f"{AREA}: the lock {path} is a symbolic link: not used; remove it"
+            ) from None
         raise QuarantineError(
             f"{AREA}: cannot open the lock {path}: {exc.strerror or exc}; every user who edits the "
             f"quarantine needs write access to {os.path.dirname(path) or '.'} and {LOCK_NAME}"
         ) from None
     try:
-        os.fchmod(fd, LOCK_MODE)  # group members lock it too, whatever our umask
-    except OSError:
-        pass
+        info = os.fstat(fd)
+        trusted.check(path, info, content=False)  # (what is in it does not count: who can hold it)
+    except QuarantineError:
+        os.close(fd)
+        raise
+    if (made and trusted.shared) or (info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) != mode):
+        try:
+            os.fchmod(fd, mode)  # the group's writers lock it too, whatever our umask; nobody else
+        except OSError:
+            pass
     return fd
 
 
@@ -399,7 +530,7 @@ def _lock(state_dir: str, timeout: float) -> int:
     """An exclusive flock on quarantine.lock, waiting at most `timeout` seconds; the descriptor
     (closing it releases the lock)."""
     path = lock_path(state_dir)
-    fd = _open_lock(path)
+    fd = _open_lock(path, trust(state_dir))
     deadline = time.monotonic() + timeout
     pause = 0.005
     while True:
@@ -432,7 +563,8 @@ def _write(state_dir: str, current: Sequence[Entry]) -> None:
     document = {"version": VERSION, "nodes": [entry.to_json() for entry in current]}
     text = json.dumps(document, indent=2, ensure_ascii=False) + "\n"
     try:
-        shell.write_atomic(path, text, FILE_MODE, durable=True)
+        # the user's umask; never written through a FIFO or a device someone put in its place
+        shell.write_atomic(path, text, None, durable=True, through=False)
     except OSError as exc:
         raise QuarantineError(f"{AREA}: cannot write {path}: {exc.strerror or exc}") from None
 
@@ -466,7 +598,7 @@ def _update(
     fd = _lock(state_dir, lock_timeout)
     try:
         path = file_path(state_dir)
-        data = _read_bytes(path)
+        data = _read_bytes(path, trust(state_dir))
         moved = ""
         try:
             current = [] if data is None else _parse(data, path)

@@ -9,9 +9,11 @@ the same for the batch step and for people:
     slurm-multi quarantine remove NODE... | --all --state-dir DIR
 
 `check` prints `<node>\\t<reason>\\t<job>\\t<expires ISO>` for each quarantined node of the list
-(nothing: none). `add` says on stderr what it quarantined until when (`--quiet`: nothing; the batch
-step says it in its own line). `--state-dir` defaults to $SM_STATE_DIR, `--job` to $SLURM_JOB_ID or
-`manual`, `--hours` to 24, `--lock-timeout SECONDS` (the lock wait of add and remove) to 10.
+(nothing: none); `list` shows who wrote each entry. What the file holds is printed with control
+characters escaped, each field on one line. `add` says on stderr what it quarantined until when
+(`--quiet`: nothing; the batch step says it in its own line). `--state-dir` defaults to
+$SM_STATE_DIR, `--job` to $SLURM_JOB_ID or `manual`, `--hours` to 24, `--lock-timeout SECONDS` (the
+lock wait of add and remove) to 10.
 Exit 0 done, 2 usage error, 1 the file cannot be read or written or the lock stays held.
 """
 
@@ -26,6 +28,7 @@ import click
 
 from slurm_multi import quarantine
 from slurm_multi.common import HelperError, talk
+from slurm_multi.logline import escaped
 from slurm_multi.quarantine import AREA, Entry, QuarantineError
 
 CONTEXT = {"help_option_names": ["-h", "--help"]}
@@ -48,9 +51,13 @@ def _expires_in(entry: Entry, now: float) -> str:
 
 
 def table(rows: Sequence[Entry], now: float) -> str:
-    """The `list` table; the reason last, so that a long one does not push the other columns."""
-    header = ("NODE", "JOB", "SINCE", "EXPIRES IN", "REASON")
-    lines = [header] + [(e.node, e.job, e.since_iso, _expires_in(e, now), e.reason) for e in rows]
+    """The `list` table; the reason last, so that a long one does not push the other columns. What
+    the file says is shown, never sent to the terminal: control characters escaped (logline.escaped)."""
+    header = ("NODE", "JOB", "WHO", "SINCE", "EXPIRES IN", "REASON")
+    lines = [header] + [
+        (e.node, escaped(e.job), escaped(e.who) or "?", e.since_iso, _expires_in(e, now), escaped(e.reason))
+        for e in rows
+    ]
     widths = [max(len(line[column]) for line in lines) for column in range(len(header) - 1)]
     return "".join(
         "  ".join(cell.ljust(width) for cell, width in zip(line[:-1], widths)) + "  " + line[-1] + "\n"
@@ -94,7 +101,7 @@ def check_command(nodes: str, state_dir: str | None) -> None:
         directory = quarantine.resolve_state_dir(state_dir)
         found = quarantine.in_allocation(directory, quarantine.split_nodes(nodes))
     for entry in found:
-        click.echo(f"{entry.node}\t{entry.reason}\t{entry.job}\t{entry.expires_iso}")
+        click.echo(entry.check_line())
 
 
 @cli.command("list", context_settings=CONTEXT)

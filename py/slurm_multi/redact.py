@@ -20,21 +20,23 @@ from slurm_multi.secret_rule import (  # noqa: F401 - re-exported for the helper
     secret_values,
 )
 
+HELP = f"""Copy stdin to stdout with the values of secret-named environment variables masked.
 
-@click.command("redact", context_settings={"help_option_names": ["-h", "--help"]})
+Secret names match {", ".join(SECRET_NAME_PATTERNS)} (the one rule:
+slurm_multi.secret_rule). Values learned later (a manifest's literal secrets) can be added to
+--secrets-file while the filter runs.
+
+Example: docker logs job-1-r0 2>&1 | slurm-multi redact >node.log
+"""
+
+
+@click.command("redact", context_settings={"help_option_names": ["-h", "--help"]}, help=HELP)
 @click.option(
     "--secrets-file",
     metavar="PATH",
     help="Also mask the values listed in PATH (one per line); re-read whenever it changes.",
 )
 def cli(secrets_file: str | None) -> None:
-    """Copy stdin to stdout with the values of secret-named environment variables masked.
-
-    Secret names match *TOKEN*, *SECRET*, *PASSWORD*, *API_KEY*, MAD_SECRETS*. Values learned
-    later (a manifest's literal secrets) can be added to --secrets-file while the filter runs.
-
-    Example: docker logs job-1-r0 2>&1 | slurm-multi redact >node.log
-    """
     sys.stdout.flush()
     try:
         filter_stdio(os.environ, secrets_file, sys.stdin.buffer, sys.stdout.buffer)

@@ -14,8 +14,22 @@ import sys
 from collections.abc import Iterable, Mapping
 from typing import BinaryIO
 
-# Shell-style patterns (fnmatch), matched against the upper-cased name.
-SECRET_NAME_PATTERNS = ("*TOKEN*", "*SECRET*", "*PASSWORD*", "*PASSWD*", "MAD_SECRETS*", "*API_KEY*")
+# Shell-style patterns (fnmatch), matched against the upper-cased name. *PASS* covers PASSWORD,
+# PASSWD and PASSPHRASE (and masks a harmless PASSTHROUGH too: a value masked for nothing is cheap,
+# a token in a log is not); *_PAT: GitHub's and GitLab's personal access tokens (GH_PAT).
+SECRET_NAME_PATTERNS = (
+    "*TOKEN*",
+    "*SECRET*",
+    "*PASS*",
+    "*CREDENTIAL*",
+    "*PRIVATE_KEY*",
+    "*API_KEY*",
+    "*_PAT",
+    "*CONNECTION_STRING",
+    "MAD_SECRETS*",
+    "DOCKER_AUTH_CONFIG",
+    "MYSQL_PWD",
+)
 MASK = "***"
 MIN_SECRET_LEN = 4  # shorter values would redact ordinary words
 
@@ -45,6 +59,48 @@ def redact(text: str, secrets: Iterable[str]) -> str:
         if value:
             text = text.replace(value, MASK)
     return text
+
+
+def masked(text: str, env: Mapping[str, str] | None = None) -> str:
+    """`text` with every secret the log filter knows masked: the environment's, and those in
+    $SM_SECRETS_FILE (the node task's list, a manifest's literal secrets). What a helper stores or
+    shows of text it did not write (a command's output, a reason) passes here before it is cut:
+    a secret cut in half would pass the filter later."""
+    env = os.environ if env is None else env
+    secrets = secret_values(env)
+    if env.get(SECRETS_FILE_ENV):
+        listed = _listed_secrets(env[SECRETS_FILE_ENV])
+        if listed:
+            secrets = sorted(set(secrets) | set(listed), key=len, reverse=True)
+    return redact(text, secrets) if secrets else text
+
+
+_LISTED: dict[str, tuple[tuple[float, int], list[str]]] = {}  # path -> ((mtime, size), its values)
+
+
+def _listed_secrets(path: str) -> list[str]:
+    """read_secrets_file, read again only when the file changed (a stat per call)."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return []
+    stamp = (info.st_mtime, info.st_size)
+    known = _LISTED.get(path)
+    if known is None or known[0] != stamp:
+        known = _LISTED[path] = (stamp, read_secrets_file(path))
+    return known[1]
+
+
+SECRETS_FILE_ENV = "SM_SECRETS_FILE"  # the node task's secrets list (lib/node.sh exports it)
+
+
+def reason_line(text: str, limit: int = 400, env: Mapping[str, str] | None = None) -> str:
+    """A reason as it is stored and shown (status.json, fitness-cmd.json, the quarantine): secrets
+    masked first, then one line (whitespace runs, newlines and tabs included, become one space),
+    the other control characters shown as \\xNN (logline.escaped), then cut to `limit`."""
+    from slurm_multi.logline import short
+
+    return short(" ".join(masked(str(text), env).split()), limit)
 
 
 def read_secrets_file(path: str) -> list[str]:

@@ -146,6 +146,30 @@ def _is_stream(path: str) -> bool:
     return not stat.S_ISREG(kind) and not stat.S_ISDIR(kind)
 
 
+def write_error_file(path: str, line: str) -> None:
+    """A helper's one-line reason into the file its caller named (SM_ERROR_FILE), which lives in the
+    caller's private scratch dir: created O_CREAT|O_EXCL|O_NOFOLLOW, 0600; a file already there is
+    written only when it is a regular file of ours (this run's own earlier line), never through a
+    symlink, a FIFO or another user's file. Nothing is raised: the reason is a courtesy."""
+    flags = os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        try:
+            fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            fd = os.open(path, flags)
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
+                os.close(fd)
+                return
+            os.ftruncate(fd, 0)
+        try:
+            os.write(fd, ((line.splitlines() or [""])[0] + "\n").encode("utf-8", "replace"))
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
 def write_private(path: str, text: str) -> None:
     """Write `text` to `path` atomically, mode 0600 (it may hold secrets)."""
     write_atomic(path, text, 0o600, through=False)

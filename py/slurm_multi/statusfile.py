@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slurm_multi.readfile import read_json
+from slurm_multi.secret_rule import reason_line
 
 STATUS_FILE = "status.json"  # in the node dir, JOBDIR/node_<rank>/
 
@@ -31,7 +32,8 @@ RANK = "rank"
 NODE = "node"
 EXIT_CODE = "exit_code"
 STATUS = "status"
-REASON = "reason"
+REASON = "reason"  # one line: secrets masked, control characters escaped, at most MAX_REASON
+MAX_REASON = 2000
 IMAGE_ID = "image_id"  # the image the rank ran (rank 0's is the job's: node from-job, collect)
 STAGES = "stages"  # name -> {SECONDS, STAGE_STATUS[, EXIT_CODE]}
 SECONDS = "seconds"
@@ -145,7 +147,7 @@ def status_document(
         NODE: node,
         EXIT_CODE: exit_code,
         STATUS: status,
-        REASON: reason,
+        REASON: reason_line(reason, MAX_REASON) if reason else "",
         IMAGE_ID: image_id,
         STAGES: table,
     }

@@ -301,3 +301,28 @@ SCRIPT
   assert_output --partial "requeue_without returned 1"
   refute_output --partial "scontrol update"
 }
+
+@test "bad nodes: only those whose own check failed or whose peers agree go into the quarantine; the others fail the job alone" {
+  # What somebody else could have caused (no fitness report: its task could not start in a scratch
+  # dir another user made, or its stage crashed) never becomes a 24-hour ban for every later job.
+  cat >batch.sh <<SCRIPT
+for lib in log util settings teardown launch job slurm; do source "${REPO_ROOT}/lib/\${lib}.sh"; done
+SM_STATE_DIR=${BATS_TEST_TMPDIR}/state SM_QUARANTINE_HOURS=24 SM_ON_BAD_NODE=fail SLURM_JOB_ID=77
+job::take_bad_nodes <<'LINES'
+0	node1	docker engine did not answer /_ping within 3 s	local
+1	node2	unreachable on port 21577 from every peer	peers
+2	node3	no fitness report (scratch dir /tmp/slurm-multi.77.r2 on node3 is a directory of nobody, not of alice: remove it)	none
+LINES
+job::on_bad_nodes
+SCRIPT
+  run bash batch.sh
+  assert_success
+  assert_output --partial "bad node node3 (rank 2): no fitness report (scratch dir"
+  assert_output --partial "node3 is not quarantined: what failed there is no proof against the node"
+  assert_output --partial "quarantined for 24 h in ${BATS_TEST_TMPDIR}/state: node1 node2"
+  run slurm-multi quarantine check --state-dir "${BATS_TEST_TMPDIR}/state" --nodes "node1 node2 node3"
+  assert_success
+  assert_line --regexp "^node1	docker engine did not answer"
+  assert_line --regexp "^node2	unreachable on port 21577"
+  refute_output --partial node3
+}

@@ -457,3 +457,42 @@ with_run_lib() {
   run grep -c ' stage_end .*stage=run .*status=terminated' "${SM_JOBDIR}/node_0/events.log"
   assert_output 1
 }
+
+@test "--fitness-cmd's output passes the log filter before it is kept or cut: no secret in its log, its record or the reason" {
+  # It sees the job's environment; a command that prints $HF_TOKEN and fails put the token in
+  # fitness-cmd.log, fitness-cmd.json and status.json (and the quarantine), and `cut -c1-200` before
+  # the mask left half of one that straddled the cut.
+  export HF_TOKEN=hf_0123456789abcdefghijSECRET
+  SM_RUNTIME=none SM_HANG_TIMEOUT=0 SM_FITNESS_CMD='echo "token is $HF_TOKEN"; printf "%0190d%s\n" 0 "$HF_TOKEN"; exit 3' \
+    run "${REPO_ROOT}/bin/sm-node" --jobdir "${SM_JOBDIR}" -- sh -c 'echo ran'
+  assert_failure
+  assert_file_exists "${SM_JOBDIR}/node_0/fitness-cmd.log"
+  assert_file_exists "${SM_JOBDIR}/node_0/fitness-cmd.json"
+  run grep -rlF "hf_0123456" "${SM_JOBDIR}"
+  assert_output ""
+  run grep -c 'token is \*\*\*' "${SM_JOBDIR}/node_0/fitness-cmd.log"
+  assert_output 1
+  run status_field reason
+  assert_output --regexp "fitness command on [^ ]+: exited 3: 0+\*\*\* \(node_0/fitness-cmd.log\)$"
+  # Nothing of it stays in the scratch dir either (its raw output is there only while it runs).
+  assert_not_exists "${TMPDIR}/slurm-multi.77.r0"
+}
+
+@test "a scratch dir another user made first ends the task with the cause in status.json, for the batch step to name" {
+  # The name is predictable; the task refuses it (never a secret in someone else's dir) and says why,
+  # and the batch step names it without quarantining the node (slurm_multi.fitness.verdict: no evidence).
+  mkdir -p "${TMPDIR}/slurm-multi.77.r0"
+  chown nobody "${TMPDIR}/slurm-multi.77.r0" || skip "cannot give a dir to another user here"
+  SM_RUNTIME=none SM_HANG_TIMEOUT=0 run "${REPO_ROOT}/bin/sm-node" --jobdir "${SM_JOBDIR}" -- sh -c 'echo ran'
+  assert_failure 1
+  run status_field reason
+  assert_output --regexp "^scratch dir ${TMPDIR}/slurm-multi.77.r0 on [^ ]+ is a directory of nobody, not of "
+  assert_exists "${TMPDIR}/slurm-multi.77.r0" # not ours to remove
+  # Its peer's report, as a 2-node job would have it: the judge names rank 0 with the cause.
+  mkdir -p "${SM_JOBDIR}/node_1"
+  echo '{"rank": 1, "nnodes": 2, "host": "other", "local": {"ok": true, "reason": ""}, "checks": {"network": {}}}' \
+    >"${SM_JOBDIR}/node_1/fitness.json"
+  run "${SM_PYTHON}" -m slurm_multi fitness judge --jobdir "${SM_JOBDIR}" --nodes "$(cat /proc/sys/kernel/hostname) other"
+  assert_success
+  assert_line --regexp "^0	[^	]+	no fitness report \(scratch dir .* is a directory of nobody, not of [^	]*\)	none$"
+}

@@ -273,3 +273,23 @@ status_args() {
   run grep -c "${token:0:8}" "${BATS_TEST_TMPDIR}/trace"
   assert_output 0
 }
+
+@test "a helper's error file is never one a planted link names: it is made in a private dir, O_EXCL|O_NOFOLLOW" {
+  # The name is predictable ($$, BASHPID, RANDOM: seeded here as anybody could guess it); in a shared
+  # TMPDIR another user could plant a link there first, and the helper's reason overwrote its target.
+  export TMPDIR=${BATS_TEST_TMPDIR}/shared-tmp
+  mkdir -p "${TMPDIR}"
+  echo "precious" >"${BATS_TEST_TMPDIR}/victim"
+  RANDOM=4242
+  ln -s "${BATS_TEST_TMPDIR}/victim" "${TMPDIR}/.sm-error.$$.${BASHPID}.${RANDOM}"
+  RANDOM=4242
+  local rc=0
+  util::helper results collect "${BATS_TEST_TMPDIR}/no-such-job" 2>/dev/null || rc=$?
+  assert_equal "${rc}" 2
+  assert_equal "$(<"${BATS_TEST_TMPDIR}/victim")" "precious"
+  assert_equal "${UTIL_ERROR}" "results: job directory ${BATS_TEST_TMPDIR}/no-such-job does not exist; pass the directory the job wrote"
+  # The private dir is this shell's own (0700), and goes on the way out.
+  assert_equal "$(stat -c %a "${UTIL_PRIVATE}")" 700
+  util::remove_private_dir
+  assert_not_exist "${UTIL_PRIVATE}"
+}

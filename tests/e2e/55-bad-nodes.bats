@@ -170,3 +170,38 @@ requeued_without_bad() {
   run e2e::json "${JOB_DIR}/node_0/fitness-cmd.json" 'd["ok"]'
   assert_output True
 }
+
+@test "another user holds the job's fitness port on a node: the node listens on its next candidate, SUCCESS, no node quarantined" {
+  # The port is a function of MASTER_PORT and the job ID: anybody can work it out and hold it before
+  # the job starts (here `nobody` on node2, for the ID of the job submitted held). It made node2 a
+  # bad node (`port ... is already in use on this node`), and quarantined it for 24 h.
+  e2e::submit_job -N3 -w "node1,node2,${BAD}" -H -- "${ARGS[@]}"
+  local ports port next pidfile=${BATS_TEST_TMPDIR}/squatter.pid
+  ports=$("${REPO_ROOT}/tests/cluster/exec" node2 env PYTHONPATH="${REPO_ROOT}/py" "${SM_PYTHON}" -c \
+    'import sys; from slurm_multi.fitness.cli import job_ports; print(*job_ports("", "29500", sys.argv[1]))' "${JOB_ID}")
+  read -r port next _ <<<"${ports}"
+  "${REPO_ROOT}/tests/cluster/exec" node2 runuser -u nobody -- python3 -I -c '
+import os, socket, sys, time
+s = socket.socket()
+s.bind(("0.0.0.0", int(sys.argv[1])))
+s.listen()
+print(os.getpid(), flush=True)
+time.sleep(300)' "${port}" >"${pidfile}" &
+  for _ in $(seq 100); do [[ -s ${pidfile} ]] && break; sleep 0.1; done
+  [[ -s ${pidfile} ]] || fail "the squatter did not start"
+  scontrol release "${JOB_ID}"
+  e2e::wait_job "${JOB_ID}"
+  kill "$(<"${pidfile}")" 2>/dev/null || true
+  JOB_DIR=$(find "${BATS_FILE_TMPDIR}/out" -mindepth 2 -maxdepth 2 -type d -name "${JOB_ID}" | head -n 1)
+  assert_equal "${JOB_RC}" 0
+  run e2e::json "${JOB_DIR}/summary.json" 'd["verdict"], len(d.get("attempts", [])), d["bad_nodes"]'
+  assert_output "('SUCCESS', 0, [])"
+  # node2 (rank 1) found the port held and listened on the next candidate; its peers reached it there.
+  run e2e::json "${JOB_DIR}/node_1/fitness.json" 'd["checks"]["network"]["ports_taken"], d["checks"]["network"]["port"], d["ok"]'
+  assert_output "([${port}], ${next}, True)"
+  run e2e::json "${JOB_DIR}/node_0/fitness.json" '1 in d["checks"]["network"]["reached"], d["checks"]["network"]["peers"]["1"]["port"]'
+  assert_output "(True, ${next})"
+  run runuser -u "${E2E_USER}" -- "${REPO_ROOT}/bin/slurm-multi" quarantine list --state-dir "${STATE}"
+  assert_success
+  assert_output --partial "no node is quarantined"
+}

@@ -38,6 +38,8 @@ REPORT_KEYS = {
 }
 NETWORK_KEYS = {
     "port",
+    "candidates",
+    "ports_taken",
     "listening",
     "listen_error",
     "reached",
@@ -165,6 +167,7 @@ def view(
     assert not more, more
     return {
         "rank": rank,
+        "host": f"node{rank}",
         "nnodes": n,
         "hosts": [f"node{q}" for q in range(n)],
         "ports": [20000 + q for q in range(n)],

@@ -80,14 +80,22 @@ def test_judge_command_prints_bad_nodes_as_tab_separated_lines_or_json(tmp_path:
     (tmp_path / "node_2" / "fitness.json").write_text("{not json")
     text = cli(["judge", "--jobdir", str(tmp_path), "--nnodes", "3"])
     assert text.returncode == 0, text.stderr
+    # Without the job's host list a rank is named by its own report only: node_2 wrote none it can read.
     assert text.stdout.splitlines() == [
-        "0\tnode0\tGPU 1 held by pid 4242 (2048 MiB) of another job",
-        "2\tnode2\tno fitness report (the stage did not finish on that node)",
+        "0\tnode0\tGPU 1 held by pid 4242 (2048 MiB) of another job\tlocal",
+        "2\trank2\tno fitness report (the stage did not finish on that node)\tnone",
     ]
+    (tmp_path / "job.json").write_text(json.dumps({"nodes": ["node0", "node1", "node2"]}))
+    text = cli(["judge", "--jobdir", str(tmp_path), "--nnodes", "3"])
+    assert (
+        text.stdout.splitlines()[1]
+        == "2\tnode2\tno fitness report (the stage did not finish on that node)\tnone"
+    )
     as_json = cli(["judge", "--jobdir", str(tmp_path), "--nnodes", "3", "--json"])
     assert [entry["rank"] for entry in json.loads(as_json.stdout)] == [0, 2]
     assert cli(["judge", "--jobdir", str(tmp_path), "--nnodes", "2", "--json"]).stdout.strip() == (
-        '[{"rank": 0, "host": "node0", "reason": "GPU 1 held by pid 4242 (2048 MiB) of another job"}]'
+        '[{"rank": 0, "host": "node0", "reason": "GPU 1 held by pid 4242 (2048 MiB) of another job", '
+        '"evidence": "local"}]'
     )
     (tmp_path / "node_0" / "fitness.json").write_text(json.dumps(view(0, 2)))
     fine = cli(["judge", "--jobdir", str(tmp_path), "--nnodes", "2"])
@@ -132,7 +140,7 @@ def test_collect_writes_the_bad_nodes_the_judge_finds_and_holds_the_perf_csv_for
     assert (
         (tmp_path / "bad").read_text()
         == judged.stdout
-        == "0\tnode0\tGPU 1 held by pid 4242 (2048 MiB) of another job\n"
+        == "0\tnode0\tGPU 1 held by pid 4242 (2048 MiB) of another job\tlocal\n"
     )
     assert not shared.exists() and "no rows appended" in held.stderr
     # Not to be requeued (the flag not given): the rows go to the shared file as before.
@@ -199,19 +207,20 @@ def test_the_token_rule_is_the_barriers() -> None:
 # What the integration adds: the job's port, docker's data root, one attempt's verdict
 
 
-def test_the_job_port_is_the_same_on_every_node_and_none_of_the_barriers_or_relays() -> None:
+def test_the_job_ports_are_the_same_on_every_node_and_none_of_the_barriers_or_relays() -> None:
     from slurm_multi import net
 
-    port = fitness_cli.job_port("", "29500", "77")
-    assert port == fitness_cli.job_port("", "29500", "77")
+    ports = fitness_cli.job_ports("", "29500", "77")
+    assert ports == fitness_cli.job_ports("", "29500", "77")
+    assert len(ports) == len(set(ports)) == fitness_cli.CANDIDATES
     window = net.read_local_port_range()
     barrier = net.derive_ports(29500, 77, window, 4)
     relay = net.derive_ports(29500, 77 + 64, window, 8)
-    assert port not in barrier + relay + [29500]
-    assert fitness_cli.job_port("", "29500", "78") != port
-    assert fitness_cli.job_port("12345", "29500", "") == 12345
-    # `run` takes it: a node alone listens on nothing, but its report names the job's port
+    assert not set(ports) & set(barrier + relay + [29500])
+    assert fitness_cli.job_ports("", "29500", "78") != ports
+    assert fitness_cli.job_ports("12345", "29500", "") == [12345, 12346, 12347, 12348]
+    # `run` takes them: a node alone listens on nothing, but its report names the job's candidates
     alone = ["--rank", "0", "--nnodes", "1", "--hosts", "127.0.0.1", "--runtime", "none"]
     result = cli(["run", *alone, "--master-port", "29500", "--job-id", "77"])
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout)["ports"] == [port]
+    assert json.loads(result.stdout)["ports"] == [ports]

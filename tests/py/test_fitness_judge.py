@@ -201,7 +201,8 @@ def test_judge_reports_slow_links_in_a_four_node_ring(rates: dict, expected: dic
 def test_judge_reports_takes_a_missing_nodes_ring_rate_from_its_hello() -> None:
     rates = {0: 1000 * MB, 1: 950 * MB, 2: 900 * MB, 3: 20 * MB}
     reports: list[dict | None] = [view(r, 4, rates=rates) for r in range(3)] + [None]
-    assert reasons(judge_reports(reports, 4))[0] == "link node3->node0: 20.0 MB/s, median 925.0 MB/s"
+    found = judge_reports(reports, 4, hosts=[f"node{r}" for r in range(4)])
+    assert reasons(found)[0] == "link node3->node0: 20.0 MB/s, median 925.0 MB/s"
 
 
 def test_two_nodes_report_rates_but_nothing_is_slow() -> None:
@@ -279,7 +280,7 @@ def test_one_attempts_verdict_blames_a_node_whose_own_prepare_failed_never_a_job
     write_node(job, 1, "n2", "ok", fit_report(1, hosts))
     write_node(job, 2, "n3", "failed", None, "prepare: docker engine not reachable on n3")
     assert verdict.judge_job(str(job), hosts) == [
-        {"rank": 2, "host": "n3", "reason": "prepare: docker engine not reachable on n3"}
+        {"rank": 2, "host": "n3", "reason": "prepare: docker engine not reachable on n3", "evidence": "local"}
     ]
     # A bad manifest: every node's prepare fails alike, and nobody is to blame.
     bad_manifest = tmp_path / "manifest"
@@ -303,9 +304,11 @@ def test_one_attempts_verdict_places_reports_by_node_index_with_several_tasks_pe
     write_node(job, 1, "n1", "ok", None)
     write_node(job, 2, "n2", "ok", fit_report(1, hosts, ok=False, reason="/tmp: 1 MiB free"))
     write_node(job, 3, "n2", "ok", None)
-    assert verdict.judge_job(str(job), hosts) == [{"rank": 1, "host": "n2", "reason": "/tmp: 1 MiB free"}]
+    assert verdict.judge_job(str(job), hosts) == [
+        {"rank": 1, "host": "n2", "reason": "/tmp: 1 MiB free", "evidence": "local"}
+    ]
     out = cli(["judge", "--jobdir", str(job), "--nodes", "n1 n2"])
-    assert (out.returncode, out.stdout) == (0, "1\tn2\t/tmp: 1 MiB free\n"), out.stderr
+    assert (out.returncode, out.stdout) == (0, "1\tn2\t/tmp: 1 MiB free\tlocal\n"), out.stderr
 
 
 def test_a_node_whose_own_fitness_command_failed_is_bad_unless_every_node_failed_it(tmp_path: Path) -> None:
@@ -319,7 +322,12 @@ def test_a_node_whose_own_fitness_command_failed_is_bad_unless_every_node_failed
         out = cli(["record-cmd", str(job / f"node_{rank}" / "fitness-cmd.json"), hosts[rank], str(code), why])
         assert out.returncode == 0, out.stderr
     assert verdict.judge_job(str(job), hosts) == [
-        {"rank": 2, "host": "n3", "reason": "fitness command on n3: exited 3: no IB link"}
+        {
+            "rank": 2,
+            "host": "n3",
+            "reason": "fitness command on n3: exited 3: no IB link",
+            "evidence": "local",
+        }
     ]
     # The check fails everywhere: the check is wrong, not the nodes.
     for rank in (0, 1):

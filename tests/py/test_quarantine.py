@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 import stat
 import subprocess
@@ -160,16 +161,25 @@ def test_a_hand_edited_file_naming_a_node_twice_reads_as_one_entry(tmp_path: Pat
     assert quarantine.active(str(tmp_path), now=T0) == [Entry("node1", "b", "2", T0, T0 + 2 * HOUR, "")]
 
 
-def test_the_state_dir_is_created_group_shared_and_the_file_group_readable(tmp_path: Path):
-    state = tmp_path / "shared" / "sm-state"
-    old = os.umask(0o077)
-    try:
-        quarantine.add(str(state), ["node1"], "x", "1", 1)
-    finally:
-        os.umask(old)
-    assert stat.S_IMODE(state.stat().st_mode) == 0o2775
-    assert stat.S_IMODE((state / "quarantine.json").stat().st_mode) == 0o644
-    assert stat.S_IMODE((state / "quarantine.lock").stat().st_mode) == 0o664
+def test_the_state_dir_is_created_with_the_users_umask_private_unless_it_shares_it(tmp_path: Path):
+    # It was 2775 whatever the umask (lock 0664): any member of the group could replace the file with
+    # a FIFO, forge entries or hold the lock. Now the user's umask decides, and the lock of a private
+    # dir is the user's alone.
+    for umask, modes in (
+        (0o077, (0o700, 0o600, 0o600)),
+        (0o022, (0o755, 0o644, 0o600)),
+        (0o002, (0o775, 0o664, 0o660)),  # a umask that shares with the group: the group writes too
+    ):
+        state = tmp_path / f"umask-{umask:03o}" / "sm-state"
+        old = os.umask(umask)
+        try:
+            quarantine.add(str(state), ["node1"], "x", "1", 1)
+        finally:
+            os.umask(old)
+        made = tuple(
+            stat.S_IMODE((state / name).stat().st_mode) for name in ("", "quarantine.json", "quarantine.lock")
+        )
+        assert made == modes, umask
     private = tmp_path / "private"
     private.mkdir(mode=0o700)
     quarantine.add(str(private), ["node1"], "x", "1", 1)
@@ -462,8 +472,10 @@ def test_add_records_the_slurm_job_and_the_user(tmp_path: Path):
     )
     batch_step("add", "--state-dir", str(tmp_path), "--reason", "x", "n3")
     items = {item["node"]: item for item in document(tmp_path)["nodes"]}
+    # who: the user the writer runs as (env() sets USER=alice: a variable anybody sets as they like)
+    me = pwd.getpwuid(os.getuid()).pw_name
     assert [(items[n]["job"], items[n]["who"]) for n in ("n1", "n2", "n3")] == [
-        ("5678", "alice"), ("99_1", "alice"), ("manual", "alice")
+        ("5678", me), ("99_1", me), ("manual", me)
     ]  # fmt: skip
     assert items["n3"]["expires_epoch"] - items["n3"]["since_epoch"] == pytest.approx(24 * HOUR, abs=0.01)
 
@@ -507,12 +519,13 @@ def test_people_add_list_and_remove_nodes(tmp_path: Path):
     person("add", "node3", "--reason", "stale GPU process", "--state-dir", state, SLURM_JOB_ID="4242")
     listed = person("list", "--state-dir", state)
     rows = [line.split() for line in listed.stdout.splitlines()]
-    assert rows[0] == ["NODE", "JOB", "SINCE", "EXPIRES", "IN", "REASON"]
-    assert [(r[0], r[1], r[-2:]) for r in rows[1:]] == [
-        ("node1", "manual", ["bad", "NIC"]), ("node2", "manual", ["bad", "NIC"]),
-        ("node3", "4242", ["GPU", "process"]),
+    assert rows[0] == ["NODE", "JOB", "WHO", "SINCE", "EXPIRES", "IN", "REASON"]
+    me = pwd.getpwuid(os.getuid()).pw_name  # who wrote each entry
+    assert [(r[0], r[1], r[2], r[-2:]) for r in rows[1:]] == [
+        ("node1", "manual", me, ["bad", "NIC"]), ("node2", "manual", me, ["bad", "NIC"]),
+        ("node3", "4242", me, ["GPU", "process"]),
     ]  # fmt: skip
-    assert rows[1][3] in ("1h59m", "2h00m") and rows[3][3] in ("23h59m", "24h00m")
+    assert rows[1][4] in ("1h59m", "2h00m") and rows[3][4] in ("23h59m", "24h00m")
     as_json = json.loads(person("list", "--json", "--state-dir", state).stdout)
     assert as_json["version"] == 1 and [n["node"] for n in as_json["nodes"]] == ["node1", "node2", "node3"]
     assert as_json["nodes"][2]["reason"] == "stale GPU process" and as_json["nodes"][2]["active"] is True

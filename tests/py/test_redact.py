@@ -22,6 +22,40 @@ def test_secret_names() -> None:
         assert not is_secret_name(name), name
 
 
+def test_the_rule_knows_the_names_secrets_hide_under_beyond_tokens_and_passwords() -> None:
+    for name in (
+        "SMTP_PASS",
+        "PGPASSFILE_CONTENT"[:6] + "WORD",  # PGPASSWORD
+        "GPG_PASSPHRASE",
+        "AWS_SHARED_CREDENTIALS",
+        "GOOGLE_APPLICATION_CREDENTIALS_JSON",
+        "SSH_PRIVATE_KEY",
+        "GH_PAT",
+        "GITLAB_PAT",
+        "DOCKER_AUTH_CONFIG",
+        "MYSQL_PWD",
+        "AZURE_STORAGE_CONNECTION_STRING",
+        "db_connection_string",
+    ):
+        assert is_secret_name(name), name
+    for name in ("LD_LIBRARY_PATH", "PYTHONPATH", "SM_NSYS_PATH", "PATH", "SM_PATCH", "HOME"):
+        assert not is_secret_name(name), name
+    from slurm_multi.secret_rule import masked
+
+    env = {"GH_PAT": "ghp_0123456789abcdef", "MYSQL_PWD": "hunter2-long", "PATH": "/usr/bin"}
+    assert (
+        masked("push ghp_0123456789abcdef with hunter2-long on /usr/bin", env)
+        == "push *** with *** on /usr/bin"
+    )
+
+
+def test_help_lists_the_one_rule() -> None:
+    from slurm_multi.secret_rule import SECRET_NAME_PATTERNS
+
+    shown = " ".join(CliRunner().invoke(group, ["redact", "--help"]).output.split())
+    assert ", ".join(SECRET_NAME_PATTERNS) in shown
+
+
 def test_longest_secret_is_masked_first_and_short_values_are_left_alone() -> None:
     env = {"A_TOKEN": "abcdef", "B_TOKEN": "abcdefghij", "C_TOKEN": "ab"}
     assert secret_values(env) == ["abcdefghij", "abcdef"]

@@ -5,11 +5,13 @@ a slow link, a clock far off) is the most common reason a multi-node job fails. 
 in seconds and names it with a one-line reason (docs/bad-nodes.md). Its rooms:
 
     protocol   the lines the nodes exchange, their signatures, their rules
-    links      the sockets: the listener, the dials, every connection's buffers
-    mesh       what each line means: the HELLOs, the ring probe, retries, the network's figures
+    links      the sockets: the listener, the dials, every connection's buffers, who keeps a slot
+    inbound    what the connections this node accepts say: JOINs, HELLOs, the probe it receives
+    mesh       the dials and what their lines mean: candidate ports, the ring probe, retries, figures
     checks     the local checks (runtime, disk) and a tool run within a bound; gpucheck the GPUs'
     stage      one node's run: checks and mesh at once, within --timeout; its report
-    verdict    the bad nodes, from one node's report, every node's, or one attempt's files
+    verdict    the bad nodes and the evidence against each, from one node's report, every node's, or
+               one attempt's files
     cli        `slurm-multi fitness run|judge|record-cmd`
 """
 

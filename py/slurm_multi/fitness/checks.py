@@ -32,6 +32,7 @@ from slurm_multi import dockerapi
 from slurm_multi.fitness.protocol import GIB, MIB, one_line
 from slurm_multi.logline import short
 from slurm_multi.net import describe, secs
+from slurm_multi.secret_rule import reason_line
 
 TOOL_GRACE = 0.2  # a check's thread gets this long past its own timeout to report it itself
 
@@ -108,8 +109,9 @@ def run_tools(argvs: Sequence[Sequence[str]], timeout: float, children: list[Any
 
 
 def last_line(result: ToolResult) -> str:
+    """A tool's last line of output for a reason: masked before it is cut (secret_rule.reason_line)."""
     lines = result.stderr.strip().splitlines() or result.stdout.strip().splitlines() or ["no output"]
-    return short(lines[-1], 120)
+    return reason_line(lines[-1], 120)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ import click
 
 from slurm_multi import EXIT_FAILURE, dockerapi
 from slurm_multi.common import HelperError, record_error, usage_error
-from slurm_multi.fitness.protocol import DEFAULT_TIMEOUT, GIB, MAX_PROBE_BYTES, MIB
+from slurm_multi.fitness.protocol import DEFAULT_TIMEOUT, GIB, MAX_PROBE_BYTES, MAX_REASON, MIB
 from slurm_multi.fitness.stage import AREA, Options, run_stage
 from slurm_multi.fitness.verdict import (
     DEFAULT_CLOCK_BOUND,
@@ -40,7 +40,8 @@ from slurm_multi.fitness.verdict import (
     write_cmd_record,
 )
 from slurm_multi.logline import short, talk
-from slurm_multi.net import derive_ports, describe, read_local_port_range
+from slurm_multi.net import derive_ports, describe, override_ports, read_local_port_range
+from slurm_multi.secret_rule import reason_line
 from slurm_multi.shell import write_json
 from slurm_multi.words import is_host, is_job_id, is_token
 
@@ -58,9 +59,12 @@ DEFAULT_GPU_TIMEOUT = 5.0
 DEFAULT_PROBE_BYTES = 16 * MIB
 DEFAULT_PROBE_SECONDS = 2.0
 DEFAULT_TOKEN_ENV = "SM_BARRIER_TOKEN"
-# The job's fitness port: derive_ports(MASTER_PORT, job id + this) (the barrier's are at + 0, the
-# relay's from + 64: slurm_multi.relay).
+# The job's fitness ports: derive_ports(MASTER_PORT, job id + this, CANDIDATES) (the barrier's are at
+# + 0, the relay's from + 64: slurm_multi.relay). Anyone can work them out, so a node listens on the
+# first one free and a dialer tries them in turn: a port another process holds costs a dial, never
+# the node (slurm_multi.fitness.mesh).
 PORT_OFFSET = 32
+CANDIDATES = 4
 RUNTIMES = ("docker", "pyxis", "none")
 CONTEXT = {"help_option_names": ["-h", "--help"]}
 
@@ -90,16 +94,22 @@ def _text(name: str, default: str, metavar: str, text: str, **more: Any) -> Any:
     "--hosts",
     required=True,
     metavar='"h0 h1 ..."',
-    help="Host names by rank, space-separated, N of them. A test aid: an entry may be host:port (that "
-    'node listens and is dialled on that port), so several "nodes" can share one host in tests.',
+    help="Host names by rank, space-separated, N of them. A test aid: an entry may be host:P[,P...] "
+    '(that node\'s own candidate ports), so several "nodes" can share one host in tests.',
 )
-@_text("--port", "", "P", "The job's fitness port, the same on every node (1-65535).")
+@_text(
+    "--port",
+    "",
+    "P",
+    f"The job's first fitness port, the same on every node (1-65535); P and the {CANDIDATES - 1} after it "
+    "are the candidates.",
+)
 @_text(
     "--master-port",
     "",
     "M",
-    "Without --port: derive it from MASTER_PORT and --job-id, as the barrier's and the relay's are, "
-    f"at an offset of its own ({PORT_OFFSET}).",
+    f"Without --port: derive {CANDIDATES} candidate ports from MASTER_PORT and --job-id, as the "
+    f"barrier's and the relay's are, at an offset of their own ({PORT_OFFSET}).",
 )
 @_text(
     "--job-id",
@@ -211,14 +221,23 @@ def run_cmd(ctx: click.Context, **options: Any) -> None:
     "node_*/fitness.json, placed by the node index it holds, and a node whose prepare or --fitness-cmd "
     "failed for a reason of its own (another node passed it) is bad with that reason.",
 )
-@_text("--nnodes", "", "N", "Without --nodes: read DIR/node_<r>/fitness.json for r in 0..N-1 only.")
+@_text(
+    "--nnodes",
+    "",
+    "N",
+    "Without --nodes: read DIR/node_<r>/fitness.json for r in 0..N-1 only; the nodes are named from "
+    "DIR/job.json's, else each by its own report (rank<r> when it wrote none).",
+)
 @click.option("--json", "as_json", is_flag=True, help="A JSON list instead of lines.")
 @_text("--slow-factor", str(DEFAULT_SLOW_FACTOR), "F", "A ring link slower than F x the median link is slow.")
 @_text("--clock-bound", str(DEFAULT_CLOCK_BOUND), "S", "A clock further than S from the job's median is bad.")
 def judge_cmd(
     jobdir: str, nodes: str, nnodes: str, as_json: bool, slow_factor: str, clock_bound: str
 ) -> None:
-    """Print the bad nodes, one line each, `<rank> TAB <host> TAB <reason>` (nothing when all fit).
+    """Print the bad nodes, one line each, `<rank> TAB <host> TAB <reason> TAB <evidence>` (nothing when
+    all fit). Evidence: `local` (the node's own check failed), `peers` (a majority of its peers'
+    reports), `none` (what somebody else could have caused: the job fails or requeues without the
+    node, and only the other two go into the quarantine; docs/bad-nodes.md).
 
     \b
     Example: slurm-multi fitness judge --jobdir "$SM_JOBDIR" --nodes "node1 node2"
@@ -233,12 +252,12 @@ def judge_cmd(
         if not nnodes:
             raise _usage("--nnodes", "", 'give --nodes "h0 h1 ..." (the job\'s) or --nnodes N')
         count = _parse_int("--nnodes", nnodes, 1)
-        found = judge_reports(read_reports(jobdir, count), count, slow, bound)
+        found = judge_reports(read_reports(jobdir, count), count, slow, bound, hosts=job_hosts(jobdir, count))
     if as_json:
         click.echo(json.dumps(found))
     else:
         for entry in found:
-            click.echo(f"{entry['rank']}\t{entry['host']}\t{entry['reason']}")
+            click.echo(f"{entry['rank']}\t{entry['host']}\t{entry['reason']}\t{entry['evidence']}")
 
 
 @cli.command("record-cmd", context_settings=CONTEXT)
@@ -248,15 +267,35 @@ def judge_cmd(
 @click.argument("reason")
 def record_cmd(file: str, host: str, exit_code: int, reason: str) -> None:
     """Write FILE (node_<rank>/fitness-cmd.json): how --fitness-cmd ended on HOST (REASON: why it
-    failed, or empty). The batch step's judge reads it.
+    failed, or empty), and print the reason as it was stored: the log filter's secrets masked, on
+    one line, control characters escaped, cut to fit. The batch step's judge reads it.
 
     \b
     Example: slurm-multi fitness record-cmd node_2/fitness-cmd.json node3 1 "exited 1: no IB link"
     """
+    stored = reason_line(reason, MAX_REASON) if reason else ""
     try:
-        write_cmd_record(file, host, exit_code, reason)
+        write_cmd_record(file, host, exit_code, stored)
     except OSError as exc:
         raise HelperError(f"{AREA}: cannot write {file} ({describe(exc)})", EXIT_FAILURE) from None
+    if stored:
+        click.echo(stored)
+
+
+def job_hosts(jobdir: str, nnodes: int) -> list[str] | None:
+    """The job's own host names (DIR/job.json's `nodes`, written by the plan), when it has N of them."""
+    try:
+        with open(os.path.join(jobdir, "job.json"), encoding="utf-8") as handle:
+            nodes = json.loads(handle.read(1 << 22)).get("nodes")
+    except (OSError, ValueError, RecursionError, AttributeError):
+        return None
+    if (
+        isinstance(nodes, list)
+        and len(nodes) == nnodes
+        and all(isinstance(n, str) and is_host(n) for n in nodes)
+    ):
+        return nodes
+    return None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -292,18 +331,19 @@ def _parse_float(
     return number
 
 
-def _parse_hosts(value: str, nnodes: int, port: int) -> tuple[list[str], list[int]]:
+def _parse_hosts(value: str, nnodes: int, ports: list[int]) -> tuple[list[str], list[list[int]]]:
     entries = value.split()
     if len(entries) != nnodes:
         raise _usage("--hosts", value, f"give {nnodes} host names (one per rank, space-separated)")
-    hosts, ports = [], []
+    hosts, each = [], []
     for entry in entries:
-        host, colon, port_text = entry.rpartition(":") if ":" in entry else (entry, "", "")
+        host, colon, ports_given = entry.rpartition(":") if ":" in entry else (entry, "", "")
         if not is_host(host):
-            raise _usage("--hosts", entry, "use host names or IPv4 addresses (host:port as a test aid)")
+            raise _usage("--hosts", entry, "use host names or IPv4 addresses (host:P[,P...] as a test aid)")
         hosts.append(host)
-        ports.append(_parse_int("--hosts", port_text, 1, 65535) if colon else port)
-    return hosts, ports
+        own = [_parse_int("--hosts", text, 1, 65535) for text in ports_given.split(",")] if colon else ports
+        each.append(list(dict.fromkeys(own)))
+    return hosts, each
 
 
 def _parse_disk(value: str) -> tuple[str, int]:
@@ -319,13 +359,13 @@ def parse_run(args: Any, env: Mapping[str, str]) -> Options:
     nnodes = _parse_int("--nnodes", args.nnodes, 1)
     rank = _parse_int("--rank", args.rank, 0, nnodes - 1)
     # A single node listens on nothing: it needs no port (a stage run alone may not know MASTER_PORT).
-    port = (
-        job_port(args.port, args.master_port, args.job_id)
+    ports = (
+        job_ports(args.port, args.master_port, args.job_id)
         if nnodes > 1 or args.port or args.master_port
-        else 0
+        else []
     )
-    hosts, ports = _parse_hosts(args.hosts, nnodes, port)
-    if len(set(zip(hosts, ports))) != nnodes:
+    hosts, each = _parse_hosts(args.hosts, nnodes, ports)
+    if len({(host, tuple(own)) for host, own in zip(hosts, each)}) != nnodes:
         raise _usage("--hosts", args.hosts, "give each rank its own host (or host:port)")
     job_id = args.job_id or ("-" if nnodes == 1 else "")
     if not is_job_id(job_id):
@@ -348,7 +388,7 @@ def parse_run(args: Any, env: Mapping[str, str]) -> Options:
         rank=rank,
         nnodes=nnodes,
         hosts=hosts,
-        ports=ports,
+        ports=each,
         job_id=job_id,
         token=token,
         timeout=_parse_float("--timeout", args.timeout, 0.0, low_open=True),
@@ -371,17 +411,18 @@ def parse_run(args: Any, env: Mapping[str, str]) -> Options:
     )
 
 
-def job_port(port: str, master_port: str, job_id: str) -> int:
-    """--port, else the job's fitness port derived from --master-port and --job-id the way the
-    barrier's and the relay's are (slurm_multi.net), at an offset of its own: the same on every node,
-    outside the ephemeral range, never the barrier's candidates, the relay's or MASTER_PORT."""
+def job_ports(port: str, master_port: str, job_id: str) -> list[int]:
+    """The job's fitness candidate ports: --port and its successors, else derived from --master-port
+    and --job-id the way the barrier's and the relay's are (slurm_multi.net), at an offset of their
+    own: the same on every node, outside the ephemeral range, never the barrier's candidates, the
+    relay's or MASTER_PORT."""
     if port:
-        return _parse_int("--port", port, 1, 65535)
+        return override_ports(_parse_int("--port", port, 1, 65535), CANDIDATES)
     if not master_port:
         raise _usage("--port", "", "give --port P, or --master-port and --job-id to derive the job's port")
     master = _parse_int("--master-port", master_port, 1, 65535)
     digits = "".join(c for c in (job_id or "0") if c.isdigit())[:12] or "0"
     try:
-        return derive_ports(master, int(digits) + PORT_OFFSET, read_local_port_range(), 1)[0]
+        return derive_ports(master, int(digits) + PORT_OFFSET, read_local_port_range(), CANDIDATES)
     except ValueError as exc:
         raise _usage("--master-port", master_port, f"no port left for the fitness check ({exc})") from None

@@ -1,10 +1,15 @@
 """The fitness mesh's decisions: every node with every other, and the ring probe.
 
-Every node listens on its port on all IPv4 addresses (SO_REUSEADDR; a port already taken is a local
-failure naming it), dials every other node's port (every IPv4 address of its name in turn), retrying
-until the deadline, and speaks slurm_multi.fitness.protocol on each connection. The sockets
-themselves (buffers, the selector, cutting lines) are slurm_multi.fitness.links'; `Mesh` decides
-what each line means, what to answer, when to dial again and when to give up.
+Every node listens on the first free of its candidate ports on all IPv4 addresses (SO_REUSEADDR): a
+candidate another process holds is skipped, and a node with every candidate taken listens nowhere,
+which is reported (its HELLO says so) and never counted against it: anybody on the node can hold a
+port. It dials every other node's candidates in turn (every IPv4 address of its name on each),
+retrying until the deadline, and speaks slurm_multi.fitness.protocol on each connection; the
+candidate a peer answered on (a WELCOME signed for our nonce) or named in its signed HELLO is then
+the only one dialled. The sockets themselves (buffers, the selector, cutting lines, who keeps a
+slot) are slurm_multi.fitness.links'; what the accepted connections say is
+slurm_multi.fitness.inbound's; `Mesh` dials, decides what its dials' lines mean, when to dial
+again and when to give up, and keeps the figures.
 
 The ring probe: rank r sends --probe-bytes to rank (r+1) % N on a connection of its own and measures
 the rate until the receiver acknowledges them all (bytes / seconds from the first byte sent to the
@@ -25,32 +30,29 @@ from collections.abc import Sequence
 from typing import Any
 
 from slurm_multi import auth
-from slurm_multi.fitness.links import HANDSHAKE_TIMEOUT, Conn, Dial, Links
+from slurm_multi.fitness.inbound import Inbound
+from slurm_multi.fitness.links import GREETING_TIMEOUT, HANDSHAKE_TIMEOUT, Conn, Dial, Links
 from slurm_multi.fitness.protocol import (
     BAD_TOKEN,
     Hello,
     ProtocolError,
     Rejected,
-    ack_line,
-    claimed_rank,
-    err_line,
-    got_line,
-    greeting_line,
     hello_line,
     join_line,
     parse_ack,
     parse_got,
     parse_greeting,
-    parse_hello,
-    parse_join,
     parse_welcome,
-    welcome_line,
+    ports_text,
 )
 from slurm_multi.net import connect_addresses, describe, secs
 
 ATTEMPT_TIMEOUT = 1.0  # one connect attempt: a dropped SYN never answers
-ACK_EVERY, ACK_SECONDS = 256 << 10, 0.1
-MAX_REJECTED = 20  # rejected connections kept in the report
+WAITED = {
+    "greet": f"no fitness greeting within {secs(GREETING_TIMEOUT)} s",
+    "welcome": f"no answer to JOIN within {secs(HANDSHAKE_TIMEOUT)} s",
+    "got": f"no GOT for our HELLO within {secs(HANDSHAKE_TIMEOUT)} s",
+}
 
 
 class Mesh:
@@ -61,7 +63,7 @@ class Mesh:
         sel: selectors.BaseSelector,
         me: int,
         hosts: Sequence[str],
-        ports: Sequence[int],
+        ports: Sequence[Sequence[int]],
         job: str,
         token: str,
         probe_bytes: int,
@@ -70,14 +72,16 @@ class Mesh:
         deadline: float,
     ) -> None:
         self.me, self.job, self.token = me, job, token
-        self.hosts, self.ports = list(hosts), list(ports)
+        self.hosts, self.ports = list(hosts), [list(candidates) for candidates in ports]
         self.n = len(hosts)
         self.probe_bytes, self.probe_seconds = probe_bytes, probe_seconds
         self.hello_by, self.deadline = hello_by, deadline
         self.peers = [q for q in range(self.n) if q != me]
-        self.dials = {q: Dial(q, hosts[q], ports[q], "mesh") for q in self.peers}
+        self.dials = {q: Dial(q, hosts[q], self.ports[q], "mesh") for q in self.peers}
         successor = (me + 1) % self.n
-        self.probe = Dial(successor, hosts[successor], ports[successor], "probe") if probe_bytes > 0 else None
+        self.probe = (
+            Dial(successor, hosts[successor], self.ports[successor], "probe") if probe_bytes > 0 else None
+        )
         self.ring: dict[str, Any] = {
             "to": successor,
             "bytes": 0,
@@ -88,26 +92,56 @@ class Mesh:
         }
         if self.probe is None:
             self.ring["error"] = "no probe (--probe-bytes 0)"
-        self.links = Links(sel, self, max_conns=4 * self.n + 64)
+        # Two connections per peer at most are ours; the rest of the table is room for retries (and
+        # for strangers, who never take a trusted slot: slurm_multi.fitness.links).
+        self.links = Links(sel, self, max_conns=4 * self.n + 64, per_source=max(8, 2 * self.n))
+        self.inbound = Inbound(self.links, me, self.n, job, token, deadline, self.learned)
         self.listen_error = ""
-        self.heard: dict[int, dict[str, Any]] = {}
+        self.all_taken = False
         self.reached: set[int] = set()
+        self.nowhere: set[int] = set()  # peers whose HELLO says they listen on no port
         self.token_rejected_by: set[int] = set()
-        self.rejected: list[dict[str, Any]] = []
         self.hello: Hello | None = None
 
     # -- setup and state ---------------------------------------------------------------------------
 
     def listen(self) -> None:
-        port = self.ports[self.me]
-        exc = self.links.listen(port, max(128, 4 * self.n))
+        mine = self.ports[self.me]
+        exc = self.links.listen(mine, max(128, 4 * self.n))
         if exc is not None:
-            if exc.errno == errno.EADDRINUSE:
-                self.listen_error = (
-                    f"port {port} is already in use on this node (another job's, or a stale stage?)"
-                )
-            else:
-                self.listen_error = f"cannot listen on port {port} ({describe(exc)})"
+            self.listen_error = f"cannot listen on port {exc.filename or mine[0]} ({describe(exc)})"
+            if exc.errno == errno.EADDRNOTAVAIL:
+                self.listen_error += "; is IPv4 configured on this node?"
+        elif self.links.listener is None:
+            self.all_taken = True
+            self.listen_error = (
+                f"every candidate fitness port ({ports_text(mine)}) is held by another process on "
+                "this node: not judged, but no peer could check that it reaches this node"
+            )
+
+    def local_listen_error(self) -> str:
+        """A listen error that is this node's own failure (a port another process holds is not)."""
+        return "" if self.all_taken else self.listen_error
+
+    @property
+    def heard(self) -> dict[int, dict[str, Any]]:
+        return self.inbound.heard
+
+    def learned(self, rank: int, port: int | None) -> None:
+        """Rank's signed HELLO said where it listens: dial it there, or not at all (`None`)."""
+        for dial in (self.dials.get(rank), self.probe if self.probe and self.probe.rank == rank else None):
+            if dial is None or dial.done:
+                continue
+            if port is not None:
+                dial.known = port
+                continue
+            self.nowhere.add(rank)
+            if dial.conn is not None:
+                self.links.close(dial.conn)
+                dial.conn = None
+            dial.done, dial.error = True, "listens on no port (another process holds every candidate)"
+            if dial.purpose == "probe":
+                self.ring["error"] = f"no probe to rank {rank}: it {dial.error}"
 
     def probe_done(self) -> bool:
         return self.probe is None or self.probe.done
@@ -126,19 +160,25 @@ class Mesh:
             if conn.dial is not None and conn.state == "joined":
                 self._send_hello(conn, now)
 
+    def _all_dials(self) -> list[Dial]:
+        return [*self.dials.values(), *([self.probe] if self.probe else [])]
+
     def next_timer(self) -> float:
         times = [self.deadline]
-        for dial in [*self.dials.values(), *([self.probe] if self.probe else [])]:
+        for dial in self._all_dials():
             if not dial.done and dial.conn is None:
                 times.append(dial.next_at)
         if self.probe is not None and not self.probe.done:
             times.append(self.hello_by)
+        if self.links.paused_until:
+            times.append(self.links.paused_until)
         times += [conn.until for conn in self.links.conns]
         return min(times)
 
     # -- timers --------------------------------------------------------------------------------------
 
     def on_timers(self, now: float) -> None:
+        self.links.tick(now)
         probe = self.probe
         if probe is not None and not probe.done and now >= self.hello_by:
             if probe.conn is not None and probe.conn.state == "send":
@@ -152,32 +192,24 @@ class Mesh:
                 probe.done = True
                 self.ring["error"] = (
                     f"no probe connection to {probe.host} (rank {probe.rank}) in time: "
-                    f"{probe.error or 'no answer'}"
+                    f"{probe.said() or 'no answer'}"
                 )
-        for dial in [*self.dials.values(), *([self.probe] if self.probe else [])]:
+        for dial in self._all_dials():
             if not dial.done and dial.conn is None and now >= dial.next_at and now < self.deadline:
                 self._start_dial(dial, now)
         for conn in [c for c in self.links.conns if now >= c.until]:
-            self._on_timeout(conn, now)
+            if conn in self.links.conns:  # a timeout before may have closed it
+                self._on_timeout(conn, now)
 
     def _on_timeout(self, conn: Conn, now: float) -> None:
-        if conn.dial is None and conn.state == "probe" and now < self.deadline:
-            if conn.count > conn.acked:
-                self._ack(conn, now)  # what came before the link stalled
-            conn.until = self.deadline
-        elif conn.dial is None:
-            self.links.close(conn)  # a silent client, or the deadline
+        if conn.dial is None:
+            self.inbound.on_timeout(conn, now)
         elif conn.state == "send":
             self._finish_probe(conn, now, f"stopped at the bound after {conn.acked} bytes acknowledged")
         elif conn.state == "connect":
             self._fail(conn, "timed out", now)
         else:
-            waited = {
-                "greet": "no fitness greeting",
-                "welcome": "no answer to JOIN",
-                "got": "no GOT for our HELLO",
-            }
-            self._fail(conn, f"{waited.get(conn.state, 'no answer')} within {secs(HANDSHAKE_TIMEOUT)} s", now)
+            self._fail(conn, WAITED.get(conn.state, "no answer"), now)
 
     # -- dialing -------------------------------------------------------------------------------------
 
@@ -191,14 +223,15 @@ class Mesh:
                 dial.error = dial.error or f"{dial.host} has no IPv4 address"
                 dial.retry(now)
                 return
-        address = dial.addresses[dial.attempts % len(dial.addresses)]
+        address, port = dial.target()
         dial.attempts += 1
-        dial.conn = self.links.connect(dial, address, now + ATTEMPT_TIMEOUT)
+        dial.conn = self.links.connect(dial, address, port, now + ATTEMPT_TIMEOUT)
         if dial.conn is None:
             dial.retry(now)
 
     def _fail(self, conn: Conn, error: str, now: float) -> None:
-        """A dialled connection that broke: note why and dial again later."""
+        """A dialled connection that broke: note why and dial again later (the next candidate, unless
+        the peer's port is known)."""
         dial = conn.dial
         assert dial is not None
         if dial.purpose == "probe" and conn.state == "send":
@@ -206,7 +239,7 @@ class Mesh:
             return
         self.links.close(conn)
         dial.conn = None
-        dial.error = error
+        dial.note(conn.port, error)
         dial.retry(now)
 
     def _on_dial_line(self, conn: Conn, text: str, now: float) -> None:
@@ -222,9 +255,13 @@ class Mesh:
                     self.token, self.job, conn.challenge, conn.nonce, self.me, dial.rank, dial.purpose, nbytes
                 ),
             )
-            conn.state = "welcome"
+            conn.state, conn.until = "welcome", now + HANDSHAKE_TIMEOUT
         elif conn.state == "welcome":
             parse_welcome(text, self.token, self.job, conn.challenge, conn.nonce, dial.rank, dial.purpose)
+            self.token_rejected_by.discard(dial.rank)  # (an ERR on another candidate was not its)
+            for same in (self.dials.get(dial.rank), self.probe):
+                if same is not None and same.rank == dial.rank:
+                    same.known = conn.port
             if dial.purpose == "probe":
                 conn.state, conn.total, conn.started = "send", self.probe_bytes, now
                 conn.until = min(now + self.probe_seconds, self.hello_by)
@@ -273,103 +310,40 @@ class Mesh:
         else:  # reset: what is still queued must not compete with the HELLOs
             self.links.reset(conn)
 
-    # -- accepting -----------------------------------------------------------------------------------
+    # -- the handler of every connection's events (links.Handler) -----------------------------------
+
+    def on_event(self, key: selectors.SelectorKey, mask: int, now: float) -> None:
+        self.links.on_event(key, mask, now)
+
+    def on_events(self, events: Sequence[tuple[selectors.SelectorKey, int]], now: float) -> None:
+        """One round of the selector: the connections first, new ones last (a JOIN that came in this
+        round is trusted before a flood of new connections could push it out)."""
+        for key, mask in sorted(events, key=lambda event: event[0].data is self.links):
+            self.links.on_event(key, mask, now)
 
     def on_accepted(self, conn: Conn, now: float) -> None:
-        conn.challenge = auth.new_nonce()
-        self.links.queue(conn, greeting_line(conn.challenge))
+        self.inbound.on_accepted(conn, now)
 
     def on_line(self, conn: Conn, text: str, now: float) -> None:
         if conn.dial is not None:
             self._on_dial_line(conn, text, now)
         else:
-            self._on_accepted_line(conn, text, now)
-
-    def _on_accepted_line(self, conn: Conn, text: str, now: float) -> None:
-        if conn.state == "join":
-            try:
-                join = parse_join(text, self.token, self.job, conn.challenge, self.me, self.n)
-            except ProtocolError as exc:
-                if str(exc) == BAD_TOKEN and len(self.rejected) < MAX_REJECTED:
-                    self.rejected.append(
-                        {"from": conn.addr, "rank": claimed_rank(text, self.n), "reason": BAD_TOKEN}
-                    )
-                self.links.queue(conn, err_line(str(exc)))
-                conn.state, conn.until = "drain", now + HANDSHAKE_TIMEOUT
-                return
-            conn.nonce, conn.rank = join.nonce, join.rank
-            self.links.queue(
-                conn, welcome_line(self.token, self.job, conn.challenge, conn.nonce, self.me, join.purpose)
-            )
-            conn.until = self.deadline
-            if join.purpose == "probe":
-                conn.state, conn.total, conn.last_ack = "probe", join.nbytes, now
-                early, conn.inbuf = bytes(conn.inbuf), bytearray()  # came with the JOIN
-                self.on_probe_bytes(conn, len(early), now)
-            else:
-                conn.state = "hello"
-        elif conn.state == "hello":
-            hello = parse_hello(text, self.token, self.job, conn.challenge, conn.nonce, conn.rank, self.n)
-            received = time.time()
-            self.heard.setdefault(
-                hello.rank,
-                {
-                    "host": hello.host,
-                    "verdict": hello.verdict,
-                    "ring_to": hello.ring_to,
-                    "ring_bytes_per_s": hello.ring_rate,
-                    "offset": round(hello.sent - received, 6),
-                },
-            )
-            self.links.queue(conn, got_line(self.token, self.job, conn.challenge, conn.nonce, self.me))
-            conn.state = "drain"
-        elif conn.state != "drain":
-            raise ProtocolError(f"unexpected line in state {conn.state}")
+            self.inbound.on_line(conn, text, now)
 
     def on_probe_bytes(self, conn: Conn, received: int, now: float) -> None:
-        conn.count += received
-        if conn.count > conn.total:
-            raise ProtocolError("more probe bytes than announced")
-        if (
-            conn.count == conn.total
-            or conn.count - conn.acked >= ACK_EVERY
-            or (conn.count > conn.acked and now - conn.last_ack >= ACK_SECONDS)
-        ):
-            self._ack(conn, now)
-        elif conn.count > conn.acked:  # acknowledged within ACK_SECONDS even if no more come (a stall)
-            conn.until = min(self.deadline, conn.last_ack + ACK_SECONDS)
-        if conn.count == conn.total:
-            conn.state = "drain"
-
-    def _ack(self, conn: Conn, now: float) -> None:
-        conn.acked, conn.last_ack, conn.until = conn.count, now, self.deadline
-        self.links.queue(conn, ack_line(self.token, self.job, conn.challenge, conn.nonce, conn.count))
-
-    # -- the loop's entry points and a broken connection ------------------------------------------
-
-    def on_event(self, key: selectors.SelectorKey, mask: int, now: float) -> None:
-        self.links.on_event(key, mask, now)
+        self.inbound.on_probe_bytes(conn, received, now)
 
     def on_broken(self, conn: Conn, exc: OSError | ProtocolError, now: float) -> None:
-        """A connection whose socket failed or whose peer broke the protocol."""
-        if isinstance(exc, Rejected):
-            if conn.dial is not None:
-                if str(exc) == BAD_TOKEN:
-                    self.token_rejected_by.add(conn.dial.rank)
-                self._fail(conn, f"rejected: {exc}", now)
-            else:
-                self.links.close(conn)
+        """A connection whose socket failed or whose peer broke the protocol: only it is dropped."""
+        if conn.dial is None:
+            self.inbound.on_broken(conn, exc)
             return
-        error = describe(exc) if isinstance(exc, OSError) else str(exc)
-        if conn.dial is not None:
-            self._fail(conn, error, now)
-        else:  # tell the dialer why (best effort), then drop it
-            if isinstance(exc, ProtocolError):
-                try:
-                    conn.sock.send(err_line(str(exc)))
-                except OSError:
-                    pass
-            self.links.close(conn)
+        if isinstance(exc, Rejected):
+            if str(exc) == BAD_TOKEN and conn.dial.rank not in self.reached:
+                self.token_rejected_by.add(conn.dial.rank)
+            self._fail(conn, f"rejected: {exc}", now)
+            return
+        self._fail(conn, describe(exc) if isinstance(exc, OSError) else str(exc), now)
 
     def close(self, linger: float = 0.5) -> None:
         """Flush what is still queued (a GOT, an ACK) for up to `linger` s, then close everything."""
@@ -378,22 +352,25 @@ class Mesh:
     # -- the record ----------------------------------------------------------------------------------
 
     def figures(self) -> dict[str, Any]:
-        offsets = {str(self.me): 0.0, **{str(q): info["offset"] for q, info in sorted(self.heard.items())}}
+        heard = self.heard
+        offsets = {str(self.me): 0.0, **{str(q): info["offset"] for q, info in sorted(heard.items())}}
         peers = {
-            str(q): {key: info[key] for key in ("host", "verdict", "ring_to", "ring_bytes_per_s")}
-            for q, info in sorted(self.heard.items())
+            str(q): {key: info[key] for key in ("host", "port", "verdict", "ring_to", "ring_bytes_per_s")}
+            for q, info in sorted(heard.items())
         }
         return {
-            "port": self.ports[self.me],
+            "port": self.links.port,
+            "candidates": self.ports[self.me],
+            "ports_taken": self.links.taken,
             "listening": self.links.listener is not None,
             "listen_error": self.listen_error,
             "reached": sorted(self.reached),
-            "heard": sorted(self.heard),
+            "heard": sorted(heard),
             "errors": {
-                str(q): d.error for q, d in sorted(self.dials.items()) if q not in self.reached and d.error
+                str(q): d.said() for q, d in sorted(self.dials.items()) if q not in self.reached and d.said()
             },
             "token_rejected_by": sorted(self.token_rejected_by),
-            "rejected": self.rejected,
+            "rejected": self.inbound.rejected,
             "ring": self.ring,
             "offsets": offsets,
             "peers": peers,

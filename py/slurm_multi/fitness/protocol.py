@@ -10,9 +10,10 @@ passes the other way:
     listener -> WELCOME <mac> <rank> <purpose>    mac = mac(token, "fitness-from-listener", "WELCOME",
                                                   S, C, job, rank, purpose)
              |  ERR <reason>                      (unsigned: `bad token`, `wrong rank`, ...; dropped)
-    mesh:  dialer -> HELLO <mac> <rank> <host> <time> <ring-to> <ring-bytes/s> <verdict...>
-                     mac = mac(token, "fitness-to-listener", "HELLO", S, C, job, rank, host, time,
-                     ring-to, ring-bytes/s, verdict)      (`-` for an unknown ring figure)
+    mesh:  dialer -> HELLO <mac> <rank> <host> <port> <time> <ring-to> <ring-bytes/s> <verdict...>
+                     mac = mac(token, "fitness-to-listener", "HELLO", S, C, job, rank, host, port,
+                     time, ring-to, ring-bytes/s, verdict)  (`-` for an unknown ring figure; port:
+                     the candidate the sender listens on, `-` when another process holds them all)
            listener -> GOT <mac> <rank>
                      mac = mac(token, "fitness-from-listener", "GOT", S, C, job, rank)
     probe: dialer -> <bytes> raw bytes;  listener -> ACK <mac> <n> (at least every 256 KiB or 0.1 s,
@@ -22,8 +23,14 @@ A connection whose JOIN does not verify (another job, a wrong token, a replay: S
 time) gets `ERR bad token` and is dropped; it counts for nothing. The token is never printed and
 never sent.
 
-When: a node sends its HELLO (rank, host, time.time() at send, its local verdict: `ok` or the
-one-line reason, its ring link's rate) once its local checks and its probe are done, at the latest
+Ports: every node has the same few candidate ports (slurm_multi.fitness.cli derives them as the
+barrier's are derived) and listens on the first one free; a dialer tries them in order until one
+answers with a WELCOME signed for its own nonce, so a port another process holds (silent, talking,
+or answering `ERR`) only sends it on to the next candidate. The port a node chose travels in its
+signed HELLO: the judge names it, and a node that holds no candidate at all is reported, not blamed.
+
+When: a node sends its HELLO (rank, host, its port, time.time() at send, its local verdict: `ok` or
+the one-line reason, its ring link's rate) once its local checks and its probe are done, at the latest
 when 2 s (a quarter of --timeout if less) are left, so a late probe or check still leaves time to
 deliver. The receiver records the clock offset (the sender's time - its own at receipt).
 
@@ -37,7 +44,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from slurm_multi import auth
-from slurm_multi.logline import short
+from slurm_multi.logline import escaped, short
 from slurm_multi.words import is_count, is_decimal, is_host, is_rank
 
 MIB, GIB = 1 << 20, 1 << 30
@@ -61,9 +68,17 @@ class Rejected(ProtocolError):
     """The peer answered `ERR <reason>`."""
 
 
+def ports_text(ports: Sequence[int]) -> str:
+    """Candidate ports in a message: `21576`, `21576-21579` for a run, else `21576, 30001`."""
+    ports = list(ports)
+    if len(ports) > 2 and ports == list(range(ports[0], ports[0] + len(ports))):
+        return f"{ports[0]}-{ports[-1]}"
+    return ", ".join(str(port) for port in ports) or "?"
+
+
 def one_line(text: str, limit: int = MAX_REASON) -> str:
-    """Free text as one bounded line (a reason, a verdict)."""
-    text = " ".join(str(text).split())
+    """Free text as one bounded line (a reason, a verdict), control characters escaped."""
+    text = escaped(" ".join(str(text).split()))
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -80,6 +95,11 @@ def decode(line: bytes) -> str:
     if not text or not text.isprintable():
         raise ProtocolError("empty or unprintable line")
     return text
+
+
+def is_port(text: str) -> bool:
+    """A TCP port on the wire: 1-65535, plain decimal (words.is_rank's spelling)."""
+    return is_rank(text) and 1 <= int(text) <= 65535
 
 
 def parse_rank(text: str, nnodes: int) -> int:
@@ -171,6 +191,7 @@ def parse_welcome(
 class Hello(NamedTuple):
     rank: int
     host: str
+    port: int | None  # the candidate the sender listens on; None: every one is held by another process
     sent: float  # the sender's time.time() at send
     ring_to: int | None
     ring_rate: float | None  # bytes/s of the sender's ring link, None when not measured
@@ -180,7 +201,8 @@ class Hello(NamedTuple):
 def _hello_fields(hello: Hello) -> list[str]:
     rate = "-" if hello.ring_rate is None else str(int(hello.ring_rate))
     ring_to = "-" if hello.ring_to is None else str(hello.ring_to)
-    return [str(hello.rank), hello.host, f"{hello.sent:.6f}", ring_to, rate]
+    port = "-" if hello.port is None else str(hello.port)
+    return [str(hello.rank), hello.host, port, f"{hello.sent:.6f}", ring_to, rate]
 
 
 def _fit_verdict(head: Sequence[str], verdict: str) -> str:
@@ -198,22 +220,23 @@ def hello_line(token: str, job: str, challenge: str, nonce: str, hello: Hello) -
 
 
 def parse_hello(text: str, token: str, job: str, challenge: str, nonce: str, rank: int, nnodes: int) -> Hello:
-    parts = text.split(" ", 7)
-    if len(parts) != 8 or parts[0] != "HELLO":
+    parts = text.split(" ", 8)
+    if len(parts) != 9 or parts[0] != "HELLO":
         raise ProtocolError("malformed HELLO")
     _, given, *fields = parts
     if not auth.check(token, given, TO_LISTENER, "HELLO", challenge, nonce, job, *fields):
         raise ProtocolError(BAD_TOKEN)
-    rank_text, host, sent, ring_to, rate, verdict = fields
+    rank_text, host, port, sent, ring_to, rate, verdict = fields
     if parse_rank(rank_text, nnodes) != rank:
         raise ProtocolError("HELLO from another rank than its JOIN")
-    if not is_host(host) or not is_decimal(sent):
+    if not is_host(host) or not is_decimal(sent) or (port != "-" and not is_port(port)):
         raise ProtocolError("malformed HELLO")
     if (ring_to != "-" and not is_rank(ring_to)) or (rate != "-" and not is_count(rate)):
         raise ProtocolError("malformed HELLO")
     return Hello(
         rank,
         host,
+        None if port == "-" else int(port),
         float(sent),
         None if ring_to == "-" else parse_rank(ring_to, nnodes),
         None if rate == "-" else float(rate),

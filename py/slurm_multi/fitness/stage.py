@@ -8,7 +8,7 @@ report is still written, marked stopped, with what was found so far. The report'
 once which peers it has not heard from.
 
 The report (--out, written atomically: a temp file in the same dir, then a rename; keys stable):
-    {"version": 1, "rank", "host", "nnodes", "job_id", "hosts": [...], "ports": [...],
+    {"version": 1, "rank", "host", "nnodes", "job_id", "hosts": [...], "ports": [[candidates], ...],
      "started_at": epoch s, "seconds": the stage's wall time, "timeout",
      "ok": this node's view found nothing bad (null when stopped, unless a local check failed),
      "reason": this node's own reason in that view or "",
@@ -24,13 +24,15 @@ The report (--out, written atomically: a temp file in the same dir, then a renam
                 "gpus": [{"index", "uuid", "used_mib", "total_mib"}],
                 "processes": [{"gpu", "pid", "mib"}],
                 "offenders": [{"gpu", "pid", "mib", "total_mib", "why": process|memory}], "seconds"},
-       "network": {"port", "listening", "listen_error", "reached": [ranks], "heard": [ranks],
+       "network": {"port": the candidate it listens on or null, "candidates", "ports_taken": [the
+                   candidates another process held], "listening", "listen_error",
+                   "reached": [ranks], "heard": [ranks],
                    "errors": {rank: last dial error}, "token_rejected_by": [ranks that answered
                    ERR bad token], "rejected": [{"from", "rank", "reason"}],
                    "ring": {"to", "bytes", "seconds", "bytes_per_s", "complete", "error"} | null
                            (null with N == 1),
                    "offsets": {rank: seconds, this node 0.0},
-                   "peers": {rank: {"host", "verdict", "ring_to", "ring_bytes_per_s"}}}},
+                   "peers": {rank: {"host", "port", "verdict", "ring_to", "ring_bytes_per_s"}}}},
      "bad": [{"rank", "host", "reason"}]}
 """
 
@@ -72,7 +74,7 @@ class Options(NamedTuple):
     rank: int
     nnodes: int
     hosts: list[str]
-    ports: list[int]
+    ports: list[list[int]]  # each rank's candidate ports
     job_id: str
     token: str
     timeout: float
@@ -155,6 +157,8 @@ def run_stage(opts: Options, env: Mapping[str, str]) -> dict[str, Any]:
             deadline,
         )
         mesh.listen()
+        if mesh.all_taken:
+            talk(AREA, f"warning: {mesh.listen_error}")
     local: dict[str, Any] | None = None
     noted = False
     try:
@@ -167,7 +171,7 @@ def run_stage(opts: Options, env: Mapping[str, str]) -> dict[str, Any]:
             if local is None and all(check.finished(now) for check in checks.values()):
                 local = {name: check.value() for name, check in checks.items()}
                 local["ok"], local["reason"] = local_verdict(
-                    local["runtime"], local["disk"], local["gpus"], mesh.listen_error if mesh else ""
+                    local["runtime"], local["disk"], local["gpus"], mesh.local_listen_error() if mesh else ""
                 )
             if mesh is not None and local is not None and mesh.hello is None and mesh.probe_done():
                 ring_rate = mesh.ring["bytes_per_s"] if mesh.probe is not None else None
@@ -175,6 +179,7 @@ def run_stage(opts: Options, env: Mapping[str, str]) -> dict[str, Any]:
                     Hello(
                         opts.rank,
                         opts.hosts[opts.rank],
+                        mesh.links.port,
                         0.0,
                         mesh.ring["to"] if mesh.probe else None,
                         ring_rate,
@@ -198,14 +203,17 @@ def run_stage(opts: Options, env: Mapping[str, str]) -> dict[str, Any]:
                 wake_at.append(mesh.next_timer())
                 if not noted:
                     wake_at.append(t0 + PROGRESS_AFTER)
+            events = []
             for key, mask in sel.select(max(0.0, min(wake_at) - time.monotonic())):
                 if key.data is None:
                     try:
                         wake_in.recv(4096)
                     except OSError:
                         pass
-                elif mesh is not None:
-                    mesh.on_event(key, mask, time.monotonic())
+                else:
+                    events.append((key, mask))
+            if mesh is not None:
+                mesh.on_events(events, time.monotonic())
     finally:
         signal.signal(signal.SIGTERM, previous)
         sel.unregister(wake_in)  # a check finishing late must not spin the last flush
@@ -222,7 +230,7 @@ def run_stage(opts: Options, env: Mapping[str, str]) -> dict[str, Any]:
             name: check.result if check.done.is_set() else None if stopped else check.value()
             for name, check in checks.items()
         }
-        listen_error = mesh.listen_error if mesh else ""
+        listen_error = mesh.local_listen_error() if mesh else ""
         local["ok"], local["reason"] = local_verdict(
             local["runtime"] or {}, local["disk"] or [], local["gpus"] or {}, listen_error
         )
@@ -230,7 +238,9 @@ def run_stage(opts: Options, env: Mapping[str, str]) -> dict[str, Any]:
         mesh.figures()
         if mesh is not None
         else {
-            "port": opts.ports[opts.rank],
+            "port": None,
+            "candidates": opts.ports[opts.rank],
+            "ports_taken": [],
             "listening": False,
             "listen_error": "",
             "reached": [],

@@ -1,8 +1,18 @@
 """The fitness stage's verdict: which nodes are bad, from one node's report or from every node's.
 
-Each judge returns [{"rank", "host", "reason"}]. `judge_job` judges one attempt of a job as the
-batch step and collect do, from the files in its node dirs (fitness.json, status.json's prepare,
-fitness-cmd.json: `write_cmd_record`'s, how --fitness-cmd ended on that node).
+Each judge returns [{"rank", "host", "reason", "evidence"}]. `judge_job` judges one attempt of a job
+as the batch step and collect do, from the files in its node dirs (fitness.json, status.json's
+prepare, fitness-cmd.json: `write_cmd_record`'s, how --fitness-cmd ended on that node), naming each
+node from the job's own host list by its rank (never from a report's `hosts`: a report is a file).
+
+Evidence (what the quarantine trusts: docs/bad-nodes.md): `local` when the node's own check failed
+(runtime, disk, GPUs, its prepare, the user's --fitness-cmd; also when a peer heard it say so in its
+signed HELLO); `peers` when a majority of its peers' reports agree (unreachable, its clock); `none`
+for what somebody else could have caused or what cannot be pinned on one node: no report (its stage
+crashed, or its task could not start: a scratch dir another user made), a stopped stage, a wrong
+job token, a slow link, two nodes that cannot tell which of them is off. Every bad node fails or
+requeues the job; only `local` and `peers` go into the quarantine. A port another process holds is
+no evidence at all: a node that holds none of its candidate ports is reported, never named.
 
 Verdict rules (`judge`: one node's view, from its own report; `judge_reports`: the batch step's,
 over every node's report, None for a node that wrote none). A node named twice gets its reasons
@@ -24,6 +34,9 @@ joined with `; `. Host names are shown as given (host:port when several ranks sh
   / no answer on its port: did its stage start?) and each peer heard but not reached ("does not
   accept connections on port P from <me>"). A node that could not listen names only peers it
   could not reach.
+- ports: a node's report says which candidate it listened on (`port`), its HELLO says the same to its
+  peers; a node that listened nowhere because every candidate was held (`ports_taken`), or whose
+  HELLO said so, is never named for being unreachable.
 - reachability, global: x is unreachable from y when y did not reach x and x did not hear y. A node
   unreachable from a strict majority of the other nodes that wrote a report is bad ("unreachable on
   port P from every peer" / "from k of m peers (...)"; "wrong job token" when every failing peer's
@@ -51,10 +64,10 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from slurm_multi.fitness.protocol import DEFAULT_TIMEOUT, MAX_REASON, one_line
+from slurm_multi.fitness.protocol import DEFAULT_TIMEOUT, MAX_REASON, one_line, ports_text
 from slurm_multi.net import secs
 from slurm_multi.shell import write_json
-from slurm_multi.words import is_rank
+from slurm_multi.words import is_host, is_rank
 
 DEFAULT_SLOW_FACTOR = 0.1
 DEFAULT_CLOCK_BOUND = 2.0
@@ -73,10 +86,10 @@ class _Report:
         self.stopped = bool(report.get("stopped"))
         self.n = max(1, _int(report.get("nnodes"), 1)) if nnodes is None else nnodes
         self.me = _int(report.get("rank"), -1)
+        self.host = str(report.get("host") or "")
         self.hosts = _strings(report.get("hosts"), self.n)
-        self.ports = [
-            _int(p, 0) for p in (report.get("ports") if isinstance(report.get("ports"), list) else [])
-        ]
+        listed = report.get("ports") if isinstance(report.get("ports"), list) else []
+        self.candidates = [_port_list(p) for p in listed]
         local = report.get("local") if isinstance(report.get("local"), Mapping) else {}
         self.local_ok = local.get("ok") is not False
         self.local_reason = str(local.get("reason") or "local checks failed")
@@ -85,6 +98,10 @@ class _Report:
         net = checks.get("network") if isinstance(checks.get("network"), Mapping) else {}
         self.port = _int(net.get("port"), 0)
         self.listening = net.get("listening") is not False
+        taken = _port_list(net.get("ports_taken"))
+        mine = self.candidates[self.me] if 0 <= self.me < len(self.candidates) else []
+        # listened nowhere because another process held every candidate: no evidence either way
+        self.all_taken = not self.listening and bool(taken) and set(mine) <= set(taken)
         self.reached = _ranks(net.get("reached"), self.n)
         self.heard = _ranks(net.get("heard"), self.n)
         self.token_rejected_by = _ranks(net.get("token_rejected_by"), self.n)
@@ -105,6 +122,15 @@ class _Report:
 
     def peer_rate(self, rank: int) -> float | None:
         return _float(self.peers.get(rank, {}).get("ring_bytes_per_s"))
+
+    def peer_port(self, rank: int) -> int:
+        """The port rank's HELLO said it listens on (0: unknown or none)."""
+        return _int(self.peers.get(rank, {}).get("port"), 0)
+
+    def peer_nowhere(self, rank: int) -> bool:
+        """Rank's HELLO said it listens on no port (another process held every candidate)."""
+        said = self.peers.get(rank, {})
+        return "port" in said and said["port"] is None
 
 
 def _int(value: Any, default: int) -> int:
@@ -129,36 +155,74 @@ def _ranks(value: Any, n: int) -> set[int]:
     }
 
 
+def _port_list(value: Any) -> list[int]:
+    """A rank's candidate ports as a report holds them (a list; one port alone, as older reports)."""
+    items = value if isinstance(value, list) else [value]
+    return [p for p in (_int(item, 0) for item in items) if 0 < p <= 65535]
+
+
 def _strings(value: Any, n: int) -> list[str]:
     found = [str(v) for v in value] if isinstance(value, list) else []
     return found + [f"rank{r}" for r in range(len(found), n)]
 
 
 class _Names:
-    """How nodes are named in reasons: their host, or host:port where ranks share a host (tests)."""
+    """How nodes are named in reasons: their host, or host:port where ranks share a host (tests); and
+    a node's port: the one it listened on when a report or a HELLO says, else its candidates."""
 
-    def __init__(self, hosts: Sequence[str], ports: Sequence[int]) -> None:
-        self.hosts, self.ports = list(hosts), list(ports)
+    def __init__(
+        self, hosts: Sequence[str], candidates: Sequence[Sequence[int]], known: Mapping[int, int]
+    ) -> None:
+        self.hosts, self.candidates, self.known = list(hosts), [list(c) for c in candidates], dict(known)
         self.unique = len(set(self.hosts)) == len(self.hosts)
+
+    def _first(self, rank: int) -> int:
+        if self.known.get(rank):
+            return self.known[rank]
+        return self.candidates[rank][0] if rank < len(self.candidates) and self.candidates[rank] else 0
 
     def __call__(self, rank: int) -> str:
         host = self.hosts[rank] if rank < len(self.hosts) else f"rank{rank}"
-        if self.unique or rank >= len(self.ports) or not self.ports[rank]:
+        if self.unique or not self._first(rank):
             return host
-        return f"{host}:{self.ports[rank]}"
+        return f"{host}:{self._first(rank)}"
 
-    def port(self, rank: int, default: int = 0) -> str:
-        return str(self.ports[rank]) if rank < len(self.ports) and self.ports[rank] else str(default or "?")
+    def port(self, rank: int) -> str:
+        if self.known.get(rank):
+            return str(self.known[rank])
+        return ports_text(self.candidates[rank]) if rank < len(self.candidates) else "?"
+
+
+def _known_ports(views: Sequence[_Report | None]) -> dict[int, int]:
+    """The port each rank listened on, as its own report or a peer's record of its HELLO says."""
+    known: dict[int, int] = {}
+    for view in views:
+        if view is None:
+            continue
+        for q in view.heard:
+            if view.peer_port(q):
+                known.setdefault(q, view.peer_port(q))
+    for view in views:
+        if view is not None and view.port and view.listening:
+            known[view.me] = view.port
+    return known
+
+
+LOCAL, PEERS, NONE = "local", "peers", "none"  # the evidence, strongest first (module docstring)
+EVIDENCE = (LOCAL, PEERS, NONE)
 
 
 class _Bad:
     def __init__(self) -> None:
         self.reasons: dict[int, list[str]] = {}
+        self.evidence: dict[int, str] = {}
 
-    def add(self, rank: int, reason: str) -> None:
+    def add(self, rank: int, reason: str, evidence: str = NONE) -> None:
         listed = self.reasons.setdefault(rank, [])
         if reason not in listed:
             listed.append(reason)
+        held = self.evidence.get(rank, NONE)
+        self.evidence[rank] = min(held, evidence, key=EVIDENCE.index)
 
     def listing(self, hosts: Sequence[str]) -> list[dict[str, Any]]:
         return [
@@ -166,6 +230,7 @@ class _Bad:
                 "rank": r,
                 "host": hosts[r] if r < len(hosts) else f"rank{r}",
                 "reason": one_line("; ".join(self.reasons[r]), 2 * MAX_REASON),
+                "evidence": self.evidence[r],
             }
             for r in sorted(self.reasons)
         ]
@@ -197,8 +262,11 @@ def slow_links(
         bad.add(b, reason)
 
 
-def clock_rule(offsets: Mapping[int, float], name: Callable[[int], str], bound: float, bad: _Bad) -> None:
-    """The clock rule over `offsets` (seconds, relative to any one node)."""
+def clock_rule(
+    offsets: Mapping[int, float], name: Callable[[int], str], bound: float, bad: _Bad, evidence: str = NONE
+) -> None:
+    """The clock rule over `offsets` (seconds, relative to any one node); a clock off the median of
+    3 or more is named with `evidence`, two that differ without it (which one is off is not known)."""
     if len(offsets) < 2:
         return
     if len(offsets) == 2:
@@ -218,6 +286,7 @@ def clock_rule(offsets: Mapping[int, float], name: Callable[[int], str], bound: 
             bad.add(
                 rank,
                 f"clock {abs(distance):.1f} s {'ahead of' if distance > 0 else 'behind'} the job's median",
+                evidence,
             )
 
 
@@ -230,18 +299,19 @@ def judge(
     slow_factor: float = DEFAULT_SLOW_FACTOR,
     clock_bound: float = DEFAULT_CLOCK_BOUND,
 ) -> list[dict[str, Any]]:
-    """The bad nodes in one node's view (its report, or the same figures): [{"rank", "host", "reason"}].
-    Pure; the rules are the module docstring's."""
+    """The bad nodes in one node's view (its report, or the same figures): [{"rank", "host", "reason",
+    "evidence"}] (one view is no majority: only the checks a node says failed are `local`). Pure;
+    the rules are the module docstring's."""
     view = _Report(report)
-    name, bad = _Names(view.hosts, view.ports), _Bad()
+    name, bad = _Names(view.hosts, view.candidates, _known_ports([view])), _Bad()
     me, n = view.me, view.n
     if not 0 <= me < n:
-        return [{"rank": me, "host": "?", "reason": "not a fitness report (no valid rank)"}]
+        return [{"rank": me, "host": "?", "reason": "not a fitness report (no valid rank)", "evidence": NONE}]
     if not view.local_ok:
-        bad.add(me, view.local_reason)
+        bad.add(me, view.local_reason, LOCAL)
     for q in sorted(view.heard):
         if view.peer_verdict(q) != "ok":
-            bad.add(q, view.peer_verdict(q))
+            bad.add(q, view.peer_verdict(q), LOCAL)
     if view.stopped:  # cut short: what it did not see yet is no evidence
         return bad.listing(view.hosts)
     if n > 1:
@@ -256,7 +326,7 @@ def judge(
 def _reach_view(view: _Report, name: _Names, bad: _Bad) -> None:
     me, n = view.me, view.n
     peers = [q for q in range(n) if q != me]
-    mine = name.port(me, view.port)
+    mine = name.port(me)
 
     def first_error() -> str:
         return next((view.errors[q] for q in peers if view.errors.get(q)), "no answer")
@@ -282,8 +352,8 @@ def _reach_view(view: _Report, name: _Names, bad: _Bad) -> None:
         bad.add(me, f"reached no peer ({first_error()})")
         return
     for q in peers:
-        if q in view.heard and q in view.reached:
-            continue
+        if (q in view.heard and q in view.reached) or view.peer_nowhere(q):
+            continue  # (a peer that listens nowhere said so: nothing to reach there)
         port = name.port(q)
         if q not in view.heard:
             if q in view.rejected_ranks or q in view.token_rejected_by:
@@ -309,35 +379,41 @@ def judge_reports(
     nnodes: int,
     slow_factor: float = DEFAULT_SLOW_FACTOR,
     clock_bound: float = DEFAULT_CLOCK_BOUND,
+    hosts: Sequence[str] | None = None,
+    missing: Mapping[int, str] | None = None,
 ) -> list[dict[str, Any]]:
     """The bad nodes over every node's report (None: a node that wrote none), as the batch step
-    judges after the stage: [{"rank", "host", "reason"}]. Pure; the rules are the module docstring's."""
+    judges after the stage: [{"rank", "host", "reason", "evidence"}]. `hosts`: the job's host names
+    by rank (without them, a rank is named by its own report's `host`, else `rank<r>`); `missing`:
+    why a rank wrote no report, where its task said (status.json). Pure; the rules are the module
+    docstring's."""
     views: list[_Report | None] = [
         _Report(r, nnodes) if isinstance(r, Mapping) else None for r in list(reports)[:nnodes]
     ]
     views += [None] * (nnodes - len(views))
-    hosts, ports = [f"rank{r}" for r in range(nnodes)], [0] * nnodes
-    for view in views:
-        if view is not None:
-            hosts = [view.hosts[r] if r < len(view.hosts) else hosts[r] for r in range(nnodes)]
-            ports = [view.ports[r] if r < len(view.ports) else ports[r] for r in range(nnodes)]
-            break
-    name, bad = _Names(hosts, ports), _Bad()
+    if hosts is None:
+        hosts = [
+            view.host if view is not None and is_host(view.host) else f"rank{r}"
+            for r, view in enumerate(views)
+        ]
+    hosts = [hosts[r] if r < len(hosts) else f"rank{r}" for r in range(nnodes)]
+    candidates = [view.candidates[r] if view is not None and r < len(view.candidates) else [] for r, view in
+                  enumerate(views)]  # fmt: skip
+    name, bad = _Names(hosts, candidates, _known_ports(views)), _Bad()
     for r in range(nnodes):
         view = views[r]
         if view is not None and not view.local_ok:
-            bad.add(r, view.local_reason)
+            bad.add(r, view.local_reason, LOCAL)
         elif view is None or view.stopped:
             said = [v.peer_verdict(r) for v in views if v is not None and r in v.heard]
             failed = next((verdict for verdict in said if verdict != "ok"), "")
+            # what its HELLO said is its own word, signed: evidence; a missing report alone is none
             if view is None:
-                bad.add(
-                    r,
-                    "no fitness report (the stage did not finish on that node)"
-                    + (f"; its HELLO said: {failed}" if failed else ""),
-                )
+                why = (missing or {}).get(r) or "the stage did not finish on that node"
+                heard = f"; its HELLO said: {failed}" if failed else ""
+                bad.add(r, f"no fitness report ({why}){heard}", LOCAL if failed else NONE)
             elif failed:
-                bad.add(r, failed)
+                bad.add(r, failed, LOCAL)
     # A stopped report votes on nothing below (what it had not seen yet is no evidence).
     views = [None if view is not None and view.stopped else view for view in views]
     present = [r for r in range(nnodes) if views[r] is not None]
@@ -365,7 +441,15 @@ def _reach_global(
         va, vb = views[a], views[b]
         return (va is not None and b in va.token_rejected_by) or (vb is not None and a in vb.rejected_ranks)
 
+    def nowhere(x: int) -> bool:  # listened on no port: another process held every candidate
+        view = views[x]
+        return (view is not None and view.all_taken) or any(
+            v is not None and x in v.heard and v.peer_nowhere(x) for v in views
+        )
+
     if n == 2 and len(present) == 2:
+        if nowhere(0) or nowhere(1):
+            return
         if not works(0, 1) and not works(1, 0):
             token = token_failed(0, 1) or token_failed(1, 0)
             port = name.port(0) if name.port(0) == name.port(1) else f"{name.port(0)}/{name.port(1)}"
@@ -374,9 +458,11 @@ def _reach_global(
                 bad.add(r, f"{name(0)} and {name(1)} {what} on port {port}")
         elif not works(0, 1) or not works(1, 0):
             x = 1 if not works(0, 1) else 0
-            bad.add(x, f"unreachable on port {name.port(x)} from every peer")
+            bad.add(x, f"unreachable on port {name.port(x)} from every peer", PEERS)
         return
     for x in present:
+        if nowhere(x):
+            continue
         voters = [y for y in present if y != x]
         failing = [y for y in voters if not works(y, x)]
         if not voters or 2 * len(failing) <= len(voters):
@@ -386,14 +472,16 @@ def _reach_global(
                 f"wrong job token: {len(failing)} of {len(voters)} peers reject its connections "
                 f"on port {name.port(x)}"
             )
-        elif len(failing) == len(voters):
+            bad.add(x, reason)  # the job's setup, not the node: nothing to quarantine
+            continue
+        if len(failing) == len(voters):
             reason = f"unreachable on port {name.port(x)} from every peer"
         else:
             names = ", ".join(name(y) for y in failing)
             reason = (
                 f"unreachable on port {name.port(x)} from {len(failing)} of {len(voters)} peers ({names})"
             )
-        bad.add(x, reason)
+        bad.add(x, reason, PEERS)
 
 
 def _clock_global(views: Sequence[_Report | None], n: int, name: _Names, bound: float, bad: _Bad) -> None:
@@ -416,6 +504,7 @@ def _clock_global(views: Sequence[_Report | None], n: int, name: _Names, bound: 
             bad.add(
                 rank,
                 f"clock {abs(distance):.1f} s {'ahead of' if distance > 0 else 'behind'} the job's median",
+                PEERS,
             )
 
 
@@ -465,19 +554,22 @@ def read_cmd_records(jobdir: str, nodes: Sequence[str]) -> dict[int, tuple[bool,
 def judge_job(jobdir: str, nodes: Sequence[str], slow_factor: float = DEFAULT_SLOW_FACTOR,
               clock_bound: float = DEFAULT_CLOCK_BOUND) -> list[dict[str, Any]]:  # fmt: skip
     """The bad nodes of one attempt of a job, as the batch step and collect judge it: [{"rank" (the
-    node's index), "host", "reason"}].
+    node's index), "host" (nodes[rank]), "reason", "evidence"}].
 
-    `nodes` are the job's host names in node order. The fitness reports are found in every
-    node_<rank>/ dir (with several tasks per node, the node's first task wrote one) and placed by
-    the node index each holds. A node that wrote none because its prepare failed for a reason of its
-    own (another node passed prepare: a dead docker engine is caught there first) is bad with that
-    reason; when every node failed prepare alike (a bad manifest), no node is to blame. Without a
-    single report (the stage did not run), only that prepare rule applies."""
+    `nodes` are the job's host names in node order: every node is named from them by its index.
+    The fitness reports are found in every node_<rank>/ dir (with several tasks per node, the
+    node's first task wrote one) and placed by the node index each holds. A node that wrote none
+    because its prepare failed for a reason of its own (another node passed prepare: a dead docker
+    engine is caught there first) is bad with that reason (`local`); when every node failed prepare
+    alike (a bad manifest), no node is to blame. A node that wrote none for another reason its
+    task gave (status.json: a scratch dir another user made) is named with that reason, as no
+    evidence. Without a single report (the stage did not run), only the prepare rule applies."""
     from slurm_multi.statusfile import read_status, status_path
 
     nnodes = len(nodes)
     reports: list[dict[str, Any] | None] = [None] * nnodes
     prepare: dict[int, tuple[bool, str]] = {}
+    said: dict[int, str] = {}  # why a node's task ended, as its status.json says
     for name in _node_dirs(jobdir):
         node_dir = os.path.join(jobdir, name)
         try:
@@ -490,9 +582,13 @@ def judge_job(jobdir: str, nodes: Sequence[str], slow_factor: float = DEFAULT_SL
         status = read_status(status_path(node_dir))
         document = status.document if status is not None and isinstance(status.document, dict) else {}
         host, stages = document.get("node"), document.get("stages")
+        if not isinstance(host, str) or host not in nodes:
+            continue
+        index = list(nodes).index(host)
+        if document.get("reason") and index not in said:
+            said[index] = one_line(str(document["reason"]))
         stage = stages.get("prepare") if isinstance(stages, dict) else None
-        if isinstance(host, str) and host in nodes and isinstance(stage, dict):
-            index = list(nodes).index(host)
+        if isinstance(stage, dict):
             ok = stage.get("status") == "ok"
             if not ok or index not in prepare:
                 prepare[index] = (ok, str(document.get("reason") or "prepare failed"))
@@ -502,15 +598,17 @@ def judge_job(jobdir: str, nodes: Sequence[str], slow_factor: float = DEFAULT_SL
     cmds = read_cmd_records(jobdir, nodes)
     if any(ok for ok, _ in cmds.values()):
         own.update({i: why for i, (ok, why) in cmds.items() if not ok and i not in own})
+
+    def own_entry(i: int) -> dict[str, Any]:  # (a file's reason: one line, nothing raw)
+        return {"rank": i, "host": nodes[i], "reason": one_line(own[i], 2 * MAX_REASON), "evidence": LOCAL}
+
     if not any(reports):
-        return [{"rank": i, "host": nodes[i], "reason": own[i]} for i in sorted(own)]
-    found = judge_reports(reports, nnodes, slow_factor, clock_bound)
-    out = []
-    for entry in found:
-        rank = entry.get("rank")
-        if isinstance(rank, int) and rank in own and reports[rank] is None:
-            entry = {**entry, "host": nodes[rank], "reason": own[rank]}
-        out.append(entry)
-    named = {e.get("rank") for e in out}
-    out += [{"rank": i, "host": nodes[i], "reason": own[i]} for i in sorted(own) if i not in named]
-    return sorted(out, key=lambda e: e.get("rank", 0))
+        return [own_entry(i) for i in sorted(own)]
+    found = judge_reports(reports, nnodes, slow_factor, clock_bound, hosts=nodes, missing=said)
+    out = [
+        own_entry(entry["rank"]) if entry["rank"] in own and reports[entry["rank"]] is None else entry
+        for entry in found
+    ]
+    named = {e["rank"] for e in out}
+    out += [own_entry(i) for i in sorted(own) if i not in named]
+    return sorted(out, key=lambda e: e["rank"])

@@ -30,6 +30,7 @@ from slurm_multi.report.page import (
 from slurm_multi.report.timelinesvg import timeline_svg
 from slurm_multi.results.jobdir import stage_order
 from slurm_multi.results.timelinedraw import MAX_PNG_LANES
+from slurm_multi.statusfile import STATUS_FILE
 
 # The job dir's files the facts section links when they are there.
 JOB_FILES = (
@@ -147,7 +148,7 @@ def stages_table(data: JobData) -> str:
         dirname = f"node_{rank}"
         files = [
             data.link(f"{dirname}/{f}", f)
-            for f in ("node.log", "status.json")
+            for f in ("node.log", STATUS_FILE)
             if data.present(f"{dirname}/{f}")
         ]
         errors = _list(node.get("log_errors"))

@@ -42,7 +42,7 @@ from slurm_multi.results.timeline import build_timeline
 from slurm_multi.results.timelinedraw import write_timeline
 from slurm_multi.results.values import format_number
 from slurm_multi.results.worldsize import check_world
-from slurm_multi.secret_rule import secret_values
+from slurm_multi.secret_rule import reason_line, secret_values
 from slurm_multi.statusfile import read_status, status_path
 
 MAX_NODES = 100_000  # a larger nnodes is a typo, not a job: derive it from the node dirs
@@ -163,7 +163,16 @@ def bad_nodes_and_attempts(
     if settings.get("SM_FITNESS") == "off" or not isinstance(hosts, list) or not hosts:
         return [], earlier
     found = fitness.judge_job(str(root), [str(h) for h in hosts])
-    return [{"rank": b["rank"], "node": b["host"], "reason": b["reason"]} for b in found], earlier
+    # (each reason masked before it is stored: the files it came from may be older than the rule)
+    return [
+        {
+            "rank": b["rank"],
+            "node": b["host"],
+            "reason": reason_line(b["reason"], 800),
+            "evidence": b["evidence"],
+        }
+        for b in found
+    ], earlier
 
 
 def known_job_facts(job: dict[str, Any]) -> dict[str, Any]:

@@ -173,10 +173,12 @@ def talk_warnings(warnings: Sequence[str], limit: int = MAX_TABLE_REASONS) -> No
 
 
 def write_bad_nodes(path: str, bad: Sequence[Mapping[str, Any]]) -> None:
-    """--bad-nodes: `<rank>\t<node>\t<reason>` lines (what `fitness judge` prints), atomically.
-    A reason is one line: a tab or a line break in it would split the batch step's read."""
+    """--bad-nodes: `<rank>\t<node>\t<reason>\t<evidence>` lines (what `fitness judge` prints),
+    atomically. A reason is one line: a tab or a line break in it would split the batch step's read."""
     lines = [
-        "\t".join(" ".join(str(b[key]).split()) for key in ("rank", "node", "reason")) + "\n" for b in bad
+        "\t".join(" ".join(str(b.get(key, "none")).split()) for key in ("rank", "node", "reason", "evidence"))
+        + "\n"
+        for b in bad
     ]
     write_atomic(Path(path), "".join(lines), "is its directory writable?", durable=False)
 
