@@ -219,17 +219,7 @@ image::cache_save() {
   fi
   local cache=$1 key=$2 id=$3 fp=$4 tar t0
   tar=${cache}/${key}.tar
-  mkdir -p "${cache}" || { log::error image "cannot create the image cache ${cache}"; return 1; }
-  cache::begin "${tar}" "${id}" || { log::error image "timed out waiting for the cache lock ${CACHE_LOCK}"; return 1; }
-  case ${CACHE_FOUND} in
-    hit)
-      cache::end
-      log::info image "cache hit: ${tar} already holds ${id:7:12}; no save"
-      return 0
-      ;;
-    damaged) log::warn image "${tar} does not match its sidecar ($(cache::mismatch "${tar}")); saving it again" ;;
-    stale) log::info image "stale tar in the cache (holds $(cache::get "${tar}" id | cut -c8-19), want ${id:7:12}); replacing it" ;;
-  esac
+  image::cache_open "${cache}" "${tar}" "${id}" tar || return $(($? == 3 ? 0 : 1))
   t0=$(util::now)
   # To a pipe, not -o: the file grows under our own temp name (whatever a killed save leaves is
   # ours to recognise and remove), and the digest is taken from the same bytes as they pass.
@@ -255,23 +245,31 @@ image::cache_save() {
   log::info image "saved ${SM_IMAGE} into ${tar} ($(($(stat -c %s "${tar}") / 1024 / 1024)) MB, $(util::elapsed "${t0}") s)"
 }
 
-# image::cache_save_layers CACHE KEY ID FINGERPRINT: the layered entry <key>.layers (the entry
-# protocol of lib/cache.sh): `docker save | slurm-multi layers cache-put` stores the blobs the cache
-# lacks and writes the index to the entry's temp file; then rename, sidecar.
-image::cache_save_layers() {
-  local cache=$1 key=$2 id=$3 fp=$4 entry t0 facts=() rc=0
-  entry=${cache}/${key}.layers
+# image::cache_open CACHE ENTRY ID KIND: begin writing ENTRY (a `tar` or an `index`) of image ID
+# under the cache's lock (lib/cache.sh). 0: write it (CACHE_TMP); 3: the cache already holds ID (the
+# lock released, nothing to write); 1: no cache dir or no lock (said).
+image::cache_open() {
+  local cache=$1 entry=$2 id=$3 kind=$4
   mkdir -p "${cache}" || { log::error image "cannot create the image cache ${cache}"; return 1; }
   cache::begin "${entry}" "${id}" || { log::error image "timed out waiting for the cache lock ${CACHE_LOCK}"; return 1; }
   case ${CACHE_FOUND} in
     hit)
       cache::end
       log::info image "cache hit: ${entry} already holds ${id:7:12}; no save"
-      return 0
+      return 3
       ;;
     damaged) log::warn image "${entry} does not match its sidecar ($(cache::mismatch "${entry}")); saving it again" ;;
-    stale) log::info image "stale index in the cache (holds $(cache::get "${entry}" id | cut -c8-19), want ${id:7:12}); replacing it" ;;
+    stale) log::info image "stale ${kind} in the cache (holds $(cache::get "${entry}" id | cut -c8-19), want ${id:7:12}); replacing it" ;;
   esac
+}
+
+# image::cache_save_layers CACHE KEY ID FINGERPRINT: the layered entry <key>.layers (the entry
+# protocol of lib/cache.sh): `docker save | slurm-multi layers cache-put` stores the blobs the cache
+# lacks and writes the index to the entry's temp file; then rename, sidecar.
+image::cache_save_layers() {
+  local cache=$1 key=$2 id=$3 fp=$4 entry t0 facts=() rc=0
+  entry=${cache}/${key}.layers
+  image::cache_open "${cache}" "${entry}" "${id}" index || return $(($? == 3 ? 0 : 1))
   t0=$(util::now)
   local argv=(layers cache-put --cache "${cache}" --index "${CACHE_TMP}" --plan "${SM_SCRATCH}/layers.plan")
   # shellcheck disable=SC2016 # the inner bash's arguments
