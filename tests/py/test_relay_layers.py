@@ -70,12 +70,7 @@ def relay(tmp_path: Path, nnodes: int, prefixes: dict[int, int], fanout: int = 1
         except HelperError as exc:
             outcomes[rank] = exc
 
-    threads = [threading.Thread(target=one, args=(r,), daemon=True) for r in range(nnodes)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
-        assert not thread.is_alive(), "a relay rank hung"
+    base.in_threads(one, range(nnodes))
     return outcomes
 
 
