@@ -502,13 +502,14 @@ PY
 }
 
 # want_group NAME: true when BENCH_CLUSTER_GROUPS (comma-separated: overhead, badnode, midrun, image,
-# transport, pyxis, scale; default all) names NAME. Unknown names are an error, not a silent empty table.
+# transport, pyxis, layers, scale; default all) names NAME. Unknown names are an error, not a silent
+# empty table.
 want_group() {
-  local groups=${BENCH_CLUSTER_GROUPS:-overhead,badnode,midrun,image,transport,pyxis,scale} item
+  local groups=${BENCH_CLUSTER_GROUPS:-overhead,badnode,midrun,image,transport,pyxis,layers,scale} item
   local -a items
   IFS=, read -r -a items <<<"${groups}"
   for item in "${items[@]}"; do
-    case ${item} in overhead | badnode | midrun | image | transport | pyxis | scale) ;; *) log::die bench "BENCH_CLUSTER_GROUPS: unknown group '${item}' (use overhead, badnode, midrun, image, transport, pyxis, scale)" 2 ;; esac
+    case ${item} in overhead | badnode | midrun | image | transport | pyxis | layers | scale) ;; *) log::die bench "BENCH_CLUSTER_GROUPS: unknown group '${item}' (use overhead, badnode, midrun, image, transport, pyxis, layers, scale)" 2 ;; esac
   done
   [[ ,${groups}, == *,"$1",* ]]
 }
@@ -566,6 +567,10 @@ main() {
   if want_group pyxis; then
     log::info bench "pyxis (${repeats} runs each)"
     (pyxis_rows "${repeats}" "${out}" "${work}") || failed+=(pyxis)
+  fi
+  # Layer-level distribution (issue 38): its own script, each row against the whole-image path.
+  if want_group layers; then
+    bash "${ROOT}/bench/layers_bench.sh" --out-dir "${out}" --repeats "${repeats}" || failed+=(layers)
   fi
   # Last: it brings the cluster up with 16 nodes, then back to 4.
   if want_group scale; then

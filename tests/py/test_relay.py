@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import pytest
@@ -81,13 +81,18 @@ def run_ranks(
         finally:
             os.close(fd)
 
-    threads = [threading.Thread(target=one, args=(r,), daemon=True) for r in (ranks or range(nnodes))]
+    in_threads(one, ranks or range(nnodes))
+    return outcomes
+
+
+def in_threads(one: Callable[[int], None], ranks: Iterable[int]) -> None:
+    """one(rank) for every rank at once, each in a thread; a rank still running after 30 s fails."""
+    threads = [threading.Thread(target=one, args=(r,), daemon=True) for r in ranks]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(30)
         assert not thread.is_alive(), "a relay rank hung"
-    return outcomes
 
 
 def message(outcome: object) -> str:
