@@ -385,7 +385,8 @@ job::judge_fitness() {
   JOB_BAD_NODES=()
   [[ ${SM_FITNESS} != off ]] || return 1
   local out
-  if ! out=$(util::sm fitness judge --jobdir "${SM_JOBDIR}" --nodes "${JOB_NODES[*]}" 2>&1); then
+  if ! out=$(util::sm fitness judge --jobdir "${SM_JOBDIR}" --nodes "${JOB_NODES[*]}" \
+    --min-rate "${SM_FITNESS_MIN_RATE}" 2>&1); then
     log::warn multi "cannot judge the fitness reports: ${out#slurm-multi: }"
     return 1
   fi

@@ -36,6 +36,7 @@ RUN = ["run", "--rank", "0", "--nnodes", "2", "--hosts", "a b", "--port", "23456
         ),
         ([*RUN, "--timeout", "0"], "--timeout '0' is not allowed; use a number more than 0"),
         ([*RUN, "--slow-factor", "nan"], "--slow-factor 'nan' is not allowed"),
+        ([*RUN, "--min-rate", "-1"], "--min-rate '-1' is not allowed; use a number at least 0"),
         ([*RUN, "--tmeout", "3"], ("No such option '--tmeout'", "; Usage: slurm-multi fitness run")),
         ([*RUN, "stray"], "Got unexpected extra argument (stray)"),
         (["rn", *RUN[1:]], "No such command 'rn'"),
@@ -162,7 +163,7 @@ def test_collect_writes_the_bad_nodes_the_judge_finds_and_holds_the_perf_csv_for
 RUN_OPTIONS = (
     "--rank --nnodes --hosts --port --master-port --job-id --token-env --timeout --runtime --runtime-timeout "
     "--disk --disk-reserve --min-inodes --disk-timeout --gpus-needed --gpu-mem-fraction --gpu-timeout "
-    "--probe-bytes --probe-seconds --slow-factor --clock-bound --out --docker-image --image-bytes"
+    "--probe-bytes --probe-seconds --slow-factor --min-rate --clock-bound --out --docker-image --image-bytes"
 ).split()
 
 

@@ -15,7 +15,7 @@ The report (--out, written atomically: a temp file in the same dir, then a renam
      "stopped": "" or why the stage ended before its verdict (slurm_multi.fitness.verdict says what
                 it counts for; a check that had not finished by then is null under "checks"),
      "local": {"ok", "reason"}  (the verdict its HELLO carried),
-     "thresholds": {"slow_factor", "clock_bound"},
+     "thresholds": {"slow_factor", "clock_bound", "min_rate": bytes/s, 0 = no floor},
      "checks": {
        "runtime": {"kind", "status": ok|failed|skipped, "ok", "reason", "detail", "seconds"},
        "disk": [{"path", "checked", "need_bytes", "reserve_bytes", "free_bytes", "free_inodes",
@@ -92,6 +92,7 @@ class Options(NamedTuple):
     slow_factor: float
     clock_bound: float
     out: str
+    min_rate: float = 0.0  # bytes/s, 0 = no floor
     docker_image: str = ""
     image_bytes: int = 0
 
@@ -268,7 +269,11 @@ def run_stage(opts: Options, env: Mapping[str, str]) -> dict[str, Any]:
         "reason": "",
         "stopped": "SIGTERM before the verdict" if stopped else "",
         "local": {"ok": local["ok"], "reason": local["reason"]},
-        "thresholds": {"slow_factor": opts.slow_factor, "clock_bound": opts.clock_bound},
+        "thresholds": {
+            "slow_factor": opts.slow_factor,
+            "clock_bound": opts.clock_bound,
+            "min_rate": opts.min_rate,
+        },
         "checks": {
             "runtime": local["runtime"],
             "disk": local["disk"],
@@ -277,7 +282,7 @@ def run_stage(opts: Options, env: Mapping[str, str]) -> dict[str, Any]:
         },
         "bad": [],
     }
-    report["bad"] = judge(report, opts.slow_factor, opts.clock_bound)
+    report["bad"] = judge(report, opts.slow_factor, opts.clock_bound, opts.min_rate)
     report["ok"] = False if report["bad"] else None if stopped else True
     report["reason"] = next((b["reason"] for b in report["bad"] if b["rank"] == opts.rank), "")
     report["seconds"] = round(time.monotonic() - t0, 3)

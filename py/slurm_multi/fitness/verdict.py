@@ -44,11 +44,18 @@ joined with `; `. Host names are shown as given (host:port when several ranks sh
   and B cannot reach each other on port P" (or "do not share the job token"): which one is at fault
   cannot be told; with one direction failing, the node that could not be reached is named. A node
   without a report is named for that alone.
-- slow link: ring rates r -> r+1 (each node's own, else from a peer's HELLO); with at least 3
-  measured links (N >= 3), a link slower than --slow-factor x the median of the measured ones is
-  slow. A node whose links in and out are both slow is bad ("both ring links slow: ..."); any other
-  slow link names both ends: "link A->B: X MB/s, median Y MB/s" (MB = 10^6 bytes). With fewer
-  links the rates are reported and nothing is judged slow.
+- slow link: ring rates r -> r+1 (each node's own, else from a peer's HELLO). A node is judged
+  against the links that do not touch it: with N >= 3, a node whose links in and out are both
+  slower than --slow-factor x the median of those is bad ("both ring links slow: A->B X MB/s and
+  B->C Y MB/s, the other links' median Z MB/s"; MB = 10^6 bytes), so a node slow both ways is
+  named even where it sits on most of the ring's links (2 of 3). Any other link slower than
+  --slow-factor x the median of all the measured ones (3 or more) names both ends: "link A->B: X
+  MB/s, median Y MB/s". --min-rate (bytes/s here, MB/s on the command line; 0 = off) is a floor
+  whatever the others measured, with N >= 2: a node with both links below it, else both ends of a
+  link below it, are named, "below the --fitness-min-rate floor of F MB/s" (with N == 2 both
+  nodes: which one is slow cannot be told). Without the floor, 2 nodes are never judged slow, and
+  all links equally slow name nobody. A healthy node on a busy host measured up to 5x below the
+  others stays within the default factor (0.1).
 - clock: offsets relative to the judging node (itself 0). With 3 or more clocks known, a node
   further than --clock-bound from their median is bad ("clock 5.2 s ahead of the job's median" /
   "behind"); the global judge takes, for each node, the median over the reports of its distance
@@ -237,29 +244,58 @@ class _Bad:
 
 
 def slow_links(
-    rates: Mapping[int, float | None], n: int, name: Callable[[int], str], factor: float, bad: _Bad
+    rates: Mapping[int, float | None],
+    n: int,
+    name: Callable[[int], str],
+    factor: float,
+    bad: _Bad,
+    min_rate: float = 0.0,
 ) -> None:
-    """The slow-link rule over ring rates `rates[r]` of link r -> (r+1) % n (see the module docstring)."""
+    """The slow-link rule over ring rates `rates[r]` of link r -> (r+1) % n (the module docstring).
+
+    A node is judged against the links that do not touch it (the rates its other peers reach): in a
+    3-node ring a node slow both ways sits on two of the three links, so any median over all of them
+    is its own slow link. `min_rate` (bytes/s, 0 = off) is the site's floor: a link below it is slow
+    whatever the others measured."""
     links = {r: rate for r, rate in rates.items() if rate is not None and rate >= 0 and 0 <= r < n}
-    if n < 3 or len(links) < 3:
+    if n < 2 or not links:
         return
-    mid = statistics.median(links.values())
-    slow = {r for r, rate in links.items() if rate < factor * mid}
-    both = {node for node in range(n) if node in slow and (node - 1) % n in slow}
-    for node in sorted(both):
-        before, after = (node - 1) % n, (node + 1) % n
-        bad.add(
-            node,
-            f"both ring links slow: {name(before)}->{name(node)} {mbps(links[before])} and "
-            f"{name(node)}->{name(after)} {mbps(links[node])}, median {mbps(mid)}",
-        )
-    for r in sorted(slow):
-        a, b = r, (r + 1) % n
-        if a in both or b in both:
+    floor = f"below the --fitness-min-rate floor of {mbps(min_rate)}" if min_rate > 0 else ""
+    named: set[int] = set()
+    for node in range(n):
+        before = (node - 1) % n
+        if before not in links or node not in links or (n == 2 and node == 1):
+            continue  # (two nodes share both links: one judgement names both)
+        others = [rate for r, rate in links.items() if node not in (r, (r + 1) % n)]
+        reference = statistics.median(others) if n >= 3 and others else None
+        against = []
+        if reference is not None and max(links[before], links[node]) < factor * reference:
+            against.append(f"the other links' median {mbps(reference)}")
+        if floor and max(links[before], links[node]) < min_rate:
+            against.append(floor)
+        if not against:
             continue
-        reason = f"link {name(a)}->{name(b)}: {mbps(links[r])}, median {mbps(mid)}"
-        bad.add(a, reason)
-        bad.add(b, reason)
+        reason = (
+            f"both ring links slow: {name(before)}->{name(node)} {mbps(links[before])} and "
+            f"{name(node)}->{name((node + 1) % n)} {mbps(links[node])}, {', '.join(against)}"
+        )
+        for who in (node, before) if n == 2 else (node,):
+            bad.add(who, reason)
+            named.add(who)
+    mid = statistics.median(links.values()) if n >= 3 and len(links) >= 3 else None
+    for r, rate in sorted(links.items()):
+        a, b = r, (r + 1) % n
+        if a in named or b in named:
+            continue
+        against = []
+        if mid is not None and rate < factor * mid:
+            against.append(f"median {mbps(mid)}")
+        if floor and rate < min_rate:
+            against.append(floor)
+        if against:
+            reason = f"link {name(a)}->{name(b)}: {mbps(rate)}, {', '.join(against)}"
+            bad.add(a, reason)
+            bad.add(b, reason)
 
 
 def clock_rule(
@@ -298,6 +334,7 @@ def judge(
     report: Mapping[str, Any],
     slow_factor: float = DEFAULT_SLOW_FACTOR,
     clock_bound: float = DEFAULT_CLOCK_BOUND,
+    min_rate: float = 0.0,
 ) -> list[dict[str, Any]]:
     """The bad nodes in one node's view (its report, or the same figures): [{"rank", "host", "reason",
     "evidence"}] (one view is no majority: only the checks a node says failed are `local`). Pure;
@@ -318,7 +355,7 @@ def judge(
         _reach_view(view, name, bad)
     rates = {q: view.peer_rate(q) for q in view.heard}
     rates[me] = view.ring_rate
-    slow_links(rates, n, name, slow_factor, bad)
+    slow_links(rates, n, name, slow_factor, bad, min_rate)
     clock_rule(view.offsets, name, clock_bound, bad)
     return bad.listing(view.hosts)
 
@@ -381,6 +418,7 @@ def judge_reports(
     clock_bound: float = DEFAULT_CLOCK_BOUND,
     hosts: Sequence[str] | None = None,
     missing: Mapping[int, str] | None = None,
+    min_rate: float = 0.0,
 ) -> list[dict[str, Any]]:
     """The bad nodes over every node's report (None: a node that wrote none), as the batch step
     judges after the stage: [{"rank", "host", "reason", "evidence"}]. `hosts`: the job's host names
@@ -425,7 +463,7 @@ def judge_reports(
         if rate is None:
             rate = next((v.peer_rate(r) for v in views if v is not None and v.peer_rate(r) is not None), None)
         rates[r] = rate
-    slow_links(rates, nnodes, name, slow_factor, bad)
+    slow_links(rates, nnodes, name, slow_factor, bad, min_rate)
     _clock_global(views, nnodes, name, clock_bound, bad)
     return bad.listing(hosts)
 
@@ -552,7 +590,7 @@ def read_cmd_records(jobdir: str, nodes: Sequence[str]) -> dict[int, tuple[bool,
 
 
 def judge_job(jobdir: str, nodes: Sequence[str], slow_factor: float = DEFAULT_SLOW_FACTOR,
-              clock_bound: float = DEFAULT_CLOCK_BOUND) -> list[dict[str, Any]]:  # fmt: skip
+              clock_bound: float = DEFAULT_CLOCK_BOUND, min_rate: float = 0.0) -> list[dict[str, Any]]:  # fmt: skip
     """The bad nodes of one attempt of a job, as the batch step and collect judge it: [{"rank" (the
     node's index), "host" (nodes[rank]), "reason", "evidence"}].
 
@@ -604,7 +642,7 @@ def judge_job(jobdir: str, nodes: Sequence[str], slow_factor: float = DEFAULT_SL
 
     if not any(reports):
         return [own_entry(i) for i in sorted(own)]
-    found = judge_reports(reports, nnodes, slow_factor, clock_bound, hosts=nodes, missing=said)
+    found = judge_reports(reports, nnodes, slow_factor, clock_bound, hosts=nodes, missing=said, min_rate=min_rate)
     out = [
         own_entry(entry["rank"]) if entry["rank"] in own and reports[entry["rank"]] is None else entry
         for entry in found
