@@ -42,6 +42,8 @@ NETWORK_KEYS = {
     "ports_taken",
     "listening",
     "listen_error",
+    "partners",
+    "connections",
     "reached",
     "heard",
     "errors",

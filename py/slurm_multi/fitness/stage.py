@@ -26,6 +26,8 @@ The report (--out, written atomically: a temp file in the same dir, then a renam
                 "offenders": [{"gpu", "pid", "mib", "total_mib", "why": process|memory}], "seconds"},
        "network": {"port": the candidate it listens on or null, "candidates", "ports_taken": [the
                    candidates another process held], "listening", "listen_error",
+                   "partners": [the ranks it dials and hears from: slurm_multi.fitness.mesh],
+                   "connections": {"dialled": connect attempts, "accepted": connections accepted},
                    "reached": [ranks], "heard": [ranks],
                    "errors": {rank: last dial error}, "token_rejected_by": [ranks that answered
                    ERR bad token], "rejected": [{"from", "rank", "reason"}],
@@ -59,7 +61,7 @@ from slurm_multi.fitness.checks import (
     runtime_timeout_figures,
 )
 from slurm_multi.fitness.gpucheck import check_gpus, gpu_figures, gpu_timeout_figures
-from slurm_multi.fitness.mesh import Mesh
+from slurm_multi.fitness.mesh import Mesh, partners
 from slurm_multi.fitness.protocol import HELLO_MARGIN, HELLO_MARGIN_SHARE, Hello
 from slurm_multi.fitness.verdict import judge
 from slurm_multi.logline import talk
@@ -140,8 +142,9 @@ def run_stage(opts: Options, env: Mapping[str, str]) -> dict[str, Any]:
 
     previous = signal.signal(signal.SIGTERM, on_signal)
     children: list[Any] = []
+    peers = partners(opts.rank, opts.nnodes, opts.job_id)
     if opts.nnodes > 1:
-        raise_nofile_limit(4 * opts.nnodes + 64)
+        raise_nofile_limit(4 * (len(peers) + 1) + 64)
     checks = _start_checks(opts, env, t0, hello_by, wake, children)
     mesh = None
     if opts.nnodes > 1:
@@ -156,6 +159,7 @@ def run_stage(opts: Options, env: Mapping[str, str]) -> dict[str, Any]:
             opts.probe_seconds,
             hello_by,
             deadline,
+            peers,
         )
         mesh.listen()
         if mesh.all_taken:
@@ -244,6 +248,8 @@ def run_stage(opts: Options, env: Mapping[str, str]) -> dict[str, Any]:
             "ports_taken": [],
             "listening": False,
             "listen_error": "",
+            "partners": [],
+            "connections": {"dialled": 0, "accepted": 0},
             "reached": [],
             "heard": [],
             "errors": {},

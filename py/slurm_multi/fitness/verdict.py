@@ -37,8 +37,11 @@ joined with `; `. Host names are shown as given (host:port when several ranks sh
 - ports: a node's report says which candidate it listened on (`port`), its HELLO says the same to its
   peers; a node that listened nowhere because every candidate was held (`ports_taken`), or whose
   HELLO said so, is never named for being unreachable.
+- partners: a node dials and hears from its partners only (slurm_multi.fitness.mesh.partners: its
+  ring neighbours and a few offsets drawn from the job ID; every other node when N <= 7), as its
+  report's `partners` says (a report without it: every other node). "Peer" below means partner.
 - reachability, global: x is unreachable from y when y did not reach x and x did not hear y. A node
-  unreachable from a strict majority of the other nodes that wrote a report is bad ("unreachable on
+  unreachable from a strict majority of its partners that wrote a report is bad ("unreachable on
   port P from every peer" / "from k of m peers (...)"; "wrong job token" when every failing peer's
   connection failed on the token). With N == 2 and neither reaching the other, both are named: "A
   and B cannot reach each other on port P" (or "do not share the job token"): which one is at fault
@@ -109,6 +112,10 @@ class _Report:
         mine = self.candidates[self.me] if 0 <= self.me < len(self.candidates) else []
         # listened nowhere because another process held every candidate: no evidence either way
         self.all_taken = not self.listening and bool(taken) and set(mine) <= set(taken)
+        # the ranks it dials and hears from (slurm_multi.fitness.mesh.partners); every other rank in
+        # a report that does not say (written before partners)
+        chosen = _ranks(net.get("partners"), self.n) - {self.me}
+        self.partners = chosen or {q for q in range(self.n) if q != self.me}
         self.reached = _ranks(net.get("reached"), self.n)
         self.heard = _ranks(net.get("heard"), self.n)
         self.token_rejected_by = _ranks(net.get("token_rejected_by"), self.n)
@@ -362,7 +369,7 @@ def judge(
 
 def _reach_view(view: _Report, name: _Names, bad: _Bad) -> None:
     me, n = view.me, view.n
-    peers = [q for q in range(n) if q != me]
+    peers = sorted(view.partners)
     mine = name.port(me)
 
     def first_error() -> str:
@@ -501,7 +508,8 @@ def _reach_global(
     for x in present:
         if nowhere(x):
             continue
-        voters = [y for y in present if y != x]
+        # its checkers: the partners that wrote a report (a node dials and hears only its partners)
+        voters = [y for y in present if y != x and (v := views[y]) is not None and x in v.partners]
         failing = [y for y in voters if not works(y, x)]
         if not voters or 2 * len(failing) <= len(voters):
             continue
