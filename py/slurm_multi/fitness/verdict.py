@@ -597,8 +597,13 @@ def read_cmd_records(jobdir: str, nodes: Sequence[str]) -> dict[int, tuple[bool,
     return out
 
 
-def judge_job(jobdir: str, nodes: Sequence[str], slow_factor: float = DEFAULT_SLOW_FACTOR,
-              clock_bound: float = DEFAULT_CLOCK_BOUND, min_rate: float = 0.0) -> list[dict[str, Any]]:  # fmt: skip
+def judge_job(
+    jobdir: str,
+    nodes: Sequence[str],
+    slow_factor: float = DEFAULT_SLOW_FACTOR,
+    clock_bound: float = DEFAULT_CLOCK_BOUND,
+    min_rate: float = 0.0,
+) -> list[dict[str, Any]]:
     """The bad nodes of one attempt of a job, as the batch step and collect judge it: [{"rank" (the
     node's index), "host" (nodes[rank]), "reason", "evidence"}].
 
@@ -650,7 +655,9 @@ def judge_job(jobdir: str, nodes: Sequence[str], slow_factor: float = DEFAULT_SL
 
     if not any(reports):
         return [own_entry(i) for i in sorted(own)]
-    found = judge_reports(reports, nnodes, slow_factor, clock_bound, hosts=nodes, missing=said, min_rate=min_rate)
+    found = judge_reports(
+        reports, nnodes, slow_factor, clock_bound, hosts=nodes, missing=said, min_rate=min_rate
+    )
     out = [
         own_entry(entry["rank"]) if entry["rank"] in own and reports[entry["rank"]] is None else entry
         for entry in found
