@@ -182,7 +182,7 @@ def _text(name: str, default: str, metavar: str, text: str, **more: Any) -> Any:
 @_text("--image-bytes", "0", "B", "The image's size where known (the cache's tar).")
 @click.pass_context
 def run_cmd(ctx: click.Context, **options: Any) -> None:
-    """This node's local checks (runtime, disk, GPUs) and the mesh with every other node (reach,
+    """This node's local checks (runtime, disk, GPUs) and the mesh with its partners (reach,
     ring bandwidth, clocks), within --timeout; the report goes to --out.
 
     \b
