@@ -40,7 +40,15 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "py"))
 
-from benchlib import format_seconds, make_row, median, skipped_row, talk, write_rows  # noqa: E402
+from benchlib import (  # noqa: E402
+    format_seconds,
+    int_list,
+    make_row,
+    median,
+    skipped_row,
+    talk,
+    write_rows,
+)
 
 from slurm_multi.auth import new_nonce  # noqa: E402
 from slurm_multi.wire import challenge_line, parse_challenge, reply_line, request_line  # noqa: E402
@@ -455,12 +463,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-warmup", action="store_true", help="skip the uncounted first run per size")
     parser.add_argument("--out", default="-", help="write the rows (JSON list) here; '-' = stdout")
     args = parser.parse_args(argv)
-    try:
-        sizes = [int(part) for part in args.sizes.split(",") if part.strip()]
-    except ValueError:
-        parser.error(f"--sizes {args.sizes!r}: expected comma-separated integers")
-    if not sizes or min(sizes) < 1 or args.repeats < 1:
-        parser.error("--sizes and --repeats must be positive")
+    sizes = int_list(parser, "--sizes", args.sizes)
+    if args.repeats < 1:
+        parser.error("--repeats must be positive")
     write_rows(run(sizes, args.repeats, not args.no_warmup), args.out)
     return 0
 

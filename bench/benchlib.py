@@ -16,6 +16,7 @@ A row that could not be measured carries `"skipped": "<why>"` and nulls for the 
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -199,6 +200,18 @@ def write_rows(rows: list[dict[str, Any]], out: str | None) -> None:
         sys.stdout.write(text)
         return
     write_atomic(out, text, mode=None)  # (/dev/null or a pipe is written through, never replaced)
+
+
+def int_list(parser: argparse.ArgumentParser, flag: str, text: str, low: int = 1) -> list[int]:
+    """A bench's comma-separated sizes (`--sizes 16,256`), each at least `low`; parser.error (exit 2)
+    for anything else."""
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        parser.error(f"{flag} {text!r}: expected comma-separated integers")
+    if not values or min(values) < low:
+        parser.error(f"{flag} {text!r}: expected integers of {low} or more")
+    return values
 
 
 def repo_root() -> Path:

@@ -1,8 +1,9 @@
 """The fitness stage's network check for N simulated nodes on loopback, against a kernel floor.
 
-One run: N slurm_multi.fitness.mesh.Mesh objects, each with its own listener on 127.0.0.1 (a port
-of its own: the `host:port` test aid), all driven by ONE selectors loop in ONE process, as
-run_stage drives one node: timers, then events; a node says its HELLO once its ring probe is done.
+One run: N slurm_multi.fitness.mesh.Mesh objects, each with its own listener (an address of its
+own on the loopback, 127.1.x.y, and a port of its own: the `host:port` test aid), all driven by ONE
+selectors loop in ONE process, as run_stage drives one node: timers, then events; a node says its
+HELLO once its ring probe is done.
 Each node dials its partners (mesh.partners: ring neighbours and two offsets drawn from the job ID)
 with the real protocol: a greeting, a signed JOIN, a signed WELCOME, a signed HELLO, a signed GOT,
 and the ring probe (PROBE_BYTES, small: this row is about connections, not bandwidth). The figure
@@ -15,8 +16,8 @@ The simulation is O(N) by construction: one process does every node's work, on o
 node does only its own share, so the per-node figures (seconds / N, CPU seconds / N) are what a
 node pays; the scaling row judges a node's CPU seconds at 1,024 nodes against 64 (on a machine
 whose cores other processes share, the wall time holds the waits for a core: the load average is
-in the notes). `--full-mesh`
-adds the old design at 64 nodes (every node dials every other) beside the partners.
+in the notes). Beside the partners, the old design at 64 nodes: every node dials every other
+(`--no-full-mesh` leaves it out).
 """
 
 from __future__ import annotations
@@ -39,12 +40,29 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "py"))
 
 from barrier_bench import ensure_nofile  # noqa: E402
-from benchlib import format_seconds, make_row, median, skipped_row, talk, write_rows  # noqa: E402
+from benchlib import (  # noqa: E402
+    format_seconds,
+    int_list,
+    make_row,
+    median,
+    skipped_row,
+    talk,
+    write_rows,
+)
 
 from slurm_multi.fitness.mesh import Mesh, partners  # noqa: E402
 from slurm_multi.fitness.protocol import Hello  # noqa: E402
 
 LOOPBACK = "127.0.0.1"
+
+
+def address(rank: int) -> str:
+    """Each simulated node's own loopback address (127.1.x.y: all of 127/8 is the loopback): with one
+    address for every node, the job's thousands of dials (and their TIME_WAITs, 60 s each) would
+    share one range of ephemeral ports, which no real cluster does."""
+    return f"127.1.{rank // 250}.{rank % 250 + 1}"
+
+
 SIZES = (64, 256, 1024)
 SMALL, LARGE = 64, 1024  # the scaling row: per-node time at LARGE against SMALL
 TARGET = "<= 2.0x"
@@ -111,7 +129,7 @@ def simulate(n: int, full_mesh: bool = False, timeout: float = RUN_TIMEOUT) -> R
     shared = selectors.DefaultSelector()
     start, cpu0 = time.monotonic(), _cpu()
     deadline = start + timeout
-    hosts, candidates = [LOOPBACK] * n, [[port] for port in ports]
+    hosts, candidates = [address(r) for r in range(n)], [[port] for port in ports]
     meshes = []
     for r in range(n):
         peers = dialled(r, n, full_mesh)
@@ -141,7 +159,7 @@ def simulate(n: int, full_mesh: bool = False, timeout: float = RUN_TIMEOUT) -> R
         mesh = meshes[r]
         if mesh.hello is None and mesh.probe_done():  # as run_stage: the HELLO once the probe is done
             ring = mesh.ring["bytes_per_s"]
-            mesh.set_hello(Hello(r, LOOPBACK, ports[r], 0.0, (r + 1) % n, ring, "ok"), now)
+            mesh.set_hello(Hello(r, hosts[r], ports[r], 0.0, (r + 1) % n, ring, "ok"), now)
         if r in pending and mesh.done():
             pending.discard(r)
         heapq.heappush(due, (mesh.next_timer(), r))
@@ -203,10 +221,10 @@ def floor(n: int, full_mesh: bool = False, timeout: float = RUN_TIMEOUT) -> Run:
     sel = selectors.DefaultSelector()
     start, cpu0 = time.monotonic(), _cpu()
     listeners = []
-    for _ in range(n):
+    for r in range(n):
         sock = socket.socket()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((LOOPBACK, 0))
+        sock.bind((address(r), 0))
         sock.listen(128)
         sock.setblocking(False)
         sel.register(sock, selectors.EVENT_READ, ("listener", None))
@@ -273,7 +291,7 @@ def _connections(runs: Sequence[Run]) -> dict[str, Any]:
 def bench_size(n: int, repeats: int, full_mesh: bool = False) -> tuple[dict[str, Any], list[Run]]:
     design = "full mesh (before)" if full_mesh else "partners"
     name = f"fitness mesh, {n} simulated nodes" + (", full mesh (before)" if full_mesh else "")
-    what = f"{n} nodes' fitness meshes ({design}) in one process on 127.0.0.1: first listen -> last node done"
+    what = f"{n} nodes' fitness meshes ({design}) in one process on loopback: first listen -> last node done"
     baseline = "the same connections with no protocol (connect, accept, one line, close), same loop"
     need = fds_needed(n, full_mesh)
     have = ensure_nofile(need)
@@ -372,12 +390,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-full-mesh", action="store_true", help="skip the full mesh row")
     parser.add_argument("--out", default="-", help="write the rows (JSON list) here; '-' = stdout")
     args = parser.parse_args(argv)
-    try:
-        sizes = [int(part) for part in args.sizes.split(",") if part.strip()]
-    except ValueError:
-        parser.error(f"--sizes {args.sizes!r}: expected comma-separated integers")
-    if not sizes or min(sizes) < 2 or args.repeats < 1:
-        parser.error("--sizes must be 2 or more nodes and --repeats positive")
+    sizes = int_list(parser, "--sizes", args.sizes, low=2)
+    if args.repeats < 1:
+        parser.error("--repeats must be positive")
     write_rows(run(sizes, args.repeats, not args.no_full_mesh), args.out)
     return 0
 

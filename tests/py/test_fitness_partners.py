@@ -5,14 +5,10 @@ checkers is named, a node that never dialled another does not vote on it.
 
 from __future__ import annotations
 
-import selectors
-import time
-
 import pytest
 
-from fitness_nodes import JOB, TOKEN, free_ports, reasons, view
-from slurm_multi.fitness import protocol
-from slurm_multi.fitness.mesh import EXTRA_OFFSETS, Mesh, partners
+from fitness_nodes import JOB, TOKEN, reasons, run_meshes, view
+from slurm_multi.fitness.mesh import EXTRA_OFFSETS, partners
 from slurm_multi.fitness.verdict import judge, judge_reports
 
 
@@ -94,34 +90,9 @@ def test_a_slow_node_is_named_from_its_partners_hellos() -> None:
 # In process: meshes of partners over real sockets on loopback
 
 
-def run_meshes(n: int, seconds: float = 20.0) -> list[Mesh]:
-    """Every rank of an n-node job in this process, each with its own selector, until all are done."""
-    ports = free_ports(n)
-    start = time.monotonic()
-    deadline = start + seconds
-    sels = [selectors.DefaultSelector() for _ in range(n)]
-    hosts, candidates = ["127.0.0.1"] * n, [[port] for port in ports]
-    meshes = [
-        Mesh(sels[r], r, hosts, candidates, JOB, TOKEN, 0, 1.0, deadline - 2, deadline) for r in range(n)
-    ]
-    for rank, mesh in enumerate(meshes):
-        mesh.listen()
-        mesh.set_hello(protocol.Hello(rank, "127.0.0.1", ports[rank], 0.0, None, None, "ok"), start)
-    try:
-        while not all(mesh.done() for mesh in meshes) and time.monotonic() < deadline:
-            for mesh, sel in zip(meshes, sels):
-                mesh.on_timers(time.monotonic())
-                mesh.on_events(sel.select(0), time.monotonic())
-    finally:
-        for mesh, sel in zip(meshes, sels):
-            mesh.close(0.0)
-            sel.close()
-    return meshes
-
-
 def test_twenty_meshes_talk_with_their_partners_only() -> None:
     n = 20
-    meshes = run_meshes(n)
+    meshes = run_meshes([TOKEN] * n, probe_bytes=0, seconds=20.0)
     for rank, mesh in enumerate(meshes):
         figures = mesh.figures()
         mine = partners(rank, n, JOB)
