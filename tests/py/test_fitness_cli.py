@@ -224,3 +224,30 @@ def test_the_job_ports_are_the_same_on_every_node_and_none_of_the_barriers_or_re
     result = cli(["run", *alone, "--master-port", "29500", "--job-id", "77"])
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["ports"] == [ports]
+
+
+def test_the_min_rate_floor_reaches_the_judge_and_collect_from_the_jobs_settings(tmp_path: Path) -> None:
+    """--fitness-min-rate (SM_FITNESS_MIN_RATE, MB/s): the batch step passes it to `fitness judge`,
+    collect reads it from job.json's settings; two links of 40 MB/s are slow under a 50 MB/s floor."""
+    jobdir = _bad_node_job(tmp_path / "job")
+    for rank in (0, 1):  # (each node's own view named them too: rank 0's fitness stage failed)
+        (jobdir / f"node_{rank}" / "fitness.json").write_text(
+            json.dumps(view(rank, 2, rates={0: 40e6, 1: 40e6}))
+        )
+    judge = ["judge", "--jobdir", str(jobdir), "--nodes", "node0 node1"]
+    assert cli(judge).stdout == ""  # two nodes: nothing to compare with, no floor
+    reason = (
+        "both ring links slow: node1->node0 40.0 MB/s and node0->node1 40.0 MB/s, below the "
+        "--fitness-min-rate floor of 50.0 MB/s"
+    )
+    floored = cli([*judge, "--min-rate", "50"])
+    assert floored.stdout.splitlines() == [f"0\tnode0\t{reason}\tnone", f"1\tnode1\t{reason}\tnone"]
+    job = json.loads((jobdir / "job.json").read_text())
+    job["settings"]["SM_FITNESS_MIN_RATE"] = "50"
+    (jobdir / "job.json").write_text(json.dumps(job))
+    env = {"PYTHONPATH": str(REPO / "py"), "PATH": os.environ["PATH"]}
+    collect = [sys.executable, "-m", "slurm_multi", "results", "collect", str(jobdir), "--no-picture"]
+    subprocess.run([*collect, "--bad-nodes", str(tmp_path / "bad")], capture_output=True, text=True, env=env)
+    assert (
+        tmp_path / "bad"
+    ).read_text() == f"0\tnode0\t{reason}\tnone\tfitness\n1\tnode1\t{reason}\tnone\tfitness\n"
