@@ -22,7 +22,6 @@ in the notes). Beside the partners, the old design at 64 nodes: every node dials
 
 from __future__ import annotations
 
-import argparse
 import gc
 import heapq
 import os
@@ -39,16 +38,9 @@ from typing import Any, NamedTuple
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "py"))
 
+import benchlib  # noqa: E402
 from barrier_bench import ensure_nofile  # noqa: E402
-from benchlib import (  # noqa: E402
-    format_seconds,
-    int_list,
-    make_row,
-    median,
-    skipped_row,
-    talk,
-    write_rows,
-)
+from benchlib import format_seconds, make_row, median, skipped_row, talk, write_rows  # noqa: E402
 
 from slurm_multi.fitness.mesh import Mesh, partners  # noqa: E402
 from slurm_multi.fitness.protocol import Hello  # noqa: E402
@@ -384,15 +376,9 @@ def run(sizes: Sequence[int] = SIZES, repeats: int = 5, full_mesh: bool = True) 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="node counts, comma-separated")
-    parser.add_argument("--repeats", type=int, default=5, help="runs of each side per size")
+    parser = benchlib.sizes_parser(__doc__, SIZES, "node counts")
     parser.add_argument("--no-full-mesh", action="store_true", help="skip the full mesh row")
-    parser.add_argument("--out", default="-", help="write the rows (JSON list) here; '-' = stdout")
-    args = parser.parse_args(argv)
-    sizes = int_list(parser, "--sizes", args.sizes, low=2)
-    if args.repeats < 1:
-        parser.error("--repeats must be positive")
+    args, sizes = benchlib.sizes_args(parser, argv, low=2)
     write_rows(run(sizes, args.repeats, not args.no_full_mesh), args.out)
     return 0
 
