@@ -423,3 +423,17 @@ def test_a_node_whose_own_fitness_command_failed_is_bad_unless_every_node_failed
     assert verdict.judge_job(str(job), hosts) == []
     bad = cli(["record-cmd", "x"])
     assert bad.returncode == 2 and len(bad.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("ordered", "removed", "expected"),
+    [
+        ([1.0, 2.0, 3.0, 4.0], [2.0, 3.0], 2.5),
+        ([1.0, 2.0, 3.0, 4.0, 5.0], [1.0], 3.5),
+        ([2.0, 2.0, 2.0, 9.0], [2.0, 2.0], 5.5),  # equal values: one copy each
+        ([5.0, 7.0], [5.0, 7.0], None),
+        ([5.0], [], 5.0),
+    ],
+)
+def test_the_median_without_a_nodes_own_links(ordered: list, removed: list, expected: float | None) -> None:
+    assert verdict._median_without(ordered, removed) == expected

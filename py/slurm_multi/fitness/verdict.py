@@ -68,6 +68,7 @@ joined with `; `. Host names are shown as given (host:port when several ranks sh
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import statistics
@@ -269,12 +270,12 @@ def slow_links(
         return
     floor = f"below the --fitness-min-rate floor of {mbps(min_rate)}" if min_rate > 0 else ""
     named: set[int] = set()
+    ordered = sorted(links.values())
     for node in range(n):
         before = (node - 1) % n
         if before not in links or node not in links or (n == 2 and node == 1):
             continue  # (two nodes share both links: one judgement names both)
-        others = [rate for r, rate in links.items() if node not in (r, (r + 1) % n)]
-        reference = statistics.median(others) if n >= 3 and others else None
+        reference = _median_without(ordered, [links[before], links[node]]) if n >= 3 else None
         against = []
         if reference is not None and max(links[before], links[node]) < factor * reference:
             against.append(f"the other links' median {mbps(reference)}")
@@ -303,6 +304,23 @@ def slow_links(
             reason = f"link {name(a)}->{name(b)}: {mbps(rate)}, {', '.join(against)}"
             bad.add(a, reason)
             bad.add(b, reason)
+
+
+def _median_without(ordered: Sequence[float], removed: Sequence[float]) -> float | None:
+    """The median of `ordered` (sorted) without one occurrence of each of `removed` (values it holds),
+    None when nothing is left: the median of the links that do not touch a node, for every node of a
+    4,096-node ring in milliseconds (a new list per node took 2 s)."""
+    gaps: list[int] = []
+    for index in sorted(bisect.bisect_left(ordered, value) for value in removed):
+        gaps.append(max(index, gaps[-1] + 1) if gaps else index)  # (equal values: the next copy)
+    left = len(ordered) - len(gaps)
+
+    def at(position: int) -> float:  # the position-th of what is left
+        for gap in gaps:
+            position += position >= gap
+        return ordered[position]
+
+    return (at((left - 1) // 2) + at(left // 2)) / 2 if left else None
 
 
 def clock_rule(
