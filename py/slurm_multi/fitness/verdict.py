@@ -98,9 +98,9 @@ class _Report:
         self.n = max(1, _int(report.get("nnodes"), 1)) if nnodes is None else nnodes
         self.me = _int(report.get("rank"), -1)
         self.host = str(report.get("host") or "")
-        self.hosts = _strings(report.get("hosts"), self.n)
-        listed = report.get("ports") if isinstance(report.get("ports"), list) else []
-        self.candidates = [_port_list(p) for p in listed]
+        # (every rank's host and ports are parsed only where one view is judged: over a job's reports
+        # they would be N x N)
+        self._listed = report.get("ports") if isinstance(report.get("ports"), list) else []
         local = report.get("local") if isinstance(report.get("local"), Mapping) else {}
         self.local_ok = local.get("ok") is not False
         self.local_reason = str(local.get("reason") or "local checks failed")
@@ -110,7 +110,7 @@ class _Report:
         self.port = _int(net.get("port"), 0)
         self.listening = net.get("listening") is not False
         taken = _port_list(net.get("ports_taken"))
-        mine = self.candidates[self.me] if 0 <= self.me < len(self.candidates) else []
+        mine = self.candidate_ports(self.me)
         # listened nowhere because another process held every candidate: no evidence either way
         self.all_taken = not self.listening and bool(taken) and set(mine) <= set(taken)
         # the ranks it dials and hears from (slurm_multi.fitness.mesh.partners); every other rank in
@@ -131,6 +131,18 @@ class _Report:
         self.offsets = {k: v for k, v in self.offsets.items() if 0 <= k < self.n and v is not None}
         peers = net.get("peers") if isinstance(net.get("peers"), Mapping) else {}
         self.peers = {_int(k, -1): v for k, v in peers.items() if isinstance(v, Mapping)}
+
+    @property
+    def hosts(self) -> list[str]:
+        return _strings(self.raw.get("hosts"), self.n)
+
+    @property
+    def candidates(self) -> list[list[int]]:
+        return [_port_list(p) for p in self._listed]
+
+    def candidate_ports(self, rank: int) -> list[int]:
+        """Rank's candidate ports as this report lists them."""
+        return _port_list(self._listed[rank]) if 0 <= rank < len(self._listed) else []
 
     def peer_verdict(self, rank: int) -> str:
         return str(self.peers.get(rank, {}).get("verdict") or "ok")
@@ -365,7 +377,8 @@ def judge(
     "evidence"}] (one view is no majority: only the checks a node says failed are `local`). Pure;
     the rules are the module docstring's."""
     view = _Report(report)
-    name, bad = _Names(view.hosts, view.candidates, _known_ports([view])), _Bad()
+    hosts = view.hosts
+    name, bad = _Names(hosts, view.candidates, _known_ports([view])), _Bad()
     me, n = view.me, view.n
     if not 0 <= me < n:
         return [{"rank": me, "host": "?", "reason": "not a fitness report (no valid rank)", "evidence": NONE}]
@@ -375,14 +388,14 @@ def judge(
         if view.peer_verdict(q) != "ok":
             bad.add(q, view.peer_verdict(q), LOCAL)
     if view.stopped:  # cut short: what it did not see yet is no evidence
-        return bad.listing(view.hosts)
+        return bad.listing(hosts)
     if n > 1:
         _reach_view(view, name, bad)
     rates = {q: view.peer_rate(q) for q in view.heard}
     rates[me] = view.ring_rate
     slow_links(rates, n, name, slow_factor, bad, min_rate)
     clock_rule(view.offsets, name, clock_bound, bad)
-    return bad.listing(view.hosts)
+    return bad.listing(hosts)
 
 
 def _reach_view(view: _Report, name: _Names, bad: _Bad) -> None:
@@ -460,8 +473,7 @@ def judge_reports(
             for r, view in enumerate(views)
         ]
     hosts = [hosts[r] if r < len(hosts) else f"rank{r}" for r in range(nnodes)]
-    candidates = [view.candidates[r] if view is not None and r < len(view.candidates) else [] for r, view in
-                  enumerate(views)]  # fmt: skip
+    candidates = [view.candidate_ports(r) if view is not None else [] for r, view in enumerate(views)]
     name, bad = _Names(hosts, candidates, _known_ports(views)), _Bad()
     for r in range(nnodes):
         view = views[r]
@@ -481,13 +493,15 @@ def judge_reports(
     views = [None if view is not None and view.stopped else view for view in views]
     present = [r for r in range(nnodes) if views[r] is not None]
     _reach_global(views, nnodes, present, name, bad)
+    # each node's ring rate: its own report's, else what a partner heard in its HELLO
     rates: dict[int, float | None] = {}
-    for r in range(nnodes):
-        view = views[r]
-        rate = view.ring_rate if view is not None else None
-        if rate is None:
-            rate = next((v.peer_rate(r) for v in views if v is not None and v.peer_rate(r) is not None), None)
-        rates[r] = rate
+    for view in views:
+        for q in view.heard if view is not None else ():
+            if rates.get(q) is None:
+                rates[q] = view.peer_rate(q)
+    for r, view in enumerate(views):
+        if view is not None and view.ring_rate is not None:
+            rates[r] = view.ring_rate
     slow_links(rates, nnodes, name, slow_factor, bad, min_rate)
     _clock_global(views, nnodes, name, clock_bound, bad)
     return bad.listing(hosts)
@@ -504,11 +518,18 @@ def _reach_global(
         va, vb = views[a], views[b]
         return (va is not None and b in va.token_rejected_by) or (vb is not None and a in vb.rejected_ranks)
 
+    said_nowhere: set[int] = set()  # a peer heard it say so in its HELLO
+    checkers: dict[int, list[int]] = {}  # each node's partners that wrote a report
+    for y in present:
+        view = views[y]
+        assert view is not None
+        said_nowhere.update(q for q in view.heard if view.peer_nowhere(q))
+        for x in view.partners:
+            checkers.setdefault(x, []).append(y)
+
     def nowhere(x: int) -> bool:  # listened on no port: another process held every candidate
         view = views[x]
-        return (view is not None and view.all_taken) or any(
-            v is not None and x in v.heard and v.peer_nowhere(x) for v in views
-        )
+        return (view is not None and view.all_taken) or x in said_nowhere
 
     if n == 2 and len(present) == 2:
         if nowhere(0) or nowhere(1):
@@ -526,8 +547,7 @@ def _reach_global(
     for x in present:
         if nowhere(x):
             continue
-        # its checkers: the partners that wrote a report (a node dials and hears only its partners)
-        voters = [y for y in present if y != x and (v := views[y]) is not None and x in v.partners]
+        voters = checkers.get(x, [])  # (a node dials and hears only its partners)
         failing = [y for y in voters if not works(y, x)]
         if not voters or 2 * len(failing) <= len(voters):
             continue
