@@ -500,13 +500,13 @@ PY
 }
 
 # want_group NAME: true when BENCH_CLUSTER_GROUPS (comma-separated: overhead, badnode, midrun, image,
-# transport, pyxis; default all) names NAME. Unknown names are an error, not a silent empty table.
+# transport, pyxis, layers; default all) names NAME. Unknown names are an error, not a silent empty table.
 want_group() {
-  local groups=${BENCH_CLUSTER_GROUPS:-overhead,badnode,midrun,image,transport,pyxis} item
+  local groups=${BENCH_CLUSTER_GROUPS:-overhead,badnode,midrun,image,transport,pyxis,layers} item
   local -a items
   IFS=, read -r -a items <<<"${groups}"
   for item in "${items[@]}"; do
-    case ${item} in overhead | badnode | midrun | image | transport | pyxis) ;; *) log::die bench "BENCH_CLUSTER_GROUPS: unknown group '${item}' (use overhead, badnode, midrun, image, transport, pyxis)" 2 ;; esac
+    case ${item} in overhead | badnode | midrun | image | transport | pyxis | layers) ;; *) log::die bench "BENCH_CLUSTER_GROUPS: unknown group '${item}' (use overhead, badnode, midrun, image, transport, pyxis, layers)" 2 ;; esac
   done
   [[ ,${groups}, == *,"$1",* ]]
 }
@@ -564,6 +564,10 @@ main() {
   if want_group pyxis; then
     log::info bench "pyxis (${repeats} runs each)"
     (pyxis_rows "${repeats}" "${out}" "${work}") || failed+=(pyxis)
+  fi
+  # Layer-level distribution (issue 38): its own script, each row against the whole-image path.
+  if want_group layers; then
+    bash "${ROOT}/bench/layers_bench.sh" --out-dir "${out}" --repeats "${repeats}" || failed+=(layers)
   fi
   ((${#failed[@]} == 0)) || log::die bench "row groups that failed: ${failed[*]} (see above); the others' rows are written"
 }

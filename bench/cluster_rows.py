@@ -66,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target")
     parser.add_argument("--notes", default="")
     parser.add_argument("--out", required=True)
+    parser.add_argument(
+        "--unit", choices=("seconds", "bytes"), default="seconds", help="what the samples count"
+    )
     parser.add_argument("--cpu", type=Path, action="append", default=[], help="a measured run's CPU profile")
     parser.add_argument("--baseline-cpu", type=Path, action="append", default=[], help="a baseline run's")
     parser.add_argument(
@@ -107,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
             note = compare_note(cpu["measured"], cpu["baseline"])
     if note:
         row["notes"] = f"{row['notes'].rstrip('.')}; {note}" if row["notes"] else note
+    if args.unit != "seconds":
+        row["unit"] = args.unit  # bench/report.py prints its numbers in that unit
     write_rows([row], args.out)
     return 0
 

@@ -55,30 +55,43 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def format_measure(median: float | None, spread: Sequence[float] | None, runs: int | None = None) -> str:
+def format_bytes(value: float | None) -> str:
+    """A row whose unit is bytes (`unit: bytes`): 45.7 kB, 1.31 GB."""
+    if value is None:
+        return "-"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g} {unit}"
+    return f"{value:.0f} bytes"
+
+
+def format_measure(
+    median: float | None, spread: Sequence[float] | None, runs: int | None = None, fmt=format_seconds
+) -> str:
     """`213 ms (208 ms – 247 ms, n=5)`; `-` when there is no number."""
     if median is None:
         return "-"
     parts = []
     if spread and len(spread) == 2:
-        parts.append(f"{format_seconds(spread[0])} – {format_seconds(spread[1])}")
+        parts.append(f"{fmt(spread[0])} – {fmt(spread[1])}")
     if runs:
         parts.append(f"n={runs}")
-    return f"{format_seconds(median)} ({', '.join(parts)})" if parts else format_seconds(median)
+    return f"{fmt(median)} ({', '.join(parts)})" if parts else fmt(median)
 
 
-def signed_seconds(value: float) -> str:
+def signed_seconds(value: float, fmt=format_seconds) -> str:
     """`+620 ms`, `-40 ms`: a difference, with its sign."""
-    return ("-" if value < 0 else "+") + format_seconds(abs(value))
+    return ("-" if value < 0 else "+") + fmt(abs(value))
 
 
-def format_added(median: float | None, spread: Sequence[float] | None) -> str:
+def format_added(median: float | None, spread: Sequence[float] | None, fmt=format_seconds) -> str:
     """`+620 ms (+410 ms – +900 ms)` for a paired row; `-` for any other."""
     if median is None:
         return "-"
     if spread and len(spread) == 2:
-        return f"{signed_seconds(median)} ({signed_seconds(spread[0])} – {signed_seconds(spread[1])})"
-    return signed_seconds(median)
+        low, high = signed_seconds(spread[0], fmt), signed_seconds(spread[1], fmt)
+        return f"{signed_seconds(median, fmt)} ({low} – {high})"
+    return signed_seconds(median, fmt)
 
 
 def format_ratio(value: float | None) -> str:
@@ -92,11 +105,14 @@ def format_met(met: bool | None) -> str:
 def table_row(row: dict[str, Any]) -> list[str]:
     if row.get("skipped"):
         return [row["row"], f"skipped ({row['skipped']})", "-", "-", "-", row.get("target") or "-", "-"]
+    fmt = format_bytes if row.get("unit") == "bytes" else format_seconds
     return [
         row["row"],
-        format_measure(row.get("median_s"), row.get("spread_s"), row.get("runs")),
-        format_measure(row.get("baseline_median_s"), row.get("baseline_spread_s"), row.get("baseline_runs")),
-        format_added(row.get("added_s"), row.get("added_spread_s")),
+        format_measure(row.get("median_s"), row.get("spread_s"), row.get("runs"), fmt),
+        format_measure(
+            row.get("baseline_median_s"), row.get("baseline_spread_s"), row.get("baseline_runs"), fmt
+        ),
+        format_added(row.get("added_s"), row.get("added_spread_s"), fmt),
         format_ratio(row.get("ratio")),
         row.get("target") or "-",
         format_met(row.get("met")),

@@ -9,6 +9,12 @@
 #                   never a hit. cksum, not sha256: it guards against accidents, not tampering,
 #                   and costs a tenth: 0.15 s on a 200 MB save here, sha256 0.46 s)
 #   <cache>/.K.lock flock: writers exclusive, readers shared, so concurrent jobs cannot corrupt it
+# A layered entry instead of the tar (rank 0's engine can say its image's layers and load a partial
+# image: the classic image store), written and read by `slurm-multi layers` (slurm_multi.layers.store)
+# under the same protocol, the tar's still read:
+#   <cache>/K.layers    the image's index: docker save's tar without its layers' bytes (JSON)
+#   <cache>/K.layers.id its sidecar, as the tar's plus layers= and blob_bytes=
+#   <cache>/blobs/sha256/<diff id>   each layer's blob once, shared by every image that has it
 
 # Events on the node's timeline (lib/timeline.sh) and the cache protocol (lib/cache.sh), also where
 # this file is sourced alone.
@@ -62,6 +68,48 @@ image::key_into() {
   IMAGE_KEY="${ref//[^A-Za-z0-9._-]/_}-${sum:0:8}" IMAGE_KEY_REF=${ref}
 }
 
+# image::cache_entry BASE WANT_ID: the cache entry of key BASE (<cache>/<key>) that holds WANT_ID (any
+# image when empty), whole as its sidecar describes it, into IMAGE_CACHE_ENTRY: the layered entry
+# first (not with --image-layers off: then only whole images move), then the whole-image tar. Fails
+# when neither does.
+image::cache_entry() {
+  local entry kinds=(layers tar)
+  IMAGE_CACHE_ENTRY=
+  [[ ${SM_IMAGE_LAYERS} != off ]] || kinds=(tar)
+  for entry in "${kinds[@]/#/$1.}"; do
+    if cache::holds "${entry}" "$2"; then
+      IMAGE_CACHE_ENTRY=${entry}
+      return 0
+    fi
+  done
+  return 1
+}
+
+# image::layer_plan ID [HOLDS_FILE]: rank 0's layer plan (slurm_multi.layers.plan) for its image ID,
+# from what the workers said in their image READYs (the barrier's holds file; without one, nobody
+# holds anything), into ${SM_SCRATCH}/layers.plan, which the relay
+# and the cache read. IMAGE_LAYER_MODE is then `layers` (the stream and the cache leave out what is
+# held) or `whole` (the engine cannot say or cannot load a partial image: the plan logs why).
+image::layer_plan() {
+  local id=$1 holds=${2:-} out hosts=() argv
+  IMAGE_LAYER_MODE=whole
+  if [[ ${SM_IMAGE_LAYERS} == off ]]; then
+    log::info image "--image-layers off: the whole image moves"
+    return 0
+  fi
+  slurm::hostnames_into hosts
+  # The relay's ranks: one per node, in the job's node order (image::relay_argv).
+  argv=(layers plan --image "${SM_IMAGE}" --image-id "${id}" --nnodes "$((${#hosts[@]} ? ${#hosts[@]} : NNODES))"
+    --out "${SM_SCRATCH}/layers.plan")
+  ((${#hosts[@]} == 0)) || argv+=(--nodes "$(IFS=,; printf '%s' "${hosts[*]}")")
+  [[ -z ${holds} || ! -f ${holds} ]] || argv+=(--holds-file "${holds}")
+  log::cmd image "${SM_HOME}/bin/slurm-multi" "${argv[@]}"
+  if ! out=$(util::sm "${argv[@]}"); then
+    log::warn image "no layer plan (see above): the whole image moves"
+    return 0
+  fi
+  IMAGE_LAYER_MODE=${out}
+}
 
 # image::fingerprint: what the image would be built from (dockerfile, context files, build args).
 # A local image whose label differs was built from something else under a reused tag. The rule is
@@ -102,49 +150,76 @@ image::build() {
   return "${rc}"
 }
 
-# image::cache_load CACHE KEY WANT_ID: load the cached tar if its sidecar says WANT_ID (or any id
-# when WANT_ID is empty). Prints the loaded ID. Fails if there is no matching tar.
+# image::cache_load CACHE KEY WANT_ID: load the cached image if an entry's sidecar says WANT_ID (any
+# image when WANT_ID is empty): the layered entry (this node reads only the layers its engine lacks)
+# or the whole-image tar. Prints the loaded ID. Fails if there is no matching entry.
 image::cache_load() {
-  local cache=$1 key=$2 want=$3 tar t0 loaded rc=0
-  tar=${cache}/${key}.tar
-  cache::lock "${tar}" -s || return 1
-  cache::holds "${tar}" "${want}" || rc=$?
-  if ((rc != 0)); then
+  local cache=$1 key=$2 want=$3 entry t0 loaded rc=0 fields=()
+  cache::lock "${cache}/${key}.tar" -s || return 1
+  if ! image::cache_entry "${cache}/${key}" "${want}"; then
+    for entry in "${cache}/${key}.layers" "${cache}/${key}.tar"; do
+      rc=0
+      cache::holds "${entry}" "${want}" || rc=$?
+      ((rc != 2)) || log::error image "${entry} is not the ${entry##*.} its sidecar describes ($(cache::mismatch "${entry}")); not loading it"
+    done
     cache::unlock
-    ((rc == 1)) || log::error image "${tar} is not the tar its sidecar describes ($(cache::mismatch "${tar}")); not loading it"
     return 1
   fi
+  entry=${IMAGE_CACHE_ENTRY}
   t0=$(util::now)
-  log::cmd image docker load -q -i "${tar}"
   timeline::event image_load_start
-  if ! docker load -q -i "${tar}" >/dev/null; then
+  if [[ ${entry} == *.layers ]]; then
+    image::load_layers "${cache}" "${entry}" "${want}" || rc=$?
+    fields=("${IMAGE_LOAD_FIELDS[@]}")
+  else
+    log::cmd image docker load -q -i "${entry}"
+    docker load -q -i "${entry}" >/dev/null || rc=$?
+    fields=(bytes="$(stat -c %s "${entry}")")
+  fi
+  if ((rc != 0)); then
     timeline::event image_load_end status=failed
     cache::unlock
-    log::error image "docker load of ${tar} failed"
+    log::error image "docker load of ${entry} failed"
     return 1
   fi
-  timeline::event image_load_end
+  timeline::event image_load_end "${fields[@]}"
   cache::unlock
   loaded=$(image::local_id "${SM_IMAGE}")
-  log::info image "loaded ${SM_IMAGE} from the cache ($(du -h "${tar}" | cut -f1), $(util::elapsed "${t0}") s)"
+  if [[ ${entry} == *.tar ]]; then entry=$(du -h "${entry}" | cut -f1); else entry="the layers it lacked"; fi
+  log::info image "loaded ${SM_IMAGE} from the cache (${entry}, $(util::elapsed "${t0}") s)"
   printf '%s' "${loaded}"
 }
 
-# image::cache_save CACHE KEY ID FINGERPRINT: save the image unless the cache already holds ID.
+# image::load_layers CACHE ENTRY WANT_ID: `docker load` the layered ENTRY, its tar rebuilt from the
+# index and the blobs this node's engine lacks (slurm-multi layers cache-tar asks the engine). Its
+# counts (read_layers=, read_bytes=, held_layers=, held_bytes=, bytes=) in IMAGE_LOAD_FIELDS.
+image::load_layers() {
+  local cache=$1 entry=$2 want=$3 stats=${SM_SCRATCH}/cache-tar.stats rc=0
+  local argv=(layers cache-tar --cache "${cache}" --index "${entry}" --stats-file "${stats}")
+  [[ -z ${want} ]] || argv+=(--image-id "${want}")
+  IMAGE_LOAD_FIELDS=()
+  # shellcheck disable=SC2016 # the inner bash's arguments
+  log::cmd image bash -o pipefail -c '"${@:2}" | docker load -q' load "${SM_HOME}/bin/slurm-multi" "${argv[@]}"
+  rm -f "${stats}"
+  (
+    set -o pipefail
+    util::sm "${argv[@]}" | docker load -q >/dev/null
+  ) || rc=$?
+  [[ ! -s ${stats} ]] || mapfile -t IMAGE_LOAD_FIELDS <"${stats}"
+  return "${rc}"
+}
+
+# image::cache_save CACHE KEY ID FINGERPRINT: save the image unless the cache already holds ID: as a
+# layered entry when rank 0's layer plan allows (image::layer_plan), else as a whole-image tar.
 image::cache_save() {
+  [[ -n ${IMAGE_LAYER_MODE:-} ]] || image::layer_plan "$3"
+  if [[ ${IMAGE_LAYER_MODE} == layers ]]; then
+    image::cache_save_layers "$@"
+    return $?
+  fi
   local cache=$1 key=$2 id=$3 fp=$4 tar t0
   tar=${cache}/${key}.tar
-  mkdir -p "${cache}" || { log::error image "cannot create the image cache ${cache}"; return 1; }
-  cache::begin "${tar}" "${id}" || { log::error image "timed out waiting for the cache lock ${CACHE_LOCK}"; return 1; }
-  case ${CACHE_FOUND} in
-    hit)
-      cache::end
-      log::info image "cache hit: ${tar} already holds ${id:7:12}; no save"
-      return 0
-      ;;
-    damaged) log::warn image "${tar} does not match its sidecar ($(cache::mismatch "${tar}")); saving it again" ;;
-    stale) log::info image "stale tar in the cache (holds $(cache::get "${tar}" id | cut -c8-19), want ${id:7:12}); replacing it" ;;
-  esac
+  image::cache_open "${cache}" "${tar}" "${id}" tar || return $(($? == 3 ? 0 : 1))
   t0=$(util::now)
   # To a pipe, not -o: the file grows under our own temp name (whatever a killed save leaves is
   # ours to recognise and remove), and the digest is taken from the same bytes as they pass.
@@ -170,6 +245,60 @@ image::cache_save() {
   log::info image "saved ${SM_IMAGE} into ${tar} ($(($(stat -c %s "${tar}") / 1024 / 1024)) MB, $(util::elapsed "${t0}") s)"
 }
 
+# image::cache_open CACHE ENTRY ID KIND: begin writing ENTRY (a `tar` or an `index`) of image ID
+# under the cache's lock (lib/cache.sh). 0: write it (CACHE_TMP); 3: the cache already holds ID (the
+# lock released, nothing to write); 1: no cache dir or no lock (said).
+image::cache_open() {
+  local cache=$1 entry=$2 id=$3 kind=$4
+  mkdir -p "${cache}" || { log::error image "cannot create the image cache ${cache}"; return 1; }
+  cache::begin "${entry}" "${id}" || { log::error image "timed out waiting for the cache lock ${CACHE_LOCK}"; return 1; }
+  case ${CACHE_FOUND} in
+    hit)
+      cache::end
+      log::info image "cache hit: ${entry} already holds ${id:7:12}; no save"
+      return 3
+      ;;
+    damaged) log::warn image "${entry} does not match its sidecar ($(cache::mismatch "${entry}")); saving it again" ;;
+    stale) log::info image "stale ${kind} in the cache (holds $(cache::get "${entry}" id | cut -c8-19), want ${id:7:12}); replacing it" ;;
+  esac
+}
+
+# image::cache_save_layers CACHE KEY ID FINGERPRINT: the layered entry <key>.layers (the entry
+# protocol of lib/cache.sh): `docker save | slurm-multi layers cache-put` stores the blobs the cache
+# lacks and writes the index to the entry's temp file; then rename, sidecar.
+image::cache_save_layers() {
+  local cache=$1 key=$2 id=$3 fp=$4 entry t0 facts=() rc=0
+  entry=${cache}/${key}.layers
+  image::cache_open "${cache}" "${entry}" "${id}" index || return $(($? == 3 ? 0 : 1))
+  t0=$(util::now)
+  local argv=(layers cache-put --cache "${cache}" --index "${CACHE_TMP}" --plan "${SM_SCRATCH}/layers.plan")
+  # shellcheck disable=SC2016 # the inner bash's arguments
+  log::cmd image bash -o pipefail -c 'docker save "$1" | "${@:2}"' save "${SM_IMAGE}" "${SM_HOME}/bin/slurm-multi" "${argv[@]}"
+  timeline::event image_save_start
+  (
+    set -o pipefail
+    docker save "${SM_IMAGE}" | SM_ERROR_FILE=${CACHE_TMP}.err util::sm "${argv[@]}"
+  ) || rc=$?
+  if ((rc != 0)) || [[ ! -s ${CACHE_TMP} ]]; then
+    timeline::event image_save_end status=failed
+    local err=''
+    [[ ! -s ${CACHE_TMP}.err ]] || err=$(<"${CACHE_TMP}.err")
+    cache::abort
+    log::error image "cannot save ${SM_IMAGE} into ${cache}: ${err#slurm-multi: } (is the disk full? the run goes on without the cache)"
+    return 1
+  fi
+  [[ ! -s ${CACHE_TMP}.facts ]] || mapfile -t facts <"${CACHE_TMP}.facts"
+  rm -f "${CACHE_TMP}.err" "${CACHE_TMP}.facts"
+  timeline::event image_save_end "${facts[@]}"
+  if ! cache::commit "${id}" "${fp}" "" saved_by "${facts[@]}"; then
+    cache::abort
+    log::error image "cannot put the index of ${SM_IMAGE} in place as ${entry} (the run goes on without the cache)"
+    return 1
+  fi
+  cache::end
+  log::info image "saved ${SM_IMAGE} into ${entry} (its layers in ${cache}/blobs, $(util::elapsed "${t0}") s)"
+}
+
 # image::ensure_on_rank0: obtain the image (fresh local, matching tar, rebuild, pull); print its ID.
 image::ensure_on_rank0() {
   local fp id label key cache=${SM_IMAGE_CACHE:-}
@@ -187,8 +316,8 @@ image::ensure_on_rank0() {
     fi
   fi
   if [[ -z ${id} && -n ${cache} ]]; then
-    local tar_fp
-    tar_fp=$(cache::get "${cache}/${key}.tar" fingerprint)
+    local tar_fp=''
+    ! image::cache_entry "${cache}/${key}" "" || tar_fp=$(cache::get "${IMAGE_CACHE_ENTRY}" fingerprint)
     if [[ -n ${fp} && -n ${tar_fp} && ${tar_fp} != "${fp}" ]]; then
       log::info image "the cached tar was built from another dockerfile/context (stale); not loading it"
     else
@@ -234,7 +363,7 @@ image::transport() {
   case ${SM_IMAGE_TRANSPORT} in cache | relay) printf '%s' "${SM_IMAGE_TRANSPORT}"; return 0 ;; esac
   image::key_into "${SM_IMAGE}"
   key=${IMAGE_KEY}
-  if [[ -n ${cache} ]] && cache::holds "${cache}/${key}.tar" "${id}"; then
+  if [[ -n ${cache} ]] && image::cache_entry "${cache}/${key}" "${id}"; then
     printf cache
   else
     printf relay
@@ -256,10 +385,13 @@ image::relay_argv() {
 # is rank 0's failure.
 image::relay_send() {
   # tar: the cache entry this relay writes as it goes (none: the stream's copy goes to /dev/null).
-  local id=$1 cache=${SM_IMAGE_CACHE:-} tar="" tmp=/dev/null t0 st=()
+  # With a layer plan (image::layer_plan) the stream leaves out what the workers hold and the entry
+  # is the layered one, which `relay send` writes itself as the tar passes.
+  local id=$1 cache=${SM_IMAGE_CACHE:-} tar="" tmp=/dev/null t0 st=() layered=0 kind=tar
+  [[ ${IMAGE_LAYER_MODE:-whole} != layers ]] || layered=1 kind=layers
   image::relay_argv send
   if [[ -n ${cache} ]] && mkdir -p "${cache}" 2>/dev/null; then
-    tar=${cache}/$(image::cache_key "${SM_IMAGE}").tar
+    tar=${cache}/$(image::cache_key "${SM_IMAGE}").${kind}
     if cache::begin "${tar}"; then
       tmp=${CACHE_TMP}
     else
@@ -267,9 +399,16 @@ image::relay_send() {
       tar=""
     fi
   fi
-  # shellcheck disable=SC2016 # the inner bash's arguments
-  log::cmd image bash -c 'docker save "$1" | tee -p "$2" | "${@:3}"' save "${SM_IMAGE}" "${tmp}" \
-    "${SM_HOME}/bin/slurm-multi" "${IMAGE_RELAY_ARGV[@]}"
+  if ((layered)); then
+    IMAGE_RELAY_ARGV+=(--layer-plan "${SM_SCRATCH}/layers.plan")
+    [[ -z ${tar} ]] || IMAGE_RELAY_ARGV+=(--cache-dir "${cache}" --cache-index "${tmp}")
+    # shellcheck disable=SC2016 # the inner bash's arguments
+    log::cmd image bash -c 'docker save "$1" | "${@:2}"' save "${SM_IMAGE}" "${SM_HOME}/bin/slurm-multi" "${IMAGE_RELAY_ARGV[@]}"
+  else
+    # shellcheck disable=SC2016 # the inner bash's arguments
+    log::cmd image bash -c 'docker save "$1" | tee -p "$2" | "${@:3}"' save "${SM_IMAGE}" "${tmp}" \
+      "${SM_HOME}/bin/slurm-multi" "${IMAGE_RELAY_ARGV[@]}"
+  fi
   t0=$(util::now)
   timeline::event image_save_start
   timeline::event image_stream_start
@@ -278,8 +417,13 @@ image::relay_send() {
   rm -f "${SM_SCRATCH}/relay.status"
   (
     trap - ERR
-    docker save "${SM_IMAGE}" | tee -p "${tmp}" | util::sm "${IMAGE_RELAY_ARGV[@]}"
-    echo "${PIPESTATUS[*]}" >"${SM_SCRATCH}/relay.status"
+    if ((layered)); then
+      docker save "${SM_IMAGE}" | util::sm "${IMAGE_RELAY_ARGV[@]}"
+      echo "${PIPESTATUS[0]} 0 ${PIPESTATUS[1]}" >"${SM_SCRATCH}/relay.status"
+    else
+      docker save "${SM_IMAGE}" | tee -p "${tmp}" | util::sm "${IMAGE_RELAY_ARGV[@]}"
+      echo "${PIPESTATUS[*]}" >"${SM_SCRATCH}/relay.status"
+    fi
   ) &
   local pid=$! aborted=0
   IMAGE_RELAY_ERROR=
@@ -314,7 +458,19 @@ image::relay_send() {
   else
     log::warn image "the relay did not reach every node (exit ${st[2]}, see above); the workers it missed fall back to ${tar:-a rebuild}"
   fi
-  if [[ -n ${tar} ]]; then
+  if [[ -n ${tar} ]] && ((layered)); then
+    # relay send wrote the blobs and, when all of them were stored, the index.
+    local facts=()
+    [[ ! -s ${tmp}.facts ]] || mapfile -t facts <"${tmp}.facts"
+    rm -f "${tmp}.facts"
+    if [[ -s ${tmp} ]] && cache::commit "${id}" "$(image::fingerprint)" "" saved_by "${facts[@]}"; then
+      cache::end
+      log::info image "saved ${SM_IMAGE} into ${tar} while relaying it (its layers in ${cache}/blobs)"
+    else
+      cache::abort
+      log::warn image "could not write ${tar} while relaying (see the relay's line above; is the disk full?); the next job saves it again"
+    fi
+  elif [[ -n ${tar} ]]; then
     # tee -p wrote the cache's copy; its cksum is one more read of it, after the stream.
     if ((st[1] == 0)) && [[ -s ${tmp} ]] && cache::commit "${id}" "$(image::fingerprint)" "" saved_by; then
       cache::end
@@ -330,7 +486,7 @@ image::relay_send() {
 # image::relay_recv ID: receive rank 0's stream, forward it, load it (or only forward it, when this
 # node already has ID). On failure IMAGE_RELAY_ERROR holds the relay's one-line reason.
 image::relay_recv() {
-  local want=$1 have rc=0 errfile=${SM_SCRATCH}/relay.error bytes
+  local want=$1 have rc=0 errfile=${SM_SCRATCH}/relay.error bytes='' fields=()
   IMAGE_RELAY_ERROR=
   image::relay_argv recv
   rm -f "${errfile}" "${SM_SCRATCH}/relay.stats"
@@ -348,8 +504,10 @@ image::relay_recv() {
     { SM_ERROR_FILE=${errfile} util::sm "${IMAGE_RELAY_ARGV[@]}" -- docker load -q >/dev/null; } || rc=$?
     timeline::event image_load_end status="$( ((rc == 0)) && echo ok || echo failed)"
   fi
-  bytes=$(cut -d' ' -f1 "${SM_SCRATCH}/relay.stats" 2>/dev/null) || bytes=
-  timeline::event image_stream_end ${bytes:+bytes="${bytes}"} status="$( ((rc == 0)) && echo ok || echo failed)"
+  image::relay_stats fields
+  bytes=${fields[0]:-}
+  bytes=${bytes#bytes=}
+  timeline::event image_stream_end "${fields[@]}" status="$( ((rc == 0)) && echo ok || echo failed)"
   if ((rc != 0)); then
     [[ -n ${IMAGE_RELAY_ERROR} || ! -s ${errfile} ]] || IMAGE_RELAY_ERROR=$(<"${errfile}")
     IMAGE_RELAY_ERROR=${IMAGE_RELAY_ERROR#slurm-multi: }
@@ -367,6 +525,20 @@ image::relay_recv() {
     return 1
   fi
   log::info image "received ${SM_IMAGE} ${want:7:12} over the relay${bytes:+ ($((bytes / 1024 / 1024)) MB)}"
+}
+
+# image::relay_stats ARRAY: the relay's stats file (`<bytes> <seconds>`, then a layered stream's
+# counts in slurm_multi.relay.load.STATS_LAYERS' order) as timeline fields into ARRAY.
+image::relay_stats() {
+  local -n _image_fields=$1
+  local bytes _seconds layers received loaded loaded_bytes held held_bytes
+  _image_fields=()
+  read -r bytes _seconds layers received loaded loaded_bytes held held_bytes <"${SM_SCRATCH}/relay.stats" 2>/dev/null || return 0
+  [[ -n ${bytes} ]] || return 0
+  _image_fields=(bytes="${bytes}")
+  [[ -n ${held_bytes} ]] || return 0
+  _image_fields+=(layers="${layers}" received_layers="${received}" loaded_layers="${loaded}"
+    loaded_bytes="${loaded_bytes}" held_layers="${held}" held_bytes="${held_bytes}")
 }
 
 # image::ensure_on_worker WANT_ID: make rank 0's image present here; IMAGE_WORKER_ID is then the ID

@@ -49,8 +49,9 @@ job::run() {
   [[ -n ${SM_BARRIER_TOKEN:-} ]] || util::generate_token SM_BARRIER_TOKEN
   export SM_BARRIER_TOKEN
   # JOB_IMAGE (the plan's image): a worker's barrier tells rank 0 which ID of it the node holds
-  # before prepare has resolved SM_IMAGE again on the node.
-  export SM_JOBDIR SM_BATCH_LOG=${SM_JOBDIR}/batch.log JOB_IMAGE
+  # before prepare has resolved SM_IMAGE again on the node; JOB_IMAGE_LAYERS (its layers as rank 0's
+  # engine held it when the plan ran): and how many of those layers it holds (lib/node.sh).
+  export SM_JOBDIR SM_BATCH_LOG=${SM_JOBDIR}/batch.log JOB_IMAGE JOB_IMAGE_LAYERS
   job::export_attempt
   # Its cache key too, worked out once here (a process) instead of on every node at its start, while
   # the nodes' helpers compete for the cores (image::key_into takes it when the ref is JOB_IMAGE).

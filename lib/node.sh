@@ -260,7 +260,9 @@ node::start_fitness() {
       if [[ -n ${SM_IMAGE_CACHE:-} && -n ${image} ]]; then
         local bytes
         image::key_into "${image}"
-        cache::get "${SM_IMAGE_CACHE}/${IMAGE_KEY}.tar" bytes bytes
+        # A layered entry's blobs are what a load may need (at most; a holder needs less).
+        cache::get "${SM_IMAGE_CACHE}/${IMAGE_KEY}.layers" blob_bytes bytes
+        [[ -n ${bytes} ]] || cache::get "${SM_IMAGE_CACHE}/${IMAGE_KEY}.tar" bytes bytes
         [[ -z ${bytes} ]] || argv+=(--image-bytes "${bytes}")
       fi
       ;;
@@ -411,10 +413,13 @@ node::image_docker_rank0() {
     # A warm job moves nothing, with or without --image-cache: no save, no stream, no load.
     log::info image "every worker already holds ${SM_IMAGE} ${id:7:12}: nothing to save, stream or load"
   elif [[ ${how} == relay ]]; then
-    # Released first: the workers dial in and load while this node saves.
+    # Released first: the workers dial in and load while this node saves. What each worker holds
+    # of the image is known now (its image READY): the stream leaves it out.
+    image::layer_plan "${id}" "${SM_SCRATCH}/${NODE_HOLDS_FILE}"
     log::info image "relaying ${SM_IMAGE} ${id:7:12} to the workers while it is saved (--image-transport ${SM_IMAGE_TRANSPORT})"
     NODE_IMAGE_RELEASE=relay+${id} NODE_IMAGE_THEN=node::image_docker_relay
   else
+    image::layer_plan "${id}" "${SM_SCRATCH}/${NODE_HOLDS_FILE}"
     [[ -z ${SM_IMAGE_CACHE:-} ]] || image::cache_save "${SM_IMAGE_CACHE}" "$(image::cache_key "${SM_IMAGE}")" "${id}" "$(image::fingerprint)" || true
   fi
 }
@@ -502,15 +507,16 @@ node::workers_hold() {
   return 1
 }
 
-# node::holds_read: the one reader of barrier.holds (NODE_HOLDS_FILE: rank 0's server appends
-# `<rank> <held id|-> <cache:16 hex|->` as each worker's image READY comes; the writer is
-# py/slurm_multi/barrier.py), as each worker last said it (a worker that reconnects says it again):
-# NODE_HELD[rank]=id|- and NODE_CACHE_SEEN[rank]=hex|-. Empty when the file is not there yet.
+# node::holds_read: the one reader of barrier.holds in bash (NODE_HOLDS_FILE: rank 0's server
+# appends `<rank> <held id|-> <cache:16 hex|-> [<layers claim>]` as each worker's image READY comes;
+# the writer is py/slurm_multi/barrier.py; the layers claims are read by rank 0's layer plan,
+# py/slurm_multi/layers/plan.py), as each worker last said it (a worker that reconnects says it
+# again): NODE_HELD[rank]=id|- and NODE_CACHE_SEEN[rank]=hex|-. Empty when the file is not there yet.
 node::holds_read() {
-  local rank held cache
+  local rank held cache _claim
   NODE_HELD=() NODE_CACHE_SEEN=()
   [[ -f ${SM_SCRATCH}/${NODE_HOLDS_FILE} ]] || return 0
-  while read -r rank held cache || [[ -n ${rank} ]]; do
+  while read -r rank held cache _claim || [[ -n ${rank} ]]; do
     [[ -n ${rank} ]] || continue
     NODE_HELD[${rank}]=${held} NODE_CACHE_SEEN[${rank}]=${cache:--}
   done <"${SM_SCRATCH}/${NODE_HOLDS_FILE}"
@@ -527,8 +533,8 @@ node::workers_see_cache() {
   NODE_CACHE_UNSEEN=
   [[ -n ${SM_IMAGE_CACHE:-} ]] || return 0
   image::key_into "${SM_IMAGE}"
-  tar=${SM_IMAGE_CACHE}/${IMAGE_KEY}.tar
-  cache::holds "${tar}" "${want}" || return 0
+  image::cache_entry "${SM_IMAGE_CACHE}/${IMAGE_KEY}" "${want}" || return 0
+  tar=${IMAGE_CACHE_ENTRY}
   [[ ${SM_IMAGE_TRANSPORT} != cache ]] || silent=0
   node::holds_read
   for ((r = 1; r <= workers; r++)); do
@@ -563,6 +569,8 @@ node::serve_barrier() {
   local argv=(barrier serve "${BARRIER_ARGS[@]}" --timeout "${SM_BARRIER_TIMEOUT}"
     --image-timeout "${SM_IMAGE_TIMEOUT}" --control-stdin)
   [[ ${SM_RUNTIME} != docker ]] || argv+=(--holds-file "${SM_SCRATCH}/${NODE_HOLDS_FILE}")
+  # The plan's layer chain: a worker's claim of how much of it its engine holds is checked against it.
+  [[ ${SM_RUNTIME} != docker || -z ${JOB_IMAGE_LAYERS:-} ]] || argv+=(--layers-from JOB_IMAGE_LAYERS)
   log::cmd barrier "${SM_HOME}/bin/slurm-multi" "${argv[@]}"
   log::info barrier "(its stdin is a pipe from this task: it gets 'RELEASE <image-id>' or 'ABORT <reason>')"
   exec {BARRIER_CTL}> >(trap - ERR; SM_ERROR_FILE=${SM_SCRATCH}/barrier.error util::sm "${argv[@]}")
@@ -580,16 +588,21 @@ node::join_image_phase() {
   # starts beside prepare, before SM_IMAGE is resolved here: the plan's JOB_IMAGE is the same.)
   local ref=${SM_IMAGE:-${JOB_IMAGE:-}} tar=
   [[ ${SM_RUNTIME} != docker || -z ${ref} ]] || argv+=(--holds-image "${ref}")
-  # And which image the shared cache's tar holds as this node sees it (rank 0 sends the cache only
-  # to nodes that see its tar): read in the helper's own process, off this task's path.
+  # And how many layers of the plan's chain (rank 0's image when the job was planned) its engine
+  # holds: rank 0 moves only the others (a rebuilt image's new top layer, say).
+  [[ ${SM_RUNTIME} != docker || -z ${JOB_IMAGE_LAYERS:-} ]] || argv+=(--layers-from JOB_IMAGE_LAYERS)
+  # And which image the shared cache's entry holds as this node sees it (rank 0 sends the cache only
+  # to nodes that see its entry): read in the helper's own process, off this task's path.
   if [[ ${SM_RUNTIME} == docker && -n ${ref} && -n ${SM_IMAGE_CACHE:-} ]]; then
     image::key_into "${ref}"
-    tar=${SM_IMAGE_CACHE}/${IMAGE_KEY}.tar
+    tar=${SM_IMAGE_CACHE}/${IMAGE_KEY}
   fi
   # Not util::py: the process substitution must BE the helper (exec), so SIGUSR1 reaches Python.
   exec {NODE_JOIN_FD}< <(
     local held
-    if [[ -n ${tar} ]] && cache::holds "${tar}"; then cache::get "${tar}" id held && argv+=(--cache-holds "${held}"); fi
+    if [[ -n ${tar} ]] && image::cache_entry "${tar}" ""; then
+      cache::get "${IMAGE_CACHE_ENTRY}" id held && argv+=(--cache-holds "${held}")
+    fi
     log::cmd image "${SM_HOME}/bin/slurm-multi" "${argv[@]}"
     log::info image "(its stdout is a pipe to this task; SIGUSR1 from this task starts its start phase)"
     SM_ERROR_FILE=${SM_SCRATCH}/join.error PYTHONPATH="${SM_HOME}/py${PYTHONPATH:+:${PYTHONPATH}}" \

@@ -30,6 +30,7 @@ from typing import NamedTuple
 from slurm_multi import EXIT_FAILURE, EXIT_OK, EXIT_TIMEOUT, EXIT_USAGE, auth
 from slurm_multi.barrier_conns import KEEPALIVE, Conn, Connections, Log
 from slurm_multi.common import HelperError, talk, timeout_error, usage_error
+from slurm_multi.layers.chain import claim_fits, parse_claim
 from slurm_multi.net import (
     PROOF_TIMEOUT,
     connect_addresses,
@@ -126,11 +127,14 @@ class BarrierServer:
         image_timeout: float | None = None,
         barrier_timeout: float | None = None,
         holds_fd: int | None = None,
+        planned: Sequence[str] = (),
     ) -> None:
-        """holds_fd: an O_APPEND file that gets `<rank> <image-id or -> <cache-id or ->` for every
-        image READY before the release (what each worker already holds: rank 0 moves nothing to a
-        holder; and the start of the image ID it sees in the shared cache's tar: rank 0 sends the
-        cache only to workers that see rank 0's)."""
+        """holds_fd: an O_APPEND file that gets `<rank> <image-id or -> <cache-id or -> [<layers>]`
+        for every image READY before the release (what each worker already holds: rank 0 moves
+        nothing to a holder; the start of the image ID it sees in the shared cache's tar: rank 0
+        sends the cache only to workers that see rank 0's; how many layers of `planned`, the job
+        plan's layer chain, it holds: rank 0 moves only the others). A layers claim that is not a
+        prefix of `planned` is refused (`ERR bad layer prefix`), as a malformed held ID is."""
         if nnodes < 1:
             raise usage_error("barrier: --nnodes must be at least 1")
         self.token = token
@@ -153,6 +157,7 @@ class BarrierServer:
         self._stop_reason: str | None = None
         self._released_all = False
         self._holds_fd = holds_fd
+        self._planned = list(planned)
         # Two budgets: rank 0 obtaining its image (until the release), then the workers arriving.
         self.image_timeout = image_timeout
         self.barrier_timeout = barrier_timeout
@@ -305,6 +310,10 @@ class BarrierServer:
         self._reply(conn, "GO", str(rank), self.image_id)
 
     def _on_ready(self, conn: Conn, msg: Message) -> None:
+        claim = parse_claim(msg.layers) if msg.layers else None
+        if claim is not None and not claim_fits(self._planned, *claim):
+            self._io.reject(conn, "bad layer prefix")  # not a prefix of the plan's chain
+            return
         if self._abort_reason:
             self._reply(conn, "ABORT", self._abort_reason)
             self._told_abort.add(msg.rank)
@@ -325,7 +334,11 @@ class BarrierServer:
         waiting[msg.rank] = conn
         if msg.phase == "image" and self._holds_fd is not None:
             try:  # one short write to an O_APPEND file: whole lines, whoever reads it meanwhile
-                os.write(self._holds_fd, f"{msg.rank} {msg.holds or '-'} {msg.cache or '-'}\n".encode())
+                said = f"{msg.rank} {msg.holds or '-'} {msg.cache or '-'}" + (
+                    f" {msg.layers}" if msg.layers else ""
+                )
+                said += "\n"
+                os.write(self._holds_fd, said.encode())
             except OSError as exc:
                 self._log(f"cannot record what rank {msg.rank} holds ({describe(exc)}); it gets the image")
                 self._holds_fd = None
@@ -588,6 +601,7 @@ def join(
     phase: str = "start",
     holds: str = "",
     cache: str = "",
+    layers: str = "",
     connect_timeout: float = 600.0,
     wait_timeout: float = 600.0,
     log: Log = _talk,
@@ -596,7 +610,8 @@ def join(
     """Send READY to rank 0 and return the image ID from its GO. `holds` (image phase only): the
     image ID this node already has, so that rank 0 moves no image to a node that holds its own;
     `cache` (image phase only): the image ID this node sees in the shared cache's tar, so that rank
-    0 picks the cache only when every worker sees what it sees.
+    0 picks the cache only when every worker sees what it sees; `layers` (image phase only): the
+    claim `layers:<k>[:<hex>]` of how many layers of the job plan's chain this node holds.
 
     Raises BarrierAborted (exit 1) on ABORT, HelperError exit 2 on an ERR reply, exit 3 when rank 0
     does not answer within `connect_timeout` or GO does not come within `wait_timeout` (a separate
@@ -605,9 +620,13 @@ def join(
     for given in (holds, cache):
         if given and (phase != "image" or not is_held_id(given)):
             raise usage_error(f"barrier: {given!r}: not an image ID (sha256:<64 hex>) of the image phase")
+    if layers and (phase != "image" or parse_claim(layers) is None):
+        raise usage_error(f"barrier: {layers!r}: not a layers claim (layers:<k>:<12 hex>) of the image phase")
     ready = [str(rank), phase, *([holds] if holds else [])]
-    if cache:
-        ready += [*([] if holds else ["-"]), "cache:" + cache[7 : 7 + CACHE_SEEN_HEX]]
+    if cache or layers:
+        ready += [*([] if holds else ["-"]), "cache:" + cache[7 : 7 + CACHE_SEEN_HEX] if cache else "-"]
+    if layers:
+        ready.append(layers)
     dialer = _Dialer(host, list(ports), log=log, sleep=sleep)
     started = time.monotonic()
     deadline = started + connect_timeout

@@ -20,6 +20,7 @@ import click
 from slurm_multi import EXIT_OK
 from slurm_multi.barrier import BarrierServer, control, format_ranks, join, raise_nofile_limit
 from slurm_multi.common import HelperError, talk, timeout_error, usage_error
+from slurm_multi.layers.engine import planned_layers
 from slurm_multi.net import MAX_CANDIDATES, candidate_ports, choose_bind_address, secs
 from slurm_multi.wire import DEFAULT_TOKEN_ENV, PHASES, RELEASE_ID_MAX, read_token
 from slurm_multi.words import is_image_id
@@ -175,8 +176,14 @@ def port_cmd(master_port: int | None, job_id: int | None, override: int | None, 
 @click.option(
     "--holds-file",
     type=click.Path(dir_okay=False),
-    help="Append '<rank> <image-id>' (or '<rank> -') here for each worker's image READY before the "
-    "release: what it already holds (join --holds-image), so rank 0 can skip moving the image.",
+    help="Append '<rank> <image-id|-> <cache|-> <layers|->' here for each worker's image READY before "
+    "the release: what it already holds (join --holds-image, --layers-from), so rank 0 can skip moving it.",
+)
+@click.option(
+    "--layers-from",
+    metavar="VAR",
+    help="The environment variable holding the job plan's layer chain (diff IDs): a worker's layers "
+    "claim that is not a prefix of it is refused.",
 )
 def serve_cmd(
     nnodes: int,
@@ -196,6 +203,7 @@ def serve_cmd(
     line_timeout: float,
     ready_file: str | None,
     holds_file: str | None,
+    layers_from: str | None,
 ) -> None:
     """Rank 0: serve the barrier until every worker is ready and the image is released.
 
@@ -240,6 +248,7 @@ def serve_cmd(
         image_timeout=image_timeout,
         barrier_timeout=timeout,
         holds_fd=holds_fd,
+        planned=planned_layers(os.environ, layers_from) if layers_from else (),
     )
     budgets = f"barrier timeout {secs(timeout)} s" + (
         f", image timeout {secs(image_timeout)} s" if image_timeout is not None else ""
@@ -309,6 +318,12 @@ def serve_cmd(
     help="Image phase: the image ID this node sees in the shared cache's tar (lib/node.sh reads its "
     "sidecar), so that rank 0 sends the cache only to workers that see what it sees.",
 )
+@click.option(
+    "--layers-from",
+    metavar="VAR",
+    help="Image phase: the environment variable holding the job plan's layer chain (diff IDs); tell "
+    "rank 0 how many of those layers this node's engine holds, so that only the others move.",
+)
 @_token_option
 def join_cmd(
     rank: int,
@@ -324,6 +339,7 @@ def join_cmd(
     wait_timeout: float,
     holds_image: str | None,
     cache_holds: str,
+    layers_from: str | None,
     token_env: str,
 ) -> None:
     """Worker: wait for rank 0's GO and print its image ID on stdout.
@@ -352,6 +368,7 @@ def join_cmd(
 
         holds = dockerapi.image_id(os.environ, holds_image)
         _talk(f"rank {rank} holds {holds_image} {holds[7:19] or '(none)'}; telling rank 0")
+    layers = _layers_claim(rank, layers_from) if layers_from and phase != "start" else ""
     waits = {"connect_timeout": connect_timeout, "wait_timeout": wait_timeout}
     image_id = join(
         master_addr,
@@ -361,6 +378,7 @@ def join_cmd(
         phase="image" if phase == "both" else phase,
         holds=holds,
         cache=cache_holds if phase != "start" else "",
+        layers=layers,
         **waits,
     )
     click.echo(image_id)  # (flushed: the task reads it while this process waits below)
@@ -368,6 +386,23 @@ def join_cmd(
         signal.sigwait({signal.SIGUSR1})
         join(master_addr, candidates, token, rank, phase="start", **waits)
         _talk(f"rank {rank}: GO (start)")
+
+
+def _layers_claim(rank: int, variable: str) -> str:
+    """What this node's engine holds of the plan's chain, as the image READY says it ("" when the
+    plan has no chain: nothing to claim)."""
+    from slurm_multi.layers import engine
+    from slurm_multi.layers.chain import claim_text
+
+    planned = planned_layers(os.environ, variable)
+    if not planned:
+        return ""
+    held = engine.held(os.environ, planned)
+    if held.why:
+        _talk(f"rank {rank} holds none of the plan's {len(planned)} layers it could use: {held.why}")
+    else:
+        _talk(f"rank {rank} holds {held.count} of the plan's {len(planned)} layers; telling rank 0")
+    return claim_text(planned, held.count)
 
 
 def _controller_target(

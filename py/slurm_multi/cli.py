@@ -25,6 +25,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "barrier": ("slurm_multi.barrier_cli:cli", "TCP barrier: rank 0 serves, workers join, anyone can abort."),
     "fitness": ("slurm_multi.fitness.cli:cli", "Check every node and the network between them, in seconds."),
     "relay": ("slurm_multi.relay.cli:cli", "Relay a docker save stream node to node, verified."),
+    "layers": (
+        "slurm_multi.layers.cli:cli",
+        "Move only the image layers a node lacks (plan, filter, cache).",
+    ),
     "results": (
         "slurm_multi.results.commands:cli",
         "Pick the best per-node CSV and aggregate perf.csv/summary.json.",

@@ -123,3 +123,38 @@ def container_state(env: Mapping[str, str], name: str, timeout: float = 5.0) -> 
     if not isinstance(pid, int) or isinstance(pid, bool) or not isinstance(running, bool):
         return None
     return pid, running
+
+
+def image_rootfs(env: Mapping[str, str], ref: str, timeout: float = 5.0) -> tuple[str, list[Any]] | None:
+    """(ID, `RootFS.Layers`) of image `ref`: its layers' diff IDs, bottom first, as the engine says
+    them (the caller checks them). ("", []) when the engine has no such image; None when it cannot
+    be asked this way or answers something else than an image with a `layers` root file system."""
+    asked = _inspect(env, _image_url(ref), timeout) if ref else None
+    if asked is None:
+        return None
+    status, found = asked
+    if status == 404:
+        return "", []
+    rootfs = found.get("RootFS") if isinstance(found, dict) else None
+    if not isinstance(rootfs, dict) or rootfs.get("Type") != "layers" or not isinstance(found.get("Id"), str):
+        return None
+    layers = rootfs.get("Layers")
+    return found["Id"], layers if isinstance(layers, list) else []
+
+
+def image_list(env: Mapping[str, str], timeout: float = 5.0) -> list[str] | None:
+    """The IDs of every image the engine holds (`docker image ls -aq`, intermediate images too);
+    None when it cannot be asked this way or answers something else than a list of images."""
+    asked = _inspect(env, "/images/json?all=1", timeout)
+    if asked is None or asked[0] != 200 or not isinstance(asked[1], list):
+        return None
+    ids = [item.get("Id") for item in asked[1] if isinstance(item, dict)]
+    return [i for i in ids if isinstance(i, str)] if len(ids) == len(asked[1]) else None
+
+
+def info(env: Mapping[str, str], timeout: float = 5.0) -> dict[str, Any] | None:
+    """`docker info` as the engine answers it on its socket; None when it cannot be asked this way."""
+    asked = _inspect(env, "/info", timeout)
+    if asked is None or asked[0] != 200 or not isinstance(asked[1], dict):
+        return None
+    return asked[1]

@@ -355,6 +355,7 @@ def plan(
             "JOB_MODEL": model,
             "JOB_MODEL_KEY": ctx.model_key,
             "JOB_IMAGE": ctx.get("SM_IMAGE"),
+            "JOB_IMAGE_LAYERS": " ".join(_image_layers(ctx, env, nnodes, dry)),
             "JOB_RESULTS_CSV": ctx.get("SM_RESULTS_CSV"),
             "PLAN_QUARANTINE_ERROR": quarantine_error,
             "PLAN_EARLIER_RUN": earlier,
@@ -366,6 +367,18 @@ def plan(
         },
     )
     _emit(emit, text)
+
+
+def _image_layers(ctx: RunContext, env: Mapping[str, str], nnodes: int, dry: bool) -> list[str]:
+    """The job's image's layers (diff IDs) as this node's docker engine holds it now: the batch step
+    runs on rank 0's node, so this is rank 0's chain unless rank 0 rebuilds it. Workers tell rank 0
+    how much of it they hold (slurm_multi.layers); [] when there is nothing to tell (a dry run, one
+    node, another runtime, --image-layers off, no such image here yet)."""
+    if dry or nnodes < 2 or ctx.get("SM_RUNTIME") != "docker" or env.get("SM_IMAGE_LAYERS") == "off":
+        return []
+    from slurm_multi.layers.engine import image_layers
+
+    return image_layers(env, ctx.get("SM_IMAGE")).diff_ids
 
 
 def _quarantine(state_dir: str, node_list: str, batch_args: bool, dry: bool) -> tuple[list[str], str]:

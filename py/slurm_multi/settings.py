@@ -78,6 +78,10 @@ TABLE: tuple[Setting, ...] = (
       "how a cold image reaches the workers: relay (streamed node to node while rank 0 saves; no shared "
       "storage needed), cache (rank 0 saves a tar, then the workers load it), auto (relay unless the "
       "cache already holds the image)", kind="choice", choices=("cache", "relay", "auto")),
+    S("SM_IMAGE_LAYERS", "--image-layers", "auto|off", "auto",
+      "what moves to a worker that holds part of the image (an earlier build, its base): auto (only the "
+      "layers it lacks, through the relay and the cache; the whole image where an engine cannot load a "
+      "partial one), off (the whole image)", kind="choice", choices=("auto", "off")),
     S("SM_RELAY_FANOUT", "--relay-fanout", "K", "1",
       "relay topology: 1 is a chain, K a tree where every node forwards to K others", kind="count"),
     S("SM_OUT", "--out", "DIR", "./slurm_output", "where job outputs go: <out>/<model>/<jobid>/", core=True,
@@ -552,7 +556,10 @@ def unused(r: Resolved) -> list[str]:
     if runtime != "docker":
         reason = "the squashfs is shared, nothing is relayed" if runtime == "pyxis" else "there is no image"
         why.update(
-            {n: f"with --runtime {runtime} ({reason})" for n in ("SM_IMAGE_TRANSPORT", "SM_RELAY_FANOUT")}
+            {
+                n: f"with --runtime {runtime} ({reason})"
+                for n in ("SM_IMAGE_TRANSPORT", "SM_RELAY_FANOUT", "SM_IMAGE_LAYERS")
+            }  # fmt: skip
         )
     elif v["SM_IMAGE_TRANSPORT"] == "cache":
         why["SM_RELAY_FANOUT"] = "with --image-transport cache"

@@ -8,12 +8,14 @@ the client picks its own nonce C, and each side signs its line with `auth.mac(to
 direction, so a signed request can never pass for a reply (or the other way round).
 
     rank 0     -> CHALLENGE <S>                                         (on accept)
-    worker     -> READY <mac> <C> <rank> [image [<held-id>|- [cache:<16 hex>]]|start]
+    worker     -> READY <mac> <C> <rank> [image [<held-id>|- [cache:<16 hex>|- [layers:<k>[:<hex>]]]]|start]
                   (phase defaults to `start`)
-                  mac = mac(token, "to-rank0", "READY", S, C, rank, phase[, held-id[, cache]])
+                  mac = mac(token, "to-rank0", "READY", S, C, rank, phase[, held-id[, cache[, layers]]])
                   (held-id: the image ID this node already holds; cache: the first 16 hex digits of
-                  the image ID this node sees in the --image-cache tar; serve --holds-file records
-                  both, so rank 0 never picks the cache from its own view alone)
+                  the image ID this node sees in the --image-cache tar; layers: how many layers of the
+                  job plan's chain its engine holds, and the chain ID they end at (slurm_multi.layers.chain);
+                  serve --holds-file records all three, so rank 0 never picks the cache from its own
+                  view alone and moves only the layers a worker lacks)
     controller -> RELEASE <mac> <C> <image-id>  |  ABORT <mac> <C> <reason>
                   mac = mac(token, "to-rank0", verb, S, C, image-id | reason)
     rank 0     -> WAIT <mac> <rank>   (at once, to a READY it keeps waiting; then, later, one of:)
@@ -43,6 +45,7 @@ from typing import NamedTuple
 
 from slurm_multi import auth
 from slurm_multi.common import usage_error
+from slurm_multi.layers.chain import parse_claim
 from slurm_multi.words import is_cache_seen, is_held_id, is_image_id, is_rank, is_token
 
 MAX_LINE = 256  # bytes per protocol line, newline included
@@ -78,6 +81,7 @@ class Message(NamedTuple):
     nonce: str = ""  # the client's nonce C: rank 0 signs its reply over it
     holds: str = ""  # an image READY's: the image ID the worker already has (`sha256:…`), if any
     cache: str = ""  # an image READY's: the 16 hex digits of the cache tar's image ID it sees, if any
+    layers: str = ""  # an image READY's: `layers:<k>[:<12 hex>]`, the prefix of the plan's chain it holds
 
 
 class Reply(NamedTuple):
@@ -197,20 +201,23 @@ def parse_line(line: bytes | str, token: str, nnodes: int, challenge: str) -> Me
         if not is_image_id(rest):
             raise ProtocolError("bad image id")
         return Message("RELEASE", image_id=rest, nonce=nonce)
-    if len(fields) not in (2, 3, 4):
+    if len(fields) not in (2, 3, 4, 5):
         raise ProtocolError("malformed READY")
     rank = parse_rank(fields[0], nnodes)
     if fields[1] not in PHASES:
         raise ProtocolError("bad phase")
     holds = fields[2] if len(fields) >= 3 else ""
-    cache = fields[3] if len(fields) == 4 else ""
+    cache = fields[3] if len(fields) >= 4 else ""
+    layers = fields[4] if len(fields) == 5 else ""
     if holds and (fields[1] != "image" or not (is_held_id(holds) or (cache and holds == "-"))):
         raise ProtocolError("bad held image id")
-    if cache and not is_cache_seen(cache):
+    if cache and not (is_cache_seen(cache) or (layers and cache == "-")):
         raise ProtocolError("bad cache id")
+    if layers and parse_claim(layers) is None:
+        raise ProtocolError("bad layer prefix")
     holds = "" if holds == "-" else holds
-    return Message("READY", rank=rank, phase=fields[1], nonce=nonce, holds=holds,
-                   cache=cache.removeprefix("cache:"))  # fmt: skip
+    cache = "" if cache == "-" else cache.removeprefix("cache:")
+    return Message("READY", rank=rank, phase=fields[1], nonce=nonce, holds=holds, cache=cache, layers=layers)
 
 
 def parse_reply(line: bytes | str, token: str, challenge: str, nonce: str) -> Reply:

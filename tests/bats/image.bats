@@ -365,6 +365,36 @@ ${dir}/k.sqsh.id s=${dir}/k.id"
 
 # ---- the image stage: one flow, the runtime's verbs ----------------------------------------------
 
+@test "a cache entry of the image: the layered one first, the whole-image tar after it, only the tar with --image-layers off" {
+  mkdir -p "${CACHE}"
+  local id=sha256:$(printf '%064d' 7) other=sha256:$(printf '%064d' 8)
+  printf 'index' >"${CACHE}/${KEY}.layers"
+  printf 'id=%s\nbytes=5\n' "${id}" >"${CACHE}/${KEY}.layers.id"
+  printf 'a tar' >"${TAR}"
+  printf 'id=%s\nbytes=5\n' "${id}" >"${CACHE}/${KEY}.id"
+  run on node1 'image::cache_entry "${CACHE}/${KEY}" '"${id}"' && echo "${IMAGE_CACHE_ENTRY}"'
+  assert_output "${CACHE}/${KEY}.layers"
+  SM_IMAGE_LAYERS=off run on node1 'image::cache_entry "${CACHE}/${KEY}" '"${id}"' && echo "${IMAGE_CACHE_ENTRY}"'
+  assert_output "${TAR}"
+  printf 'id=%s\nbytes=5\n' "${other}" >"${CACHE}/${KEY}.layers.id" # a stale index: the tar holds it
+  run on node1 'image::cache_entry "${CACHE}/${KEY}" '"${id}"' && echo "${IMAGE_CACHE_ENTRY}"'
+  assert_output "${TAR}"
+  run on node1 'image::cache_entry "${CACHE}/${KEY}" sha256:none || echo none'
+  assert_output none
+}
+
+@test "rank 0 whose engine cannot say its image's layers moves and caches the whole image, saying why" {
+  export SM_IMAGE_CACHE=${CACHE} SM_IMAGE_TRANSPORT=cache DOCKER_HOST=unix://${BATS_TEST_TMPDIR}/no-engine.sock
+  local id
+  id=$(build node1)
+  echo "1 - - layers:0" >"${SM_SCRATCH}/barrier.holds"
+  run stage node1 0
+  assert_line "rc=0"
+  assert_output --partial "image: the whole image moves: the docker engine did not answer /info on its socket"
+  assert_equal "$(sidecar "${CACHE}/${KEY}.id" id)" "${id}"
+  assert_file_not_exists "${CACHE}/${KEY}.layers"
+}
+
 @test "rank 0 releases its image ID after filling the cache; workers that already hold it get it at once, nothing moves" {
   export SM_IMAGE_CACHE=${CACHE} SM_IMAGE_TRANSPORT=cache
   local id

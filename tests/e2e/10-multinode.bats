@@ -61,7 +61,7 @@ setup() {
   "${REPO_ROOT}/examples/toy/build-image" --node node1 --pad-mb 64 >/dev/null
   local node
   for node in node2 node3; do tests/cluster/exec "${node}" docker image rm -f toy/model:local >/dev/null 2>&1 || true; done
-  rm -f "${E2E_CACHE}"/*
+  rm -rf "${E2E_CACHE:?}"/*  # (a directory too: the layered entries' blobs)
   e2e::run_job -N2 -- --manifest "${TOY_MANIFEST}" --image-cache "${E2E_CACHE}"
   assert_equal "${JOB_RC}" 0
   local cold_dir=${JOB_DIR}
@@ -73,12 +73,12 @@ setup() {
   warm=$(awk '{ s += $1 } END { print s }' <(e2e::json "${JOB_DIR}/node_0/status.json" "${total}") <(e2e::json "${JOB_DIR}/node_1/status.json" "${total}"))
   echo "image stage, both nodes: cold ${cold} s, warm ${warm} s" >&3
   "${REPO_ROOT}/examples/toy/build-image" --node node1 >/dev/null
-  rm -f "${E2E_CACHE}"/*
+  rm -rf "${E2E_CACHE:?}"/*  # (a directory too: the layered entries' blobs)
   assert awk -v c="${cold}" -v w="${warm}" 'BEGIN { exit !(w < c) }'
 }
 
 @test "3 nodes: every worker loads the tar, every rank reaches rank 0, all nodes hold one image ID" {
-  rm -f "${E2E_CACHE}"/*
+  rm -rf "${E2E_CACHE:?}"/*  # (a directory too: the layered entries' blobs)
   e2e::run_job -N3 -- --manifest "${TOY_MANIFEST}" --image-transport cache --image-cache "${E2E_CACHE}"
   assert_equal "${JOB_RC}" 0
   run cat "${JOB_DIR}/node_0/node.log"
@@ -126,8 +126,9 @@ setup() {
 }
 
 @test "a stale tar (an older image under the same tag) is detected and replaced" {
-  rm -f "${E2E_CACHE}"/*
-  e2e::run_job -N2 -- --manifest "${TOY_MANIFEST}" --image-transport cache --image-cache "${E2E_CACHE}"
+  # The whole-image tar's own protocol (--image-layers off); layered entries: 13-layers.bats.
+  rm -rf "${E2E_CACHE:?}"/*  # (a directory too: the layered entries' blobs)
+  e2e::run_job -N2 -- --manifest "${TOY_MANIFEST}" --image-transport cache --image-cache "${E2E_CACHE}" --image-layers off
   assert_equal "${JOB_RC}" 0
   local old
   old=$(e2e::image_id node1)
@@ -136,7 +137,7 @@ setup() {
   local new
   new=$(e2e::image_id node1)
   assert [ "${new}" != "${old}" ]
-  e2e::run_job -N2 -- --manifest "${TOY_MANIFEST}" --image-transport cache --image-cache "${E2E_CACHE}"
+  e2e::run_job -N2 -- --manifest "${TOY_MANIFEST}" --image-transport cache --image-cache "${E2E_CACHE}" --image-layers off
   assert_equal "${JOB_RC}" 0
   run cat "${JOB_DIR}/node_0/node.log"
   assert_output --partial "stale tar in the cache"

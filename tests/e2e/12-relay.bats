@@ -103,7 +103,8 @@ assert_timeline() {
 }
 
 @test "pipelined with the cache: workers load while rank 0 saves, the tar lands in the cache, the re-run is a hit" {
-  e2e::run_job -N3 -- --manifest "${TOY_MANIFEST}" --image-cache "${E2E_CACHE}"
+  # The whole image's tar (--image-layers off); the layered entry written while relaying: 13-layers.bats.
+  e2e::run_job -N3 -- --manifest "${TOY_MANIFEST}" --image-cache "${E2E_CACHE}" --image-layers off
   assert_equal "${JOB_RC}" 0
   run cat "${JOB_DIR}/node_0/node.log"
   assert_output --partial "relayed toy/model:local to every node"

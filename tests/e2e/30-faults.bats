@@ -128,7 +128,7 @@ teardown() {
   "${REPO_ROOT}/examples/toy/build-image" --node node1 --pad-mb 96 >/dev/null
   local cache=${BATS_TEST_TMPDIR}/cache
   mkdir -p "${cache}"
-  local lib="source ${REPO_ROOT}/lib/log.sh; source ${REPO_ROOT}/lib/util.sh; source ${REPO_ROOT}/lib/settings.sh; source ${REPO_ROOT}/lib/image.sh; settings::resolve_env; SM_IMAGE=toy/model:local"
+  local lib="source ${REPO_ROOT}/lib/log.sh; source ${REPO_ROOT}/lib/util.sh; source ${REPO_ROOT}/lib/settings.sh; source ${REPO_ROOT}/lib/image.sh; settings::resolve_env; SM_IMAGE=toy/model:local SM_IMAGE_LAYERS=off"
   local id key
   id=$(e2e::image_id node1)
   key=$(bash -c "${lib}; image::cache_key toy/model:local")
@@ -163,7 +163,7 @@ teardown() {
 @test "two jobs saving the same image at once end with one valid tar" {
   local cache=${BATS_TEST_TMPDIR}/cache
   mkdir -p "${cache}"
-  local lib="source ${REPO_ROOT}/lib/log.sh; source ${REPO_ROOT}/lib/util.sh; source ${REPO_ROOT}/lib/settings.sh; source ${REPO_ROOT}/lib/image.sh; settings::resolve_env; SM_IMAGE=toy/model:local"
+  local lib="source ${REPO_ROOT}/lib/log.sh; source ${REPO_ROOT}/lib/util.sh; source ${REPO_ROOT}/lib/settings.sh; source ${REPO_ROOT}/lib/image.sh; settings::resolve_env; SM_IMAGE=toy/model:local SM_IMAGE_LAYERS=off"
   local id key
   e2e::toy_image_only_on node1
   "${REPO_ROOT}/tests/cluster/exec" node2 docker image rm -f toy/model:local >/dev/null 2>&1 || true
@@ -193,7 +193,7 @@ teardown() {
   # Mounted inside node1 (rank 0, the writer): nodes have their own mount namespaces.
   "${REPO_ROOT}/tests/cluster/exec" node1 mount -t tmpfs -o size=256k tmpfs "${tiny}"
   e2e::toy_image_only_on node1
-  e2e::run_job -N2 -- --manifest "${TOY_MANIFEST}" --image-cache "${tiny}" --image-transport cache
+  e2e::run_job -N2 -- --manifest "${TOY_MANIFEST}" --image-cache "${tiny}" --image-transport cache --image-layers off
   assert_equal "${JOB_RC}" 0
   run cat "${JOB_DIR}/node_0/node.log"
   assert_output --regexp "cannot save toy/model:local into ${tiny}: .*(is the disk full\?)"
@@ -202,7 +202,7 @@ teardown() {
   # Relayed (the default for a cold run): the worker needs no tar; rank 0 says it could not write it,
   # and leaves no partial tar behind.
   e2e::toy_image_only_on node1
-  e2e::run_job -N2 -- --manifest "${TOY_MANIFEST}" --image-cache "${tiny}"
+  e2e::run_job -N2 -- --manifest "${TOY_MANIFEST}" --image-cache "${tiny}" --image-layers off
   run "${REPO_ROOT}/tests/cluster/exec" node1 find "${tiny}" -name "*.tar*"
   "${REPO_ROOT}/tests/cluster/exec" node1 umount "${tiny}"
   assert_output ""

@@ -458,7 +458,15 @@ REJECTED = [
     ("READY {sig} 1 image sha256:" + "a" * 64 + " x", "bad cache id"),
     ("READY {sig} 1 image sha256:" + "a" * 64 + " cache:" + "a" * 15, "bad cache id"),
     ("READY {sig} 1 image - cache:" + "A" * 16, "bad cache id"),
-    ("READY {sig} 1 image - cache:" + "a" * 16 + " x", "malformed READY"),
+    ("READY {sig} 1 image - cache:" + "a" * 16 + " x", "bad layer prefix"),
+    ("READY {sig} 1 image - - layers:2:abcdefabcdef x", "malformed READY"),
+    ("READY {sig} 1 image - - layers:2", "bad layer prefix"),  # a claim names the chain ID it ends at
+    ("READY {sig} 1 image - - layers:0:abcdefabcdef", "bad layer prefix"),
+    ("READY {sig} 1 image - - layers:02:abcdefabcdef", "bad layer prefix"),
+    ("READY {sig} 1 image - - layers:2:ABCDEFABCDEF", "bad layer prefix"),
+    ("READY {sig} 1 image - - held:2:abcdefabcdef", "bad layer prefix"),
+    ("READY {sig} 1 image - x layers:0", "bad cache id"),
+    ("READY {sig} 1 start - - layers:0", "bad held image id"),
     ("READY {sig} 1 image -", "bad held image id"),  # `-` only holds the place of a cache field
     ("READY {sig} 1 start - cache:" + "a" * 16, "bad held image id"),
     ("READY {sig}\t1", "unprintable character"),

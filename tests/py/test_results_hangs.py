@@ -161,7 +161,7 @@ def test_summary_json_has_the_hang_and_each_nodes_last_progress(tmp_path: Path):
         "2025-11-30T12:03:08Z", "2025-11-30T12:03:07Z", "2025-11-30T12:03:08Z"
     ]  # fmt: skip
     assert list(summary["nodes"][0]) == [
-        "rank", "node", "exit_code", "status", "stages", "last_progress", "reasons", "log_errors"
+        "rank", "node", "exit_code", "status", "stages", "last_progress", "image", "reasons", "log_errors"
     ]  # fmt: skip
 
 

@@ -16,12 +16,16 @@ import click
 
 from slurm_multi import net
 from slurm_multi.common import HelperError, usage_error
+from slurm_multi.layers import store, tarstream
+from slurm_multi.layers.plan import LayerPlan, read_plan
 from slurm_multi.relay.forward import run_node
 from slurm_multi.relay.load import recv_into, release_stdout, write_stats
 from slurm_multi.relay.protocol import DEFAULT_PURPOSE, PURPOSE_RE
+from slurm_multi.relay.sections import describe as describe_layers
 from slurm_multi.relay.tree import (
     DEFAULT_PORT_COUNT,
     Plan,
+    Result,
     children_of,
     rate_text,
     relay_ports,
@@ -134,7 +138,21 @@ def cli() -> None:
 @cli.command("send", context_settings=CONTEXT)
 @click.option("--rank", type=click.IntRange(min=0), default=0, show_default=True, help="Always 0.")
 @_node_options
-def send_cmd(rank: int, stats_file: str | None, **options: object) -> None:
+@click.option("--layer-plan", type=click.Path(dir_okay=False),
+              help="`layers plan`'s file: stdin is that image's docker save; each link carries only the "
+              "layers the nodes below it lack, each loader only its node's.")  # fmt: skip
+@click.option(
+    "--cache-dir",
+    type=click.Path(file_okay=False),
+    help="With --layer-plan: also store the image in this cache, its new layer blobs and its index.",
+)
+@click.option(
+    "--cache-index", type=click.Path(dir_okay=False), help="With --cache-dir: write the index here."
+)
+def send_cmd(
+    rank: int, stats_file: str | None, layer_plan: str | None, cache_dir: str | None, cache_index: str | None,
+    **options: object,
+) -> None:  # fmt: skip
     """Rank 0: send stdin to the children; exit 0 once every node has verified it.
 
     \b
@@ -145,13 +163,64 @@ def send_cmd(rank: int, stats_file: str | None, **options: object) -> None:
         raise usage_error(f"relay: send runs on rank 0 only (got --rank {rank}); use `relay recv`")
     if os.isatty(0):
         raise usage_error("relay: stdin is a terminal; pipe the stream in: docker save IMAGE | relay send")
+    if (cache_dir is None) != (cache_index is None) or (cache_dir and not layer_plan):
+        raise usage_error("relay: --cache-dir and --cache-index go together, with --layer-plan")
     plan = _plan_from_options(0, parent_host=None, **options)  # type: ignore[arg-type]
     plan.log(f"rank 0 of {plan.nnodes}, fanout {plan.fanout}; waiting for {plan.nnodes - 1} nodes")
-    result = run_node(plan, source_fd=0)
+    layered = read_plan(layer_plan) if layer_plan else None
+    if layered is not None and not layered.whole:
+        result = send_layered(plan, layered, cache_dir, cache_index)
+    else:
+        result = run_node(plan, source_fd=0)
     write_stats(stats_file, result)
     plan.log(
         f"done: {size_text(result.total)} verified by all {result.nodes} receivers in {result.seconds:.1f} s "
         f"({rate_text(result.total, result.seconds)}, chain digest {result.digest[:16]}...)"
+    )
+
+
+def send_layered(plan: Plan, layered: LayerPlan, cache_dir: str | None, cache_index: str | None) -> Result:
+    """Rank 0's layered stream (stdin: the plan's image's docker save), writing the cache's layered
+    entry as it goes: when the relay fails, the rest of the tar still goes into the cache (the
+    workers it missed fall back to it)."""
+    from slurm_multi.relay.forward import run_layered, widen_pipe
+
+    widen_pipe(0)
+    scanner = tarstream.Scanner(0, layered.diff_ids, quiet_every=plan.heartbeat)
+    pieces = scanner.pieces()
+    sink = store.Writer(cache_dir, cache_index, layered.image_id, layered.diff_ids) if cache_dir else None
+    try:
+        result = run_layered(plan, pieces, layered.diff_ids, layered.prefixes, sink)
+    except HelperError:
+        if sink is not None:
+            for member, part, piece in pieces:
+                if member is not tarstream.MARK:
+                    sink.feed(member, part, piece)
+            _finish_cache(plan, sink)
+        raise
+    except BaseException:
+        if sink is not None:
+            sink.abort("the relay stopped")
+        raise
+    if scanner.unreadable:
+        plan.log(
+            f"the tar could not be read past a point ({scanner.unreadable}): the rest went to every node"
+        )
+    if sink is not None:
+        _finish_cache(plan, sink)
+    for rank, sent in sorted((result.sent or {}).items()):
+        plan.log(f"sent {size_text(sent)} of {size_text(scanner.total)} to {plan.name(rank)}")
+    return result
+
+
+def _finish_cache(plan: Plan, sink: store.Writer) -> None:
+    why = sink.finish()
+    if why:
+        plan.log(f"the cache entry was not written: {why}")
+        return
+    new, kept = sink.new, sink.kept
+    plan.log(
+        f"cache: {len(new)} new layer blob(s) ({size_text(sum(new.values()))}), {len(kept)} there already"
     )
 
 
@@ -189,6 +258,8 @@ def recv_cmd(
         f"({rate_text(result.total, result.seconds)}, chain digest {result.digest[:16]}...)"
         + (f"; {result.nodes - 1} node(s) below verified it too" if kids else "")
     )
+    if result.layers is not None:
+        plan.log(f"layers: {describe_layers(result.layers)}")
 
 
 @cli.command("port", context_settings=CONTEXT)

@@ -19,7 +19,7 @@ import re
 import select
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from slurm_multi import net
 from slurm_multi.common import HelperError, timeout_error, usage_error
@@ -33,19 +33,24 @@ from slurm_multi.relay.protocol import (
     EMPTY_DIGEST,
     END,
     FRAME,
+    LAYERED_END,
+    LAYOUT,
     MAX_FRAME,
     MAX_LINE,
     PING,
     PURPOSE_RE,
+    SECTION,
     abort_payload,
     chain,
     clean_reason,
     frame_tag,
     parse_frame_header,
+    parse_section,
     parse_trailer,
     status_line,
     trailer_payload,
 )
+from slurm_multi.relay.sections import LayeredSource, Layering, Sink
 from slurm_multi.relay.tree import Plan, Result, children_of, parent_of, size_text
 from slurm_multi.wire import ProtocolError
 
@@ -85,6 +90,7 @@ class Children:
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
         self.links: list[Link] = []  # filled by gather_children, in rank order
+        self._ping = bytearray(FRAME.size)
 
     def live(self) -> list[Link]:
         return [link for link in self.links if not link.failed]
@@ -97,37 +103,69 @@ class Children:
         digest: bytes,
         sent_so_far: int,
         flip: int | None = None,
+        wants: Callable[[int], bool] | None = None,
     ) -> None:
         """Send one frame (header + payload, the header rewritten per child with that link's tag)
-        to every live child; a child that fails is dropped, the others go on. `flip`: the fault
-        hook's byte to flip in a data frame's payload, after its tag was made."""
+        to every live child (that `wants` it: a layered stream's section some node below it lacks;
+        one that has had nothing for a heartbeat gets a PING instead, so that a long section it does
+        not need never looks like a frozen parent); a child that fails is dropped, the others go
+        on. `flip`: the fault hook's byte to flip in a data frame's payload, after its tag was made."""
+        now = time.monotonic()
         for link in self.links:
             if link.failed:
                 continue
-            link.tagged(frame, kind, length, digest)
-            try:
-                if flip is not None and kind == DATA:
-                    copy = bytearray(frame)  # the fault hook: a bad link after the tag was made
-                    copy[FRAME.size + flip] ^= 0xFF
-                    link.sock.sendall(copy)
-                else:
-                    link.sock.sendall(frame)
-            except OSError as exc:
-                if isinstance(exc, (socket.timeout, TimeoutError)):
-                    why = (
-                        f"took no bytes for {net.secs(self.plan.stall_timeout)} s after "
-                        f"{size_text(sent_so_far)}: it is frozen, its output is blocked, or its link is down"
-                    )
-                else:
-                    said = self._failure_said(link)
-                    why = (
-                        f"failed after {size_text(sent_so_far)}: {said}"
-                        if said
-                        else f"dropped the connection after {size_text(sent_so_far)} ({net.describe(exc)})"
-                    )
-                link.failed = why
-                link.close()
-                self.plan.log(f"{link.name} {why}; going on with the others")
+            if wants is not None and not wants(link.rank):
+                if now - link.last_sent >= self.plan.heartbeat:
+                    self._send(link, self._ping, PING, 0, EMPTY_DIGEST, sent_so_far, None, now)
+                continue
+            self._send(link, frame, kind, length, digest, sent_so_far, flip, now)
+
+    def idle(self, sent_so_far: int) -> None:
+        """A PING to every live child that has had nothing for a heartbeat (rank 0 reading a
+        section no node below needs)."""
+        now = time.monotonic()
+        for link in self.live():
+            if now - link.last_sent >= self.plan.heartbeat:
+                self._send(link, self._ping, PING, 0, EMPTY_DIGEST, sent_so_far, None, now)
+
+    def _send(
+        self,
+        link: Link,
+        frame: memoryview | bytearray,
+        kind: bytes,
+        length: int,
+        digest: bytes,
+        sent_so_far: int,
+        flip: int | None,
+        now: float,
+    ) -> None:
+        link.tagged(frame, kind, length, digest)
+        link.last_sent = now
+        if kind == DATA:
+            link.sent += length
+        try:
+            if flip is not None and kind == DATA:
+                copy = bytearray(frame)  # the fault hook: a bad link after the tag was made
+                copy[FRAME.size + flip] ^= 0xFF
+                link.sock.sendall(copy)
+            else:
+                link.sock.sendall(frame)
+        except OSError as exc:
+            if isinstance(exc, (socket.timeout, TimeoutError)):
+                why = (
+                    f"took no bytes for {net.secs(self.plan.stall_timeout)} s after "
+                    f"{size_text(sent_so_far)}: it is frozen, its output is blocked, or its link is down"
+                )
+            else:
+                said = self._failure_said(link)
+                why = (
+                    f"failed after {size_text(sent_so_far)}: {said}"
+                    if said
+                    else f"dropped the connection after {size_text(sent_so_far)} ({net.describe(exc)})"
+                )
+            link.failed = why
+            link.close()
+            self.plan.log(f"{link.name} {why}; going on with the others")
 
     def check(self) -> None:
         """Fail when every child has been dropped: nobody is left to send to."""
@@ -169,15 +207,15 @@ class Children:
                 pass
             link.close()
 
-    def finish(self, total: int, stream: bytes, beat: Callable[[], None]) -> int:
-        """Send the trailer to each child and collect DONE (`beat` keeps our parent waiting
-        meanwhile); the nodes verified below us."""
-        payload = trailer_payload(total, stream)
+    def finish(self, total: int, trailer: tuple[bytes, bytes], beat: Callable[[], None]) -> int:
+        """Send the trailer (E, or a layered stream's T: kind and payload) to each child and collect
+        DONE (`beat` keeps our parent waiting meanwhile); the nodes verified below us."""
+        kind, payload = trailer
         frame = bytearray(FRAME.size) + payload
         digest = hashlib.sha256(payload).digest()
         for link in self.live():
             try:
-                link.tagged(frame, END, len(payload), digest)
+                link.tagged(frame, kind, len(payload), digest)
                 link.sock.sendall(frame)
             except OSError as exc:
                 said = self._failure_said(link)
@@ -236,6 +274,9 @@ class Node:
         self.buffer = bytearray(FRAME.size + MAX_FRAME)
         self.view = memoryview(self.buffer)
         self.fault = parse_fault(os.environ.get("SM_RELAY_FAULT", ""), plan.rank)
+        self.layering: Layering | None = None  # a layered stream's (rank 0: set before run)
+        self.source: LayeredSource | None = None  # rank 0's layered source (set before run)
+        self.trailer: tuple[bytes, bytes] = (END, b"")  # what this node sends its children last
 
     # -- the parent: WAIT while we stream, the final word ------------------------------------------
 
@@ -333,27 +374,77 @@ class Node:
                     "reordered or replayed; nothing of it was written or forwarded"
                 )
             up.seq += 1
+            layering = self.layering
             if kind == DATA:
                 self._beat()
                 flip = self._inject(total, length) if self.fault is not None else None
-                self.down.forward(view[: FRAME.size + length], DATA, length, digest, total + length, flip)
-                if out_fd is not None:
+                wants = layering.to_child if layering is not None else None
+                frame = view[: FRAME.size + length]
+                self.down.forward(frame, DATA, length, digest, total + length, flip, wants)
+                loading = out_fd is not None and (layering is None or layering.to_loader())
+                if loading:
                     try:
-                        write_all(out_fd, body)
+                        write_all(out_fd, body)  # type: ignore[arg-type]
                     except OSError as exc:
                         raise self.plan.fail(
                             f"cannot write the stream to stdout after {size_text(total)} "
                             f"({net.describe(exc)}); did the reader (docker load) exit? see its error above"
                         ) from None
-                stream = chain(stream, digest)
+                if layering is not None:
+                    layering.frame(digest, length)
+                    layering.data(length, loading)
+                else:
+                    stream = chain(stream, digest)
                 total += length
             elif kind == PING:
                 self.down.forward(view[: FRAME.size], PING, 0, EMPTY_DIGEST, total)
             elif kind == ABORT:
                 reason = clean_reason(bytes(body).decode("utf-8", "replace"))
                 raise self.plan.fail(f"{up.name} aborted the stream after {size_text(total)}: {reason}")
+            elif kind in (LAYOUT, SECTION):
+                self._layered_frame(kind, body, digest, total)
+            elif (kind == LAYERED_END) != (layering is not None):
+                raise self.plan.fail(f"protocol error from {up.name} after {size_text(total)}: a trailer "
+                                     "of the other kind of stream (layered or not)")  # fmt: skip
+            elif layering is not None:
+                return self._verify_layered(layering, body, total, started)
             else:
                 return self._verify(body, total, stream, started)
+
+    def _layered_frame(self, kind: bytes, body: memoryview, digest: bytes, total: int) -> None:
+        """An L frame (first: this stream is layered) or an S frame (a section starts), checked,
+        counted in the chain and forwarded to the children that want it."""
+        up, plan = self.up, self.plan
+        assert up is not None
+        try:
+            if kind == LAYOUT:
+                if self.layering is not None or total:
+                    raise ProtocolError("a layer layout after the stream started")
+                self.layering = Layering.from_layout(body, plan.rank, plan.fanout, plan.nnodes)
+                self.down.forward(self.view[: FRAME.size + len(body)], LAYOUT, len(body), digest, total)
+                return
+            if self.layering is None:
+                raise ProtocolError("a section before the layer layout")
+            self.layering.section(parse_section(body))
+        except ProtocolError as exc:
+            raise plan.fail(f"protocol error from {up.name} after {size_text(total)}: {exc}") from None
+        self.layering.frame(digest, 0)
+        wants = self.layering.to_child
+        self.down.forward(self.view[: FRAME.size + len(body)], SECTION, len(body), digest, total, wants=wants)
+
+    def _verify_layered(
+        self, layering: Layering, body: memoryview, total: int, started: float
+    ) -> tuple[int, bytes, float]:
+        up = self.up
+        assert up is not None
+        try:
+            digest, why = layering.verify(body, total, up.name)
+        except ProtocolError as exc:
+            raise self.plan.fail(f"bad trailer from {up.name}: {exc}") from None
+        if why:
+            raise self.plan.fail(why)
+        self.trailer = (LAYERED_END, bytes(body))
+        return total, digest, started
 
     def _inject(self, total: int, length: int) -> int | None:
         """The end-to-end tests' fault (SM_RELAY_FAULT=<rank>:corrupt|die:<offset>), on this rank
@@ -422,14 +513,22 @@ class Node:
                 self.up.sock.settimeout(plan.stall_timeout)
                 self.up.send(status_line(self.up.key, "READY"))
             if self.parent is None:
-                if source_fd is None:
-                    raise usage_error("relay: rank 0 needs a source")
                 plan.log(f"every node below is ready ({len(self.down.links)} direct); streaming")
-                total, digest, started = self.stream_from(source_fd)
+                if self.source is not None and self.layering is not None:
+                    started = time.monotonic()
+                    total = self.source.run()
+                    self.trailer = (LAYERED_END, self.layering.trailer())
+                    digest = min(self.layering.chains.items())[1][1] if self.layering.chains else CHAIN_START
+                elif source_fd is None:
+                    raise usage_error("relay: rank 0 needs a source")
+                else:
+                    total, digest, started = self.stream_from(source_fd)
             else:
                 total, digest, started = self.stream_through(out_fd)
                 if on_verified is not None:
                     on_verified()
+            if self.trailer[0] == END:
+                self.trailer = (END, trailer_payload(total, digest))
         except HelperError as exc:
             self.down.abort(exc.format_message().removeprefix("relay: "))
             self._report_up(f"FAIL {clean_reason(exc.format_message().removeprefix('relay: '))}")
@@ -440,7 +539,7 @@ class Node:
             self.close()
             raise
         try:
-            below = self.down.finish(total, digest, self._beat)
+            below = self.down.finish(total, self.trailer, self._beat)
         except HelperError as exc:
             self._report_up(f"FAIL {clean_reason(exc.format_message().removeprefix('relay: '))}")
             self.close()
@@ -449,7 +548,11 @@ class Node:
         if self.up is not None:
             self._report_up(status_line(self.up.key, "DONE", below + 1))
         self.close()
-        return Result(total, digest.hex(), seconds, below if self.parent is None else below + 1)
+        result = Result(total, digest.hex(), seconds, below if self.parent is None else below + 1)
+        if self.layering is not None:
+            result.layers = self.layering.stats(out_fd is not None) if self.parent is not None else None
+            result.sent = {link.rank: link.sent for link in self.down.links}
+        return result
 
 
 def run_node(
@@ -460,3 +563,17 @@ def run_node(
 ) -> Result:
     """Run one rank to the end (the importable core of `relay send` / `relay recv`)."""
     return Node(plan).run(source_fd, out_fd, on_verified)
+
+
+def run_layered(
+    plan: Plan, pieces: Iterator, diff_ids: list[str], prefixes: dict[int, int], sink: Sink | None = None
+) -> Result:
+    """Rank 0 of a layered stream (slurm_multi.relay.sections): `pieces` are rank 0's tar as
+    slurm_multi.layers.tarstream reads it (its image has `diff_ids`), each worker holds
+    `prefixes[rank]` of them; `sink` is fed every piece too."""
+    node = Node(plan)
+    layers = len(diff_ids)
+    node.layering = Layering(layers, [layers] + [prefixes.get(r, 0) for r in range(1, plan.nnodes)], 0,
+                             plan.fanout, plan.nnodes)  # fmt: skip
+    node.source = LayeredSource(node, node.layering, pieces, sink)
+    return node.run()

@@ -33,6 +33,8 @@ class Link:
     key: bytes = b""  # the link key (link_key), once both sides proved the token
     seq: int = 0  # the next frame's number on this link (sent, or expected)
     started: float = 0.0  # a pending handshake: when it was accepted
+    sent: int = 0  # stream bytes (D payloads) sent on this link
+    last_sent: float = 0.0  # when the last frame went (time.monotonic())
 
     def tagged(self, frame: bytearray | memoryview, kind: bytes, length: int, digest: bytes) -> None:
         """Put this link's tag for its next frame into `frame`'s header and count the frame."""

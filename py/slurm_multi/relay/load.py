@@ -14,12 +14,16 @@ from slurm_multi.common import HelperError, usage_error
 from slurm_multi.relay.forward import run_node
 from slurm_multi.relay.tree import Plan, Result
 
+STATS_LAYERS = ("layers", "received_layers", "loaded_layers", "loaded_bytes", "held_layers", "held_bytes")
+
 
 def write_stats(path: str | None, result: Result) -> None:
-    """--stats-file: `<bytes> <seconds>` of the verified stream, for the caller's timeline."""
+    """--stats-file: `<bytes> <seconds>` of the verified stream, for the caller's timeline; a layered
+    stream's receiver adds what it did with the layers, in STATS_LAYERS' order."""
     if path:
+        layered = "".join(f" {result.layers[key]}" for key in STATS_LAYERS) if result.layers else ""
         with open(path, "w", encoding="ascii") as out:
-            out.write(f"{result.total} {result.seconds:.3f}\n")
+            out.write(f"{result.total} {result.seconds:.3f}{layered}\n")
 
 
 def release_stdout() -> None:

@@ -13,6 +13,11 @@ One TCP connection per parent -> child link; lines are ASCII and end in `\\n`:
                         P  empty: rank 0's source is quiet but rank 0 is alive (keeps stall timers quiet)
                         E  the trailer: total length (8 bytes BE) + the stream's chain digest (32 bytes)
                         A  abort: the first failure's one-line reason (UTF-8), forwarded unchanged
+                      a layered stream (slurm_multi.relay.sections) adds:
+                        L  first: the layer count and what each rank holds (JSON)
+                        S  a section starts: its label (4 bytes BE); its D frames follow
+                        T  instead of E: per receiving threshold its total and chain digest, and the
+                           bytes of every layer's blob (JSON)
     child  -> parent  READY <tag> (its whole subtree is connected) | FAIL <reason>, then WAIT (every
                       few seconds while it streams or waits for its own subtree), then
                       DONE <nodes verified in its subtree> <tag> | FAIL <reason>
@@ -39,6 +44,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import re
 import struct
 
@@ -54,6 +60,9 @@ FRAME = struct.Struct("!cI16s")  # type, payload length, tag
 TAGGED = struct.Struct("!QcI")  # what a tag covers before the payload's digest: seq, type, length
 TAG_BYTES = 16
 DATA, PING, END, ABORT = b"D", b"P", b"E", b"A"
+LAYOUT, SECTION, LAYERED_END = b"L", b"S", b"T"  # a layered stream's (slurm_multi.relay.sections)
+SECTION_LABEL = struct.Struct("!I")
+MAX_META = 1 << 20  # an L or T frame's JSON
 TRAILER = struct.Struct("!Q32s")  # total length, chain digest
 EMPTY_DIGEST = hashlib.sha256(b"").digest()
 CHAIN_START = bytes(32)
@@ -190,6 +199,12 @@ def parse_frame_header(raw: bytes | bytearray | memoryview) -> tuple[bytes, int,
     elif kind == ABORT:
         if length > 4 * MAX_REASON:
             raise ProtocolError("abort reason too long")
+    elif kind == SECTION:
+        if length != SECTION_LABEL.size:
+            raise ProtocolError(f"section frame of {length} bytes, expected {SECTION_LABEL.size}")
+    elif kind in (LAYOUT, LAYERED_END):
+        if not 1 <= length <= MAX_META:
+            raise ProtocolError(f"{kind.decode()} frame of {length} bytes (1..{MAX_META})")
     else:
         raise ProtocolError(f"unknown frame type 0x{kind[0]:02x}")
     return kind, length, tag
@@ -228,3 +243,77 @@ def parse_trailer(payload: bytes | bytearray | memoryview) -> tuple[int, bytes]:
 
 def abort_payload(reason: str) -> bytes:
     return clean_reason(reason).encode("utf-8")
+
+
+def section_payload(label: int) -> bytes:
+    return SECTION_LABEL.pack(label)
+
+
+def parse_section(payload: bytes | bytearray | memoryview) -> int:
+    if len(payload) != SECTION_LABEL.size:
+        raise ProtocolError("bad section size")
+    return int(SECTION_LABEL.unpack(payload)[0])
+
+
+def _json_payload(value: object) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+def _json_of(payload: bytes | bytearray | memoryview, what: str) -> dict:
+    try:
+        value = json.loads(bytes(payload))
+    except (ValueError, RecursionError):
+        raise ProtocolError(f"{what} is not JSON") from None
+    if not isinstance(value, dict):
+        raise ProtocolError(f"{what} is not an object")
+    return value
+
+
+def _is_count(value: object, top: int = 1 << 62) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= top
+
+
+def layout_payload(layers: int, prefixes: list[int]) -> bytes:
+    """The L frame: the image's layer count and, by rank, how many of them each node holds."""
+    return _json_payload({"layers": layers, "prefixes": prefixes})
+
+
+def parse_layout(payload: bytes | bytearray | memoryview, nnodes: int) -> tuple[int, list[int]]:
+    value = _json_of(payload, "the layer layout")
+    layers, prefixes = value.get("layers"), value.get("prefixes")
+    if not _is_count(layers, 1 << 16) or not isinstance(prefixes, list) or len(prefixes) != nnodes:
+        raise ProtocolError(f"a layer layout that is not {nnodes} prefixes of a chain")
+    if not all(_is_count(p, layers) for p in prefixes):  # type: ignore[arg-type]
+        raise ProtocolError("a layer layout with a prefix longer than the chain")
+    return int(layers), [int(p) for p in prefixes]
+
+
+def layered_trailer_payload(totals: dict[int, tuple[int, bytes]], sizes: dict[int, int]) -> bytes:
+    """The T frame: per threshold (what a node's link carried) its total and chain digest; the bytes
+    of every layer's blob by label (so that a node can say what it held)."""
+    return _json_payload({
+        "totals": {str(m): [total, digest.hex()] for m, (total, digest) in sorted(totals.items())},
+        "sizes": {str(label): size for label, size in sorted(sizes.items())},
+    })  # fmt: skip
+
+
+def parse_layered_trailer(
+    payload: bytes | bytearray | memoryview,
+) -> tuple[dict[int, tuple[int, bytes]], dict[int, int]]:
+    value = _json_of(payload, "the layered trailer")
+    totals, sizes = value.get("totals"), value.get("sizes")
+    if not isinstance(totals, dict) or not isinstance(sizes, dict):
+        raise ProtocolError("a layered trailer without totals and sizes")
+    out: dict[int, tuple[int, bytes]] = {}
+    try:
+        for key, (total, digest) in totals.items():
+            chained = bytes.fromhex(digest)
+            if not _is_count(total) or len(chained) != 32:
+                raise ValueError
+            out[int(key)] = (total, chained)
+        blobs = {int(key): size for key, size in sizes.items() if _is_count(size)}
+    except (ValueError, TypeError):
+        raise ProtocolError("a malformed layered trailer") from None
+    if len(blobs) != len(sizes):
+        raise ProtocolError("a malformed layered trailer")
+    return out, blobs

@@ -139,3 +139,5 @@ class Result:
     digest: str  # the stream's chain digest (hex): the same on every node that verified it
     seconds: float  # first byte -> every node below has verified
     nodes: int  # nodes that verified the stream (rank 0: all receivers; others: self + subtree)
+    layers: dict[str, int] | None = None  # a layered stream: what this receiver loaded and held
+    sent: dict[int, int] | None = None  # a layered stream: stream bytes sent to each child (by rank)

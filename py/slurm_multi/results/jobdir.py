@@ -54,6 +54,7 @@ class NodeReport:
     path: str | None = None  # JOBDIR/<dirname>, joined once: every reader of the node's files uses it
     last_progress: float | None = None  # epoch seconds, from the hang watch (results.hangs)
     node_fault: str = ""  # the rank named its own node's fault (status.json; results.midrun)
+    image: dict[str, Any] | None = None  # what its image stage moved (results.imagemoves)
 
     @property
     def label(self) -> str:
@@ -67,6 +68,7 @@ class NodeReport:
             "status": self.status,
             "stages": dict(self.stages),
             "last_progress": utc_iso(self.last_progress),
+            "image": self.image,
             "reasons": list(self.reasons),
             "log_errors": [hit.to_dict() for hit in self.log_errors[:MAX_ERRORS_KEPT]],
         }

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_multi.events import events_path, parse_events, read_events_file
+from slurm_multi.results.imagemoves import image_moved
 from slurm_multi.results.jobdir import NodeReport, stage_order
 from slurm_multi.results.shared import document_text, utc_iso
 from slurm_multi.results.stragglers import Straggler
@@ -312,7 +313,8 @@ def build_timeline(
     started: Any = None,
 ) -> Timeline:
     """Every node's lane, the critical path and the shares. `started` is job.json's `started`: the
-    job start when no node has events (else the earliest event is)."""
+    job start when no node has events (else the earliest event is). From the same events, each
+    node's image move (NodeReport.image, slurm_multi.results.imagemoves) for summary.json."""
     raw: dict[int, list[dict[str, Any]]] = {}
     for node in nodes:
         if node.path is None or node.dirname is None:
@@ -320,6 +322,7 @@ def build_timeline(
         events = read_events(node.path, node.dirname, warnings)
         if events:
             raw[node.rank] = events
+            node.image = image_moved(node.rank, events)
     # The batch step's own events (the nsight-slurm flush), in a file of its own: on rank 0's lane,
     # the batch step runs on rank 0's node.
     batch = read_events(os.path.join(root, BATCH_DIR), BATCH_DIR, warnings)
