@@ -20,7 +20,6 @@ line at once, so the ratio includes that wait by design: it is what "release lat
 
 from __future__ import annotations
 
-import argparse
 import errno
 import gc
 import multiprocessing
@@ -40,7 +39,7 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "py"))
 
-from benchlib import format_seconds, make_row, median, skipped_row, talk, write_rows  # noqa: E402
+from benchlib import format_seconds, make_row, median, sizes_args, sizes_parser, skipped_row, talk, write_rows  # noqa: E402  # noqa: E402
 
 from slurm_multi.auth import new_nonce  # noqa: E402
 from slurm_multi.wire import challenge_line, parse_challenge, reply_line, request_line  # noqa: E402
@@ -449,18 +448,9 @@ def run(sizes: Sequence[int] = SIZES, repeats: int = 5, warmup: bool = True) -> 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default=",".join(map(str, SIZES)), help="client counts, comma-separated")
-    parser.add_argument("--repeats", type=int, default=5, help="runs of each side per size")
+    parser = sizes_parser(__doc__, SIZES, "client counts")
     parser.add_argument("--no-warmup", action="store_true", help="skip the uncounted first run per size")
-    parser.add_argument("--out", default="-", help="write the rows (JSON list) here; '-' = stdout")
-    args = parser.parse_args(argv)
-    try:
-        sizes = [int(part) for part in args.sizes.split(",") if part.strip()]
-    except ValueError:
-        parser.error(f"--sizes {args.sizes!r}: expected comma-separated integers")
-    if not sizes or min(sizes) < 1 or args.repeats < 1:
-        parser.error("--sizes and --repeats must be positive")
+    args, sizes = sizes_args(parser, argv)
     write_rows(run(sizes, args.repeats, not args.no_warmup), args.out)
     return 0
 

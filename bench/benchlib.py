@@ -16,6 +16,7 @@ A row that could not be measured carries `"skipped": "<why>"` and nulls for the 
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -199,6 +200,39 @@ def write_rows(rows: list[dict[str, Any]], out: str | None) -> None:
         sys.stdout.write(text)
         return
     write_atomic(out, text, mode=None)  # (/dev/null or a pipe is written through, never replaced)
+
+
+def sizes_parser(doc: str, sizes: Sequence[int], what: str) -> argparse.ArgumentParser:
+    """A bench's command line: --sizes (`what`, comma-separated), --repeats, --out; the bench adds
+    its own flags, then reads them with `sizes_args`."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--sizes", default=",".join(map(str, sizes)), help=f"{what}, comma-separated")
+    parser.add_argument("--repeats", type=int, default=5, help="runs of each side per size")
+    parser.add_argument("--out", default="-", help="write the rows (JSON list) here; '-' = stdout")
+    return parser
+
+
+def sizes_args(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None, low: int = 1
+) -> tuple[argparse.Namespace, list[int]]:
+    """The parsed arguments and the sizes (each at least `low`); parser.error (exit 2) otherwise."""
+    args = parser.parse_args(argv)
+    sizes = int_list(parser, "--sizes", args.sizes, low)
+    if args.repeats < 1:
+        parser.error("--repeats must be positive")
+    return args, sizes
+
+
+def int_list(parser: argparse.ArgumentParser, flag: str, text: str, low: int = 1) -> list[int]:
+    """A bench's comma-separated sizes (`--sizes 16,256`), each at least `low`; parser.error (exit 2)
+    for anything else."""
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        parser.error(f"{flag} {text!r}: expected comma-separated integers")
+    if not values or min(values) < low:
+        parser.error(f"{flag} {text!r}: expected integers of {low} or more")
+    return values
 
 
 def repo_root() -> Path:

@@ -5,7 +5,7 @@
 
 # Row groups bench/run knows, in the order they are measured and printed.
 # (No start-up row: start-up is judged in the seconds it adds to a job, in the cluster rows.)
-BENCH_ROWS=(barrier collect report relay cluster)
+BENCH_ROWS=(barrier fitness collect report relay cluster)
 BENCH_CLUSTER_ROW="toolkit overhead / image distribution"
 
 # bench::python: the interpreter every benchmark runs with (stdout): the same choice as every

@@ -35,7 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "py"))
 
-from benchlib import format_seconds, make_row, median, talk, write_rows  # noqa: E402
+from benchlib import format_seconds, int_list, make_row, median, talk, write_rows  # noqa: E402
 
 from slurm_multi.common import HelperError, usage_error  # noqa: E402
 from slurm_multi.net import LOOPBACK, secs  # noqa: E402
@@ -324,12 +324,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-warmup", action="store_true", help="skip the uncounted first run")
     parser.add_argument("--out", default="-", help="write the rows (JSON list) here; '-' = stdout")
     args = parser.parse_args(argv)
-    try:
-        hops = [int(part) for part in args.hops.split(",") if part.strip()]
-    except ValueError:
-        parser.error(f"--hops {args.hops!r}: expected comma-separated integers")
-    if not hops or min(hops) < 1 or args.repeats < 1 or args.bytes < 1:
-        parser.error("--hops, --bytes and --repeats must be positive")
+    hops = int_list(parser, "--hops", args.hops)
+    if args.repeats < 1 or args.bytes < 1:
+        parser.error("--bytes and --repeats must be positive")
     write_rows(run(hops, args.bytes, args.repeats, not args.no_warmup), args.out)
     return 0
 

@@ -386,7 +386,8 @@ job::judge_fitness() {
   JOB_BAD_NODES=()
   [[ ${SM_FITNESS} != off ]] || return 1
   local out
-  if ! out=$(util::sm fitness judge --jobdir "${SM_JOBDIR}" --nodes "${JOB_NODES[*]}" 2>&1); then
+  if ! out=$(util::sm fitness judge --jobdir "${SM_JOBDIR}" --nodes "${JOB_NODES[*]}" \
+    --min-rate "${SM_FITNESS_MIN_RATE}" 2>&1); then
     log::warn multi "cannot judge the fitness reports: ${out#slurm-multi: }"
     return 1
   fi
@@ -636,9 +637,10 @@ job::dry_run_fitness() {
   fi
   local on_bad="fail the job naming it (--on-bad-node fail)"
   [[ ${SM_ON_BAD_NODE} != requeue ]] || on_bad="requeue the job without it, at most ${SM_MAX_REQUEUES} time(s) (--on-bad-node requeue)"
-  local runtime="the ${SM_RUNTIME} runtime answers; "
+  local runtime="the ${SM_RUNTIME} runtime answers; " floor=""
   [[ ${SM_RUNTIME} != none ]] || runtime=""
-  printf '  %-16s %s\n' checks "${runtime}free disk for the image and the outputs; no other job's process on a GPU; every node reaches every other on the job's fitness ports (4 candidates derived from MASTER_PORT and the job ID: one another process holds is skipped, never held against the node); a ring bandwidth probe; the clocks (docs/bad-nodes.md)" \
+  ((SM_FITNESS_MIN_RATE == 0)) || floor=" (a link below --fitness-min-rate ${SM_FITNESS_MIN_RATE} MB/s is slow)"
+  printf '  %-16s %s\n' checks "${runtime}free disk for the image and the outputs; no other job's process on a GPU; every node reaches its partners (ring neighbours and 4 more drawn from the job ID; every other node up to 7 nodes) on the job's fitness ports (4 candidates derived from MASTER_PORT and the job ID: one another process holds is skipped, never held against the node); a ring bandwidth probe${floor}; the clocks (docs/bad-nodes.md)" \
     bound "--fitness-timeout ${SM_FITNESS_TIMEOUT} s" "a bad node" "${on_bad}"
   if [[ -z ${SM_STATE_DIR:-} ]] || ((SM_QUARANTINE_HOURS == 0)); then
     printf '  %-16s %s\n\n' quarantine "off"

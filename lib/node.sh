@@ -253,7 +253,7 @@ node::start_fitness() {
   ((${#hosts[@]})) || hosts=("$(hostname)")
   local argv=(run --rank "${rank}" --nnodes "${nnodes}" --hosts "${hosts[*]}" --job-id "${SLURM_JOB_ID:-0}"
     --master-port "${MASTER_PORT}" --timeout "${SM_FITNESS_TIMEOUT}" --runtime "${SM_RUNTIME}"
-    --out "${SM_NODE_DIR}/fitness.json" --disk "${SM_SCRATCH}=0")
+    --min-rate "${SM_FITNESS_MIN_RATE}" --out "${SM_NODE_DIR}/fitness.json" --disk "${SM_SCRATCH}=0")
   case ${SM_RUNTIME} in
     docker)
       argv+=(--docker-image "${image}")

@@ -153,6 +153,10 @@ TABLE: tuple[Setting, ...] = (
       choices=("on", "off")),
     S("SM_FITNESS_TIMEOUT", "--fitness-timeout", "SECONDS", "10",
       "the fitness check's bound on every node (a node that has not passed by then is bad)", kind="seconds"),
+    S("SM_FITNESS_MIN_RATE", "--fitness-min-rate", "MB/S", "0",
+      "a floor for the fitness check's ring bandwidth probe, for sites that know their fabric (MB/s, "
+      "10^6 bytes; 0 = none): a node whose links in and out are both slower is bad, else both ends of "
+      "the slow link are", kind="whole"),
     S("SM_FITNESS_CMD", "--fitness-cmd", "CMD", "",
       "your own check of each node, run by sh inside the job's image on every node once the image is there "
       "(bounded by --fitness-timeout): a node where it exits non-zero is bad; its output is kept in "
@@ -564,7 +568,7 @@ def unused(r: Resolved) -> list[str]:
     if runtime == "none":
         why["SM_IMAGE_CACHE"] = "with --runtime none (there is no image)"
     if v["SM_FITNESS"] == "off":
-        fitness = ("SM_FITNESS_TIMEOUT", "SM_ON_BAD_NODE", "SM_FITNESS_CMD")
+        fitness = ("SM_FITNESS_TIMEOUT", "SM_ON_BAD_NODE", "SM_FITNESS_CMD", "SM_FITNESS_MIN_RATE")
         why.update({n: "with --fitness off" for n in fitness})
     if v["SM_ON_BAD_NODE"] != "requeue":
         why["SM_MAX_REQUEUES"] = f"with --on-bad-node {v['SM_ON_BAD_NODE']}"

@@ -29,6 +29,7 @@ setup() {
 
 teardown() {
   local sock node=${BAD}
+  throttle_off node2
   "${REPO_ROOT}/tests/cluster/exec" "${node}" iptables -D INPUT -p tcp --dport 10000:32767 -j DROP 2>/dev/null || true
   "${REPO_ROOT}/tests/cluster/exec" "${node}" iptables -D OUTPUT -p tcp --dport 10000:32767 -j DROP 2>/dev/null || true
   "${REPO_ROOT}/tests/cluster/exec" "${node}" umount "${E2E_SCRATCH}" 2>/dev/null || true
@@ -41,6 +42,19 @@ teardown() {
     cluster::wait_for "${node}'s docker engine" env DOCKER_HOST="${sock}" docker version
   fi
   cluster::wait_for "4 idle nodes" cluster::nodes_idle 4
+}
+
+# throttle NODE RATE: shape NODE's link both ways (tc tbf on both ends of its veth: the bridge's side
+# shapes what reaches the node, the node's eth0 what leaves it). throttle_off NODE: remove both, quietly.
+throttle() {
+  local ns
+  ns=$(cluster::netns "$1")
+  tc qdisc add dev "smv-$1" root tbf rate "$2" burst 32kbit latency 400ms
+  ip netns exec "${ns}" tc qdisc add dev eth0 root tbf rate "$2" burst 32kbit latency 400ms
+}
+throttle_off() {
+  tc qdisc del dev "smv-$1" root 2>/dev/null || true
+  ip netns exec "$(cluster::netns "$1")" tc qdisc del dev eth0 root 2>/dev/null || true
 }
 
 # requeued_without_bad WHY: the job ended SUCCESS on the three good nodes after one requeue that
@@ -116,6 +130,27 @@ requeued_without_bad() {
   run grep -l 'stage image: ok' "${JOB_DIR}"/node_*/node.log
   assert_failure
   echo "hung docker engine: FAILURE in ${took} s" >&3
+  assert [ "${took}" -lt 60 ]
+}
+
+@test "a node whose link is throttled both ways in a 3-node job: named slow by the fitness stage, FAILURE, no image moved" {
+  # node2 (rank 1) sits on two of the ring's three links, so the median link is its own slow one: it
+  # is judged against the link that does not touch it (node3 -> node1).
+  throttle node2 20mbit
+  local t0=${SECONDS}
+  e2e::run_job -N3 -w "node1,node2,${BAD}" -- "${ARGS[@]}"
+  local took=$((SECONDS - t0))
+  throttle_off node2
+  assert_equal "${JOB_RC}" 1
+  run e2e::json "${JOB_DIR}/summary.json" 'd["verdict"], [b["node"] for b in d["bad_nodes"]]'
+  assert_output "('FAILURE', ['node2'])"
+  run e2e::json "${JOB_DIR}/summary.json" '" | ".join(d["reasons"])'
+  assert_output --partial "node2"
+  assert_output --partial "both ring links slow"
+  echo "throttled node2: ${output}" >&3
+  run grep -l 'stage image: ok' "${JOB_DIR}"/node_*/node.log
+  assert_failure
+  echo "throttled node2 (20 Mbit/s both ways): FAILURE in ${took} s" >&3
   assert [ "${took}" -lt 60 ]
 }
 

@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import json
 import os
+import selectors
 import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
+
+from slurm_multi.fitness.mesh import Mesh
+from slurm_multi.fitness.protocol import Hello
 
 REPO = Path(__file__).resolve().parents[2]
 FAKES = REPO / "tests" / "fakes"
@@ -42,6 +47,8 @@ NETWORK_KEYS = {
     "ports_taken",
     "listening",
     "listen_error",
+    "partners",
+    "connections",
     "reached",
     "heard",
     "errors",
@@ -130,6 +137,35 @@ def run_nodes(
     ranks = list(range(len(envs))) if ranks is None else ranks
     procs = [start_node(tmp_path, envs[rank], rank, hosts, *args) for rank in ranks]
     return [Node(proc, tmp_path / f"node_{rank}" / "fitness.json") for proc, rank in zip(procs, ranks)]
+
+
+def run_meshes(tokens: list[str], probe_bytes: int, seconds: float = 10.0) -> list[Mesh]:
+    """Every rank of a len(tokens)-node job in this process (rank r with tokens[r]), each with its own
+    selector, driven as run_stage drives one (timers, then events) until all are done or the deadline
+    passes; each says its HELLO at once."""
+    n = len(tokens)
+    ports = free_ports(n)
+    start = time.monotonic()
+    deadline = start + seconds
+    sels = [selectors.DefaultSelector() for _ in range(n)]
+    hosts, candidates = ["127.0.0.1"] * n, [[port] for port in ports]
+    meshes = [
+        Mesh(sels[r], r, hosts, candidates, JOB, tokens[r], probe_bytes, 2.0, deadline - 2, deadline)
+        for r in range(n)
+    ]
+    for rank, mesh in enumerate(meshes):
+        mesh.listen()
+        mesh.set_hello(Hello(rank, "127.0.0.1", ports[rank], 0.0, None, None, "ok"), start)
+    try:
+        while not all(mesh.done() for mesh in meshes) and time.monotonic() < deadline:
+            for mesh, sel in zip(meshes, sels):
+                mesh.on_timers(time.monotonic())
+                mesh.on_events(sel.select(0.01 if n == 2 else 0), time.monotonic())
+    finally:
+        for mesh, sel in zip(meshes, sels):
+            mesh.close(0.0)
+            sel.close()
+    return meshes
 
 
 def view(

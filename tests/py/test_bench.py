@@ -20,6 +20,7 @@ sys.path.insert(0, str(BENCH))
 import barrier_bench  # noqa: E402
 import benchlib  # noqa: E402
 import collect_bench  # noqa: E402
+import fitness_bench  # noqa: E402
 import relay_bench  # noqa: E402
 import report  # noqa: E402
 import report_bench  # noqa: E402
@@ -253,6 +254,26 @@ def test_barrier_bench_measures_both_sides_and_the_barrier_waits_for_everyone() 
     assert row["target"] is None  # the target applies at 4096 ranks
     # No GO may leave before the last READY was sent: the barrier really waited.
     assert row["barrier_first_go_s"] >= row["barrier_last_ready_sent_s"]
+
+
+def test_fitness_bench_simulates_every_node_with_its_partners_and_the_old_full_mesh() -> None:
+    rows = fitness_bench.run(sizes=[8, 12], repeats=1)
+    assert [row["row"] for row in rows] == [
+        "fitness mesh, 8 simulated nodes",
+        "fitness mesh, 12 simulated nodes",
+        "fitness mesh CPU per node, 12 vs 8 nodes",
+        "fitness mesh, 8 simulated nodes, full mesh (before)",
+    ]
+    small, large, scaling, full = rows
+    assert all(
+        ROW_FIELDS <= set(row) and row["median_s"] > 0 and row["baseline_median_s"] > 0 for row in rows
+    )
+    # 6 partners each way and the probe's two ends: 14 connections a node, however many nodes
+    assert (large["connections_per_node_max"], large["connections_per_node_mean"]) == (14, 14.0)
+    assert large["connections_total"] == 12 * 7 and small["nodes"] == 8
+    assert full["connections_per_node_max"] == 2 * 7 + 2  # every other node, each way, and the probe
+    assert scaling["target"] == "<= 2.0x" and scaling["baseline_median_s"] == small["cpu_per_node_s"]
+    assert "one process simulates every node" in small["notes"]
 
 
 def test_collect_bench_job_dir_is_judged_success_from_the_last_rank(tmp_path: Path) -> None:

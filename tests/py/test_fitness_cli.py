@@ -36,6 +36,7 @@ RUN = ["run", "--rank", "0", "--nnodes", "2", "--hosts", "a b", "--port", "23456
         ),
         ([*RUN, "--timeout", "0"], "--timeout '0' is not allowed; use a number more than 0"),
         ([*RUN, "--slow-factor", "nan"], "--slow-factor 'nan' is not allowed"),
+        ([*RUN, "--min-rate", "-1"], "--min-rate '-1' is not allowed; use a number at least 0"),
         ([*RUN, "--tmeout", "3"], ("No such option '--tmeout'", "; Usage: slurm-multi fitness run")),
         ([*RUN, "stray"], "Got unexpected extra argument (stray)"),
         (["rn", *RUN[1:]], "No such command 'rn'"),
@@ -162,7 +163,7 @@ def test_collect_writes_the_bad_nodes_the_judge_finds_and_holds_the_perf_csv_for
 RUN_OPTIONS = (
     "--rank --nnodes --hosts --port --master-port --job-id --token-env --timeout --runtime --runtime-timeout "
     "--disk --disk-reserve --min-inodes --disk-timeout --gpus-needed --gpu-mem-fraction --gpu-timeout "
-    "--probe-bytes --probe-seconds --slow-factor --clock-bound --out --docker-image --image-bytes"
+    "--probe-bytes --probe-seconds --slow-factor --min-rate --clock-bound --out --docker-image --image-bytes"
 ).split()
 
 
@@ -223,3 +224,30 @@ def test_the_job_ports_are_the_same_on_every_node_and_none_of_the_barriers_or_re
     result = cli(["run", *alone, "--master-port", "29500", "--job-id", "77"])
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["ports"] == [ports]
+
+
+def test_the_min_rate_floor_reaches_the_judge_and_collect_from_the_jobs_settings(tmp_path: Path) -> None:
+    """--fitness-min-rate (SM_FITNESS_MIN_RATE, MB/s): the batch step passes it to `fitness judge`,
+    collect reads it from job.json's settings; two links of 40 MB/s are slow under a 50 MB/s floor."""
+    jobdir = _bad_node_job(tmp_path / "job")
+    for rank in (0, 1):  # (each node's own view named them too: rank 0's fitness stage failed)
+        (jobdir / f"node_{rank}" / "fitness.json").write_text(
+            json.dumps(view(rank, 2, rates={0: 40e6, 1: 40e6}))
+        )
+    judge = ["judge", "--jobdir", str(jobdir), "--nodes", "node0 node1"]
+    assert cli(judge).stdout == ""  # two nodes: nothing to compare with, no floor
+    reason = (
+        "both ring links slow: node1->node0 40.0 MB/s and node0->node1 40.0 MB/s, below the "
+        "--fitness-min-rate floor of 50.0 MB/s"
+    )
+    floored = cli([*judge, "--min-rate", "50"])
+    assert floored.stdout.splitlines() == [f"0\tnode0\t{reason}\tnone", f"1\tnode1\t{reason}\tnone"]
+    job = json.loads((jobdir / "job.json").read_text())
+    job["settings"]["SM_FITNESS_MIN_RATE"] = "50"
+    (jobdir / "job.json").write_text(json.dumps(job))
+    env = {"PYTHONPATH": str(REPO / "py"), "PATH": os.environ["PATH"]}
+    collect = [sys.executable, "-m", "slurm_multi", "results", "collect", str(jobdir), "--no-picture"]
+    subprocess.run([*collect, "--bad-nodes", str(tmp_path / "bad")], capture_output=True, text=True, env=env)
+    assert (
+        tmp_path / "bad"
+    ).read_text() == f"0\tnode0\t{reason}\tnone\tfitness\n1\tnode1\t{reason}\tnone\tfitness\n"

@@ -178,7 +178,10 @@ MB = 1e6
         # node2 slow both ways (links 1->2 and 2->3): node2 alone
         (
             {0: 1000 * MB, 1: 10 * MB, 2: 12 * MB, 3: 950 * MB},
-            {2: "both ring links slow: node1->node2 10.0 MB/s and node2->node3 12.0 MB/s, median 481.0 MB/s"},
+            {
+                2: "both ring links slow: node1->node2 10.0 MB/s and node2->node3 12.0 MB/s, "
+                "the other links' median 975.0 MB/s"
+            },
         ),
         # just above the factor (0.1 x the median): fine
         ({0: 1000 * MB, 1: 950 * MB, 2: 95 * MB, 3: 900 * MB}, {}),
@@ -196,6 +199,91 @@ MB = 1e6
 def test_judge_reports_slow_links_in_a_four_node_ring(rates: dict, expected: dict[int, str]) -> None:
     reports = [view(r, 4, rates={r: rates[r]}) for r in range(4)]
     assert reasons(judge_reports(reports, 4)) == expected
+
+
+def ring(rates: dict[int, float | None], **options: Any) -> dict[int, str]:
+    """What the batch step names for these ring rates (rank r's link r -> r+1), every report in."""
+    n = len(rates)
+    return reasons(judge_reports([view(r, n, rates={r: rates[r]}) for r in range(n)], n, **options))
+
+
+SLOW_BOTH = "both ring links slow: node{0}->node{1} {3} MB/s and node{1}->node{2} {4} MB/s"
+
+
+@pytest.mark.parametrize(
+    ("rates", "expected"),
+    [
+        # 3 nodes, node1 throttled both ways: it sits on 2 of the 3 links (the median is its own
+        # slow link), and is judged against the link that does not touch it
+        (
+            {0: 2.5 * MB, 1: 2.4 * MB, 2: 900 * MB},
+            {1: SLOW_BOTH.format(0, 1, 2, "2.5", "2.4") + ", the other links' median 900.0 MB/s"},
+        ),
+        # 5 nodes, node3 slow both ways
+        (
+            {0: 900 * MB, 1: 950 * MB, 2: 3 * MB, 3: 4 * MB, 4: 1000 * MB},
+            {3: SLOW_BOTH.format(2, 3, 4, "3.0", "4.0") + ", the other links' median 950.0 MB/s"},
+        ),
+        # one link slow one way (3 nodes): both of its ends, as a link
+        (
+            {0: 900 * MB, 1: 8 * MB, 2: 1000 * MB},
+            {r: "link node1->node2: 8.0 MB/s, median 900.0 MB/s" for r in (1, 2)},
+        ),
+        # a healthy node on a busy host, measured 5x below the others both ways: not named
+        ({0: 180 * MB, 1: 200 * MB, 2: 900 * MB}, {}),
+        ({0: 950 * MB, 1: 190 * MB, 2: 180 * MB, 3: 900 * MB}, {}),
+        ({0: 950 * MB, 1: 190 * MB, 2: 180 * MB, 3: 900 * MB, 4: 1000 * MB, 5: 980 * MB}, {}),
+        # every link equally slow: nothing to compare with, nobody named
+        ({0: 2.5 * MB, 1: 2.4 * MB, 2: 2.6 * MB}, {}),
+        # two nodes: which one is slow cannot be told, without a floor nothing is judged
+        ({0: 1000 * MB, 1: 1 * MB}, {}),
+    ],
+)
+def test_the_slow_link_rule_judges_a_node_against_the_links_it_does_not_touch(
+    rates: dict, expected: dict[int, str]
+) -> None:
+    assert ring(rates) == expected
+
+
+def test_a_slow_node_is_named_in_its_own_view_and_in_a_peers() -> None:
+    rates = {0: 2.5 * MB, 1: 2.4 * MB, 2: 900 * MB}
+    for me in range(3):
+        assert set(reasons(judge(view(me, 3, rates=rates)))) == {1}
+
+
+@pytest.mark.parametrize(
+    ("rates", "expected"),
+    [
+        # every link equally slow, all below the floor: each node is named
+        (
+            {0: 2.5 * MB, 1: 2.4 * MB, 2: 2.6 * MB},
+            {
+                0: SLOW_BOTH.format(2, 0, 1, "2.6", "2.5"),
+                1: SLOW_BOTH.format(0, 1, 2, "2.5", "2.4"),
+                2: SLOW_BOTH.format(1, 2, 0, "2.4", "2.6"),
+            },
+        ),
+        # one link below the floor: both of its ends
+        (
+            {0: 400 * MB, 1: 45 * MB, 2: 450 * MB},  # (45 is above 0.1 x the median)
+            {1: "link node1->node2: 45.0 MB/s", 2: "link node1->node2: 45.0 MB/s"},
+        ),
+        # two nodes, both links below it: both named (which one is slow cannot be told)
+        (
+            {0: 40 * MB, 1: 45 * MB},
+            {0: SLOW_BOTH.format(1, 0, 1, "45.0", "40.0"), 1: SLOW_BOTH.format(1, 0, 1, "45.0", "40.0")},
+        ),
+        # two nodes, one link below it: both ends of that link
+        ({0: 40 * MB, 1: 900 * MB}, {0: "link node0->node1: 40.0 MB/s", 1: "link node0->node1: 40.0 MB/s"}),
+        # above the floor: fine
+        ({0: 60 * MB, 1: 55 * MB, 2: 70 * MB}, {}),
+    ],
+)
+def test_a_link_below_the_min_rate_floor_names_its_node_or_both_ends(
+    rates: dict, expected: dict[int, str]
+) -> None:
+    floor = ", below the --fitness-min-rate floor of 50.0 MB/s"
+    assert ring(rates, min_rate=50 * MB) == {r: reason + floor for r, reason in expected.items()}
 
 
 def test_judge_reports_takes_a_missing_nodes_ring_rate_from_its_hello() -> None:
@@ -335,3 +423,17 @@ def test_a_node_whose_own_fitness_command_failed_is_bad_unless_every_node_failed
     assert verdict.judge_job(str(job), hosts) == []
     bad = cli(["record-cmd", "x"])
     assert bad.returncode == 2 and len(bad.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("ordered", "removed", "expected"),
+    [
+        ([1.0, 2.0, 3.0, 4.0], [2.0, 3.0], 2.5),
+        ([1.0, 2.0, 3.0, 4.0, 5.0], [1.0], 3.5),
+        ([2.0, 2.0, 2.0, 9.0], [2.0, 2.0], 5.5),  # equal values: one copy each
+        ([5.0, 7.0], [5.0, 7.0], None),
+        ([5.0], [], 5.0),
+    ],
+)
+def test_the_median_without_a_nodes_own_links(ordered: list, removed: list, expected: float | None) -> None:
+    assert verdict._median_without(ordered, removed) == expected

@@ -6,7 +6,6 @@ faults, the ring probe, the protocol's lines.
 from __future__ import annotations
 
 import json
-import selectors
 import socket
 import threading
 import time
@@ -25,6 +24,7 @@ from fitness_nodes import (
     make_tools,
     node_env,
     reasons,
+    run_meshes,
     run_nodes,
     start_node,
     view,
@@ -48,39 +48,7 @@ def tools(tmp_path: Path) -> Path:
 def mesh_pair(tokens: tuple[str, str], probe_bytes: int, seconds: float = 10.0) -> list[Mesh]:
     """Ranks 0 and 1 of a 2-node job, each with its own selector, driven as run_stage drives one
     (timers, then events) until both are done or the deadline passes; each says its HELLO at once."""
-    ports = free_ports(2)
-    start = time.monotonic()
-    deadline = start + seconds
-    sels = [selectors.DefaultSelector() for _ in range(2)]
-    meshes = [
-        Mesh(
-            sels[r],
-            r,
-            ["127.0.0.1"] * 2,
-            [[p] for p in ports],
-            JOB,
-            tokens[r],
-            probe_bytes,
-            2.0,
-            deadline - 2,
-            deadline,
-        )  # fmt: skip
-        for r in range(2)
-    ]
-    for rank, mesh in enumerate(meshes):
-        mesh.listen()
-        mesh.set_hello(protocol.Hello(rank, "127.0.0.1", ports[rank], 0.0, None, None, "ok"), start)
-    try:
-        while not all(mesh.done() for mesh in meshes) and time.monotonic() < deadline:
-            for mesh, sel in zip(meshes, sels):
-                mesh.on_timers(time.monotonic())
-                for key, mask in sel.select(0.01):
-                    mesh.on_event(key, mask, time.monotonic())
-    finally:
-        for mesh, sel in zip(meshes, sels):
-            mesh.close(0.0)
-            sel.close()
-    return meshes
+    return run_meshes(list(tokens), probe_bytes, seconds)
 
 
 def test_two_meshes_deliver_their_hellos_measure_the_ring_and_close_every_socket() -> None:

@@ -67,6 +67,14 @@ PORT_OFFSET = 32
 CANDIDATES = 4
 RUNTIMES = ("docker", "pyxis", "none")
 CONTEXT = {"help_option_names": ["-h", "--help"]}
+SLOW_HELP = (
+    "A node whose ring links in and out are both slower than F x the median of the links that do not "
+    "touch it is slow; any other link slower than F x the median link names both its ends."
+)
+MIN_RATE_HELP = (
+    "A floor for sites that know their fabric (MB/s, 10^6 bytes; 0 = none): a ring link slower than "
+    "this is slow whatever the others measured (the job's --fitness-min-rate)."
+)
 
 
 @click.group("fitness", context_settings=CONTEXT, no_args_is_help=False)
@@ -160,7 +168,8 @@ def _text(name: str, default: str, metavar: str, text: str, **more: Any) -> Any:
     "Bytes of the ring bandwidth probe (16 MiB; 0 = no probe).",
 )
 @_text("--probe-seconds", str(DEFAULT_PROBE_SECONDS), "S", "The probe's bound.")
-@_text("--slow-factor", str(DEFAULT_SLOW_FACTOR), "F", "A ring link slower than F x the median link is slow.")
+@_text("--slow-factor", str(DEFAULT_SLOW_FACTOR), "F", SLOW_HELP)
+@_text("--min-rate", "0", "MB/S", MIN_RATE_HELP)
 @_text("--clock-bound", str(DEFAULT_CLOCK_BOUND), "S", "A clock further than S from the job's median is bad.")
 @_text("--out", "", "FILE", "Where the report goes (atomically); without it, on stdout.")
 @_text(
@@ -173,7 +182,7 @@ def _text(name: str, default: str, metavar: str, text: str, **more: Any) -> Any:
 @_text("--image-bytes", "0", "B", "The image's size where known (the cache's tar).")
 @click.pass_context
 def run_cmd(ctx: click.Context, **options: Any) -> None:
-    """This node's local checks (runtime, disk, GPUs) and the mesh with every other node (reach,
+    """This node's local checks (runtime, disk, GPUs) and the mesh with its partners (reach,
     ring bandwidth, clocks), within --timeout; the report goes to --out.
 
     \b
@@ -229,10 +238,11 @@ def run_cmd(ctx: click.Context, **options: Any) -> None:
     "DIR/job.json's, else each by its own report (rank<r> when it wrote none).",
 )
 @click.option("--json", "as_json", is_flag=True, help="A JSON list instead of lines.")
-@_text("--slow-factor", str(DEFAULT_SLOW_FACTOR), "F", "A ring link slower than F x the median link is slow.")
+@_text("--slow-factor", str(DEFAULT_SLOW_FACTOR), "F", SLOW_HELP)
+@_text("--min-rate", "0", "MB/S", MIN_RATE_HELP)
 @_text("--clock-bound", str(DEFAULT_CLOCK_BOUND), "S", "A clock further than S from the job's median is bad.")
 def judge_cmd(
-    jobdir: str, nodes: str, nnodes: str, as_json: bool, slow_factor: str, clock_bound: str
+    jobdir: str, nodes: str, nnodes: str, as_json: bool, slow_factor: str, min_rate: str, clock_bound: str
 ) -> None:
     """Print the bad nodes, one line each, `<rank> TAB <host> TAB <reason> TAB <evidence>` (nothing when
     all fit). Evidence: `local` (the node's own check failed), `peers` (a majority of its peers'
@@ -244,15 +254,17 @@ def judge_cmd(
     """
     slow = _parse_float("--slow-factor", slow_factor, 0.0, 1.0, low_open=True)
     bound = _parse_float("--clock-bound", clock_bound, 0.0, low_open=True)
+    floor = _parse_float("--min-rate", min_rate, 0.0) * 1e6
     if not os.path.isdir(jobdir):
         raise _usage("--jobdir", jobdir, "give the job directory (it holds node_<rank>/fitness.json)")
     if nodes:
-        found = judge_job(jobdir, nodes.split(), slow, bound)
+        found = judge_job(jobdir, nodes.split(), slow, bound, floor)
     else:
         if not nnodes:
             raise _usage("--nnodes", "", 'give --nodes "h0 h1 ..." (the job\'s) or --nnodes N')
         count = _parse_int("--nnodes", nnodes, 1)
-        found = judge_reports(read_reports(jobdir, count), count, slow, bound, hosts=job_hosts(jobdir, count))
+        hosts = job_hosts(jobdir, count)
+        found = judge_reports(read_reports(jobdir, count), count, slow, bound, hosts=hosts, min_rate=floor)
     if as_json:
         click.echo(json.dumps(found))
     else:
@@ -405,6 +417,7 @@ def parse_run(args: Any, env: Mapping[str, str]) -> Options:
         probe_seconds=_parse_float("--probe-seconds", args.probe_seconds, 0.0, low_open=True),
         slow_factor=_parse_float("--slow-factor", args.slow_factor, 0.0, 1.0, low_open=True),
         clock_bound=_parse_float("--clock-bound", args.clock_bound, 0.0, low_open=True),
+        min_rate=_parse_float("--min-rate", args.min_rate, 0.0) * 1e6,
         out=args.out,
         docker_image=args.docker_image,
         image_bytes=_parse_int("--image-bytes", args.image_bytes, 0),

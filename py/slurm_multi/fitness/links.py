@@ -175,6 +175,7 @@ class Links:
         self.conns: set[Conn] = set()
         self.pending: dict[str, list[Conn]] = {}  # source address -> its pending connections, oldest first
         self.paused_until = 0.0
+        self.accepted = 0  # connections accepted, strangers' included
         self.scratch = bytearray(PROBE_CHUNK)
         self.payload = memoryview(bytes(PROBE_CHUNK))
 
@@ -233,6 +234,7 @@ class Links:
                     continue
                 return
             source = str(addr[0])
+            self.accepted += 1
             try:
                 sock.setblocking(False)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -1,9 +1,15 @@
-"""The fitness mesh's decisions: every node with every other, and the ring probe.
+"""The fitness mesh's decisions: each node with its partners, and the ring probe.
+
+Partners (`partners`): a node dials, and hears from, its ring neighbours (r - 1, r + 1) and the nodes
+at EXTRA_OFFSETS more offsets +-o chosen from the job ID, the same on every node: a job costs about
+6 N connections and a node 12 whatever N (every node with every other when N <= 7), and every node
+is checked by all of its partners (at least 2 with N >= 3). The offsets are drawn per job, so a
+rack of consecutive failed nodes does not leave a node only failed checkers.
 
 Every node listens on the first free of its candidate ports on all IPv4 addresses (SO_REUSEADDR): a
 candidate another process holds is skipped, and a node with every candidate taken listens nowhere,
 which is reported (its HELLO says so) and never counted against it: anybody on the node can hold a
-port. It dials every other node's candidates in turn (every IPv4 address of its name on each),
+port. It dials each partner's candidates in turn (every IPv4 address of its name on each),
 retrying until the deadline, and speaks slurm_multi.fitness.protocol on each connection; the
 candidate a peer answered on (a WELCOME signed for our nonce) or named in its signed HELLO is then
 the only one dialled. The sockets themselves (buffers, the selector, cutting lines, who keeps a
@@ -17,13 +23,14 @@ last ACK). At --probe-seconds (or when the HELLOs are due) the probe stops, rese
 and the rate is the bytes acknowledged / the seconds until the last acknowledgement (0 when none
 came): a slow link never makes the stage time out.
 
-A node is done once it has delivered its HELLO to every peer (GOT) and received every peer's HELLO,
-or at the deadline; it keeps listening until every peer has delivered to it.
+A node is done once it has delivered its HELLO to every partner (GOT) and received every partner's
+HELLO, or at the deadline; it keeps listening until every partner has delivered to it.
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
 import selectors
 import time
 from collections.abc import Sequence
@@ -55,6 +62,23 @@ WAITED = {
 }
 
 
+EXTRA_OFFSETS = 2  # offsets beyond the ring's: each node has 2 x (1 + 2) = 6 partners
+
+
+def partners(me: int, n: int, job: str, extra: int = EXTRA_OFFSETS) -> list[int]:
+    """The ranks rank `me` of an `n`-node job dials and hears from: me +- 1 and me +- o for `extra`
+    offsets o drawn from the job ID (a symmetric set: `me` is a partner of each of its partners);
+    every other rank when that would be all or nearly all of them."""
+    if n - 1 <= 2 * (1 + extra):
+        return [q for q in range(n) if q != me]
+    # 2 .. (n - 1) // 2: o and n - o are the same pair of partners, and n / 2 would be one node
+    candidates, offsets = list(range(2, (n - 1) // 2 + 1)), [1]
+    for i in range(extra):
+        digest = hashlib.sha256(f"fitness-partners|{job}|{n}|{i}".encode()).digest()
+        offsets.append(candidates.pop(int.from_bytes(digest[:8], "big") % len(candidates)))
+    return sorted({(me + sign * offset) % n for offset in offsets for sign in (1, -1)})
+
+
 class Mesh:
     """This node's side of the mesh; the caller's loop feeds it events and timer ticks."""
 
@@ -70,13 +94,15 @@ class Mesh:
         probe_seconds: float,
         hello_by: float,
         deadline: float,
+        peers: Sequence[int] | None = None,
     ) -> None:
+        """`peers`: the ranks to dial and hear from (default: `partners`)."""
         self.me, self.job, self.token = me, job, token
         self.hosts, self.ports = list(hosts), [list(candidates) for candidates in ports]
         self.n = len(hosts)
         self.probe_bytes, self.probe_seconds = probe_bytes, probe_seconds
         self.hello_by, self.deadline = hello_by, deadline
-        self.peers = [q for q in range(self.n) if q != me]
+        self.peers = sorted(set(partners(me, self.n, job) if peers is None else peers) - {me})
         self.dials = {q: Dial(q, hosts[q], self.ports[q], "mesh") for q in self.peers}
         successor = (me + 1) % self.n
         self.probe = (
@@ -92,9 +118,10 @@ class Mesh:
         }
         if self.probe is None:
             self.ring["error"] = "no probe (--probe-bytes 0)"
-        # Two connections per peer at most are ours; the rest of the table is room for retries (and
-        # for strangers, who never take a trusted slot: slurm_multi.fitness.links).
-        self.links = Links(sel, self, max_conns=4 * self.n + 64, per_source=max(8, 2 * self.n))
+        # Two connections per partner at most are ours; the rest of the table is room for retries
+        # (and for strangers, who never take a trusted slot: slurm_multi.fitness.links).
+        room = len(self.peers) + 1
+        self.links = Links(sel, self, max_conns=4 * room + 64, per_source=max(8, 2 * room))
         self.inbound = Inbound(self.links, me, self.n, job, token, deadline, self.learned)
         self.listen_error = ""
         self.all_taken = False
@@ -107,7 +134,7 @@ class Mesh:
 
     def listen(self) -> None:
         mine = self.ports[self.me]
-        exc = self.links.listen(mine, max(128, 4 * self.n))
+        exc = self.links.listen(mine, max(128, 4 * len(self.peers)))
         if exc is not None:
             self.listen_error = f"cannot listen on port {exc.filename or mine[0]} ({describe(exc)})"
             if exc.errno == errno.EADDRNOTAVAIL:
@@ -364,6 +391,11 @@ class Mesh:
             "ports_taken": self.links.taken,
             "listening": self.links.listener is not None,
             "listen_error": self.listen_error,
+            "partners": self.peers,
+            "connections": {
+                "dialled": sum(dial.attempts for dial in self._all_dials()),
+                "accepted": self.links.accepted,
+            },
             "reached": sorted(self.reached),
             "heard": sorted(heard),
             "errors": {

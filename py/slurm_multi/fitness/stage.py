@@ -15,7 +15,7 @@ The report (--out, written atomically: a temp file in the same dir, then a renam
      "stopped": "" or why the stage ended before its verdict (slurm_multi.fitness.verdict says what
                 it counts for; a check that had not finished by then is null under "checks"),
      "local": {"ok", "reason"}  (the verdict its HELLO carried),
-     "thresholds": {"slow_factor", "clock_bound"},
+     "thresholds": {"slow_factor", "clock_bound", "min_rate": bytes/s, 0 = no floor},
      "checks": {
        "runtime": {"kind", "status": ok|failed|skipped, "ok", "reason", "detail", "seconds"},
        "disk": [{"path", "checked", "need_bytes", "reserve_bytes", "free_bytes", "free_inodes",
@@ -26,6 +26,8 @@ The report (--out, written atomically: a temp file in the same dir, then a renam
                 "offenders": [{"gpu", "pid", "mib", "total_mib", "why": process|memory}], "seconds"},
        "network": {"port": the candidate it listens on or null, "candidates", "ports_taken": [the
                    candidates another process held], "listening", "listen_error",
+                   "partners": [the ranks it dials and hears from: slurm_multi.fitness.mesh],
+                   "connections": {"dialled": connect attempts, "accepted": connections accepted},
                    "reached": [ranks], "heard": [ranks],
                    "errors": {rank: last dial error}, "token_rejected_by": [ranks that answered
                    ERR bad token], "rejected": [{"from", "rank", "reason"}],
@@ -59,7 +61,7 @@ from slurm_multi.fitness.checks import (
     runtime_timeout_figures,
 )
 from slurm_multi.fitness.gpucheck import check_gpus, gpu_figures, gpu_timeout_figures
-from slurm_multi.fitness.mesh import Mesh
+from slurm_multi.fitness.mesh import Mesh, partners
 from slurm_multi.fitness.protocol import HELLO_MARGIN, HELLO_MARGIN_SHARE, Hello
 from slurm_multi.fitness.verdict import judge
 from slurm_multi.logline import talk
@@ -92,6 +94,7 @@ class Options(NamedTuple):
     slow_factor: float
     clock_bound: float
     out: str
+    min_rate: float = 0.0  # bytes/s, 0 = no floor
     docker_image: str = ""
     image_bytes: int = 0
 
@@ -139,8 +142,9 @@ def run_stage(opts: Options, env: Mapping[str, str]) -> dict[str, Any]:
 
     previous = signal.signal(signal.SIGTERM, on_signal)
     children: list[Any] = []
+    peers = partners(opts.rank, opts.nnodes, opts.job_id)
     if opts.nnodes > 1:
-        raise_nofile_limit(4 * opts.nnodes + 64)
+        raise_nofile_limit(4 * (len(peers) + 1) + 64)
     checks = _start_checks(opts, env, t0, hello_by, wake, children)
     mesh = None
     if opts.nnodes > 1:
@@ -155,6 +159,7 @@ def run_stage(opts: Options, env: Mapping[str, str]) -> dict[str, Any]:
             opts.probe_seconds,
             hello_by,
             deadline,
+            peers,
         )
         mesh.listen()
         if mesh.all_taken:
@@ -243,6 +248,8 @@ def run_stage(opts: Options, env: Mapping[str, str]) -> dict[str, Any]:
             "ports_taken": [],
             "listening": False,
             "listen_error": "",
+            "partners": [],
+            "connections": {"dialled": 0, "accepted": 0},
             "reached": [],
             "heard": [],
             "errors": {},
@@ -268,7 +275,11 @@ def run_stage(opts: Options, env: Mapping[str, str]) -> dict[str, Any]:
         "reason": "",
         "stopped": "SIGTERM before the verdict" if stopped else "",
         "local": {"ok": local["ok"], "reason": local["reason"]},
-        "thresholds": {"slow_factor": opts.slow_factor, "clock_bound": opts.clock_bound},
+        "thresholds": {
+            "slow_factor": opts.slow_factor,
+            "clock_bound": opts.clock_bound,
+            "min_rate": opts.min_rate,
+        },
         "checks": {
             "runtime": local["runtime"],
             "disk": local["disk"],
@@ -277,7 +288,7 @@ def run_stage(opts: Options, env: Mapping[str, str]) -> dict[str, Any]:
         },
         "bad": [],
     }
-    report["bad"] = judge(report, opts.slow_factor, opts.clock_bound)
+    report["bad"] = judge(report, opts.slow_factor, opts.clock_bound, opts.min_rate)
     report["ok"] = False if report["bad"] else None if stopped else True
     report["reason"] = next((b["reason"] for b in report["bad"] if b["rank"] == opts.rank), "")
     report["seconds"] = round(time.monotonic() - t0, 3)

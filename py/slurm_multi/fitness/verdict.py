@@ -37,18 +37,28 @@ joined with `; `. Host names are shown as given (host:port when several ranks sh
 - ports: a node's report says which candidate it listened on (`port`), its HELLO says the same to its
   peers; a node that listened nowhere because every candidate was held (`ports_taken`), or whose
   HELLO said so, is never named for being unreachable.
+- partners: a node dials and hears from its partners only (slurm_multi.fitness.mesh.partners: its
+  ring neighbours and a few offsets drawn from the job ID; every other node when N <= 7), as its
+  report's `partners` says (a report without it: every other node). "Peer" below means partner.
 - reachability, global: x is unreachable from y when y did not reach x and x did not hear y. A node
-  unreachable from a strict majority of the other nodes that wrote a report is bad ("unreachable on
+  unreachable from a strict majority of its partners that wrote a report is bad ("unreachable on
   port P from every peer" / "from k of m peers (...)"; "wrong job token" when every failing peer's
   connection failed on the token). With N == 2 and neither reaching the other, both are named: "A
   and B cannot reach each other on port P" (or "do not share the job token"): which one is at fault
   cannot be told; with one direction failing, the node that could not be reached is named. A node
   without a report is named for that alone.
-- slow link: ring rates r -> r+1 (each node's own, else from a peer's HELLO); with at least 3
-  measured links (N >= 3), a link slower than --slow-factor x the median of the measured ones is
-  slow. A node whose links in and out are both slow is bad ("both ring links slow: ..."); any other
-  slow link names both ends: "link A->B: X MB/s, median Y MB/s" (MB = 10^6 bytes). With fewer
-  links the rates are reported and nothing is judged slow.
+- slow link: ring rates r -> r+1 (each node's own, else from a peer's HELLO). A node is judged
+  against the links that do not touch it: with N >= 3, a node whose links in and out are both
+  slower than --slow-factor x the median of those is bad ("both ring links slow: A->B X MB/s and
+  B->C Y MB/s, the other links' median Z MB/s"; MB = 10^6 bytes), so a node slow both ways is
+  named even where it sits on most of the ring's links (2 of 3). Any other link slower than
+  --slow-factor x the median of all the measured ones (3 or more) names both ends: "link A->B: X
+  MB/s, median Y MB/s". --min-rate (bytes/s here, MB/s on the command line; 0 = off) is a floor
+  whatever the others measured, with N >= 2: a node with both links below it, else both ends of a
+  link below it, are named, "below the --fitness-min-rate floor of F MB/s" (with N == 2 both
+  nodes: which one is slow cannot be told). Without the floor, 2 nodes are never judged slow, and
+  all links equally slow name nobody. A healthy node on a busy host measured up to 5x below the
+  others stays within the default factor (0.1).
 - clock: offsets relative to the judging node (itself 0). With 3 or more clocks known, a node
   further than --clock-bound from their median is bad ("clock 5.2 s ahead of the job's median" /
   "behind"); the global judge takes, for each node, the median over the reports of its distance
@@ -58,6 +68,7 @@ joined with `; `. Host names are shown as given (host:port when several ranks sh
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import statistics
@@ -87,9 +98,9 @@ class _Report:
         self.n = max(1, _int(report.get("nnodes"), 1)) if nnodes is None else nnodes
         self.me = _int(report.get("rank"), -1)
         self.host = str(report.get("host") or "")
-        self.hosts = _strings(report.get("hosts"), self.n)
-        listed = report.get("ports") if isinstance(report.get("ports"), list) else []
-        self.candidates = [_port_list(p) for p in listed]
+        # (every rank's host and ports are parsed only where one view is judged: over a job's reports
+        # they would be N x N)
+        self._listed = report.get("ports") if isinstance(report.get("ports"), list) else []
         local = report.get("local") if isinstance(report.get("local"), Mapping) else {}
         self.local_ok = local.get("ok") is not False
         self.local_reason = str(local.get("reason") or "local checks failed")
@@ -99,9 +110,13 @@ class _Report:
         self.port = _int(net.get("port"), 0)
         self.listening = net.get("listening") is not False
         taken = _port_list(net.get("ports_taken"))
-        mine = self.candidates[self.me] if 0 <= self.me < len(self.candidates) else []
+        mine = self.candidate_ports(self.me)
         # listened nowhere because another process held every candidate: no evidence either way
         self.all_taken = not self.listening and bool(taken) and set(mine) <= set(taken)
+        # the ranks it dials and hears from (slurm_multi.fitness.mesh.partners); every other rank in
+        # a report that does not say (written before partners)
+        chosen = _ranks(net.get("partners"), self.n) - {self.me}
+        self.partners = chosen or {q for q in range(self.n) if q != self.me}
         self.reached = _ranks(net.get("reached"), self.n)
         self.heard = _ranks(net.get("heard"), self.n)
         self.token_rejected_by = _ranks(net.get("token_rejected_by"), self.n)
@@ -116,6 +131,18 @@ class _Report:
         self.offsets = {k: v for k, v in self.offsets.items() if 0 <= k < self.n and v is not None}
         peers = net.get("peers") if isinstance(net.get("peers"), Mapping) else {}
         self.peers = {_int(k, -1): v for k, v in peers.items() if isinstance(v, Mapping)}
+
+    @property
+    def hosts(self) -> list[str]:
+        return _strings(self.raw.get("hosts"), self.n)
+
+    @property
+    def candidates(self) -> list[list[int]]:
+        return [_port_list(p) for p in self._listed]
+
+    def candidate_ports(self, rank: int) -> list[int]:
+        """Rank's candidate ports as this report lists them."""
+        return _port_list(self._listed[rank]) if 0 <= rank < len(self._listed) else []
 
     def peer_verdict(self, rank: int) -> str:
         return str(self.peers.get(rank, {}).get("verdict") or "ok")
@@ -237,29 +264,75 @@ class _Bad:
 
 
 def slow_links(
-    rates: Mapping[int, float | None], n: int, name: Callable[[int], str], factor: float, bad: _Bad
+    rates: Mapping[int, float | None],
+    n: int,
+    name: Callable[[int], str],
+    factor: float,
+    bad: _Bad,
+    min_rate: float = 0.0,
 ) -> None:
-    """The slow-link rule over ring rates `rates[r]` of link r -> (r+1) % n (see the module docstring)."""
+    """The slow-link rule over ring rates `rates[r]` of link r -> (r+1) % n (the module docstring).
+
+    A node is judged against the links that do not touch it (the rates its other peers reach): in a
+    3-node ring a node slow both ways sits on two of the three links, so any median over all of them
+    is its own slow link. `min_rate` (bytes/s, 0 = off) is the site's floor: a link below it is slow
+    whatever the others measured."""
     links = {r: rate for r, rate in rates.items() if rate is not None and rate >= 0 and 0 <= r < n}
-    if n < 3 or len(links) < 3:
+    if n < 2 or not links:
         return
-    mid = statistics.median(links.values())
-    slow = {r for r, rate in links.items() if rate < factor * mid}
-    both = {node for node in range(n) if node in slow and (node - 1) % n in slow}
-    for node in sorted(both):
-        before, after = (node - 1) % n, (node + 1) % n
-        bad.add(
-            node,
-            f"both ring links slow: {name(before)}->{name(node)} {mbps(links[before])} and "
-            f"{name(node)}->{name(after)} {mbps(links[node])}, median {mbps(mid)}",
-        )
-    for r in sorted(slow):
-        a, b = r, (r + 1) % n
-        if a in both or b in both:
+    floor = f"below the --fitness-min-rate floor of {mbps(min_rate)}" if min_rate > 0 else ""
+    named: set[int] = set()
+    ordered = sorted(links.values())
+    for node in range(n):
+        before = (node - 1) % n
+        if before not in links or node not in links or (n == 2 and node == 1):
+            continue  # (two nodes share both links: one judgement names both)
+        reference = _median_without(ordered, [links[before], links[node]]) if n >= 3 else None
+        against = []
+        if reference is not None and max(links[before], links[node]) < factor * reference:
+            against.append(f"the other links' median {mbps(reference)}")
+        if floor and max(links[before], links[node]) < min_rate:
+            against.append(floor)
+        if not against:
             continue
-        reason = f"link {name(a)}->{name(b)}: {mbps(links[r])}, median {mbps(mid)}"
-        bad.add(a, reason)
-        bad.add(b, reason)
+        reason = (
+            f"both ring links slow: {name(before)}->{name(node)} {mbps(links[before])} and "
+            f"{name(node)}->{name((node + 1) % n)} {mbps(links[node])}, {', '.join(against)}"
+        )
+        for who in (node, before) if n == 2 else (node,):
+            bad.add(who, reason)
+            named.add(who)
+    mid = statistics.median(links.values()) if n >= 3 and len(links) >= 3 else None
+    for r, rate in sorted(links.items()):
+        a, b = r, (r + 1) % n
+        if a in named or b in named:
+            continue
+        against = []
+        if mid is not None and rate < factor * mid:
+            against.append(f"median {mbps(mid)}")
+        if floor and rate < min_rate:
+            against.append(floor)
+        if against:
+            reason = f"link {name(a)}->{name(b)}: {mbps(rate)}, {', '.join(against)}"
+            bad.add(a, reason)
+            bad.add(b, reason)
+
+
+def _median_without(ordered: Sequence[float], removed: Sequence[float]) -> float | None:
+    """The median of `ordered` (sorted) without one occurrence of each of `removed` (values it holds),
+    None when nothing is left: the median of the links that do not touch a node, for every node of a
+    4,096-node ring in milliseconds (a new list per node took 2 s)."""
+    gaps: list[int] = []
+    for index in sorted(bisect.bisect_left(ordered, value) for value in removed):
+        gaps.append(max(index, gaps[-1] + 1) if gaps else index)  # (equal values: the next copy)
+    left = len(ordered) - len(gaps)
+
+    def at(position: int) -> float:  # the position-th of what is left
+        for gap in gaps:
+            position += position >= gap
+        return ordered[position]
+
+    return (at((left - 1) // 2) + at(left // 2)) / 2 if left else None
 
 
 def clock_rule(
@@ -298,12 +371,14 @@ def judge(
     report: Mapping[str, Any],
     slow_factor: float = DEFAULT_SLOW_FACTOR,
     clock_bound: float = DEFAULT_CLOCK_BOUND,
+    min_rate: float = 0.0,
 ) -> list[dict[str, Any]]:
     """The bad nodes in one node's view (its report, or the same figures): [{"rank", "host", "reason",
     "evidence"}] (one view is no majority: only the checks a node says failed are `local`). Pure;
     the rules are the module docstring's."""
     view = _Report(report)
-    name, bad = _Names(view.hosts, view.candidates, _known_ports([view])), _Bad()
+    hosts = view.hosts
+    name, bad = _Names(hosts, view.candidates, _known_ports([view])), _Bad()
     me, n = view.me, view.n
     if not 0 <= me < n:
         return [{"rank": me, "host": "?", "reason": "not a fitness report (no valid rank)", "evidence": NONE}]
@@ -313,19 +388,19 @@ def judge(
         if view.peer_verdict(q) != "ok":
             bad.add(q, view.peer_verdict(q), LOCAL)
     if view.stopped:  # cut short: what it did not see yet is no evidence
-        return bad.listing(view.hosts)
+        return bad.listing(hosts)
     if n > 1:
         _reach_view(view, name, bad)
     rates = {q: view.peer_rate(q) for q in view.heard}
     rates[me] = view.ring_rate
-    slow_links(rates, n, name, slow_factor, bad)
+    slow_links(rates, n, name, slow_factor, bad, min_rate)
     clock_rule(view.offsets, name, clock_bound, bad)
-    return bad.listing(view.hosts)
+    return bad.listing(hosts)
 
 
 def _reach_view(view: _Report, name: _Names, bad: _Bad) -> None:
     me, n = view.me, view.n
-    peers = [q for q in range(n) if q != me]
+    peers = sorted(view.partners)
     mine = name.port(me)
 
     def first_error() -> str:
@@ -381,6 +456,7 @@ def judge_reports(
     clock_bound: float = DEFAULT_CLOCK_BOUND,
     hosts: Sequence[str] | None = None,
     missing: Mapping[int, str] | None = None,
+    min_rate: float = 0.0,
 ) -> list[dict[str, Any]]:
     """The bad nodes over every node's report (None: a node that wrote none), as the batch step
     judges after the stage: [{"rank", "host", "reason", "evidence"}]. `hosts`: the job's host names
@@ -397,8 +473,7 @@ def judge_reports(
             for r, view in enumerate(views)
         ]
     hosts = [hosts[r] if r < len(hosts) else f"rank{r}" for r in range(nnodes)]
-    candidates = [view.candidates[r] if view is not None and r < len(view.candidates) else [] for r, view in
-                  enumerate(views)]  # fmt: skip
+    candidates = [view.candidate_ports(r) if view is not None else [] for r, view in enumerate(views)]
     name, bad = _Names(hosts, candidates, _known_ports(views)), _Bad()
     for r in range(nnodes):
         view = views[r]
@@ -418,14 +493,16 @@ def judge_reports(
     views = [None if view is not None and view.stopped else view for view in views]
     present = [r for r in range(nnodes) if views[r] is not None]
     _reach_global(views, nnodes, present, name, bad)
+    # each node's ring rate: its own report's, else what a partner heard in its HELLO
     rates: dict[int, float | None] = {}
-    for r in range(nnodes):
-        view = views[r]
-        rate = view.ring_rate if view is not None else None
-        if rate is None:
-            rate = next((v.peer_rate(r) for v in views if v is not None and v.peer_rate(r) is not None), None)
-        rates[r] = rate
-    slow_links(rates, nnodes, name, slow_factor, bad)
+    for view in views:
+        for q in view.heard if view is not None else ():
+            if rates.get(q) is None:
+                rates[q] = view.peer_rate(q)
+    for r, view in enumerate(views):
+        if view is not None and view.ring_rate is not None:
+            rates[r] = view.ring_rate
+    slow_links(rates, nnodes, name, slow_factor, bad, min_rate)
     _clock_global(views, nnodes, name, clock_bound, bad)
     return bad.listing(hosts)
 
@@ -441,11 +518,18 @@ def _reach_global(
         va, vb = views[a], views[b]
         return (va is not None and b in va.token_rejected_by) or (vb is not None and a in vb.rejected_ranks)
 
+    said_nowhere: set[int] = set()  # a peer heard it say so in its HELLO
+    checkers: dict[int, list[int]] = {}  # each node's partners that wrote a report
+    for y in present:
+        view = views[y]
+        assert view is not None
+        said_nowhere.update(q for q in view.heard if view.peer_nowhere(q))
+        for x in view.partners:
+            checkers.setdefault(x, []).append(y)
+
     def nowhere(x: int) -> bool:  # listened on no port: another process held every candidate
         view = views[x]
-        return (view is not None and view.all_taken) or any(
-            v is not None and x in v.heard and v.peer_nowhere(x) for v in views
-        )
+        return (view is not None and view.all_taken) or x in said_nowhere
 
     if n == 2 and len(present) == 2:
         if nowhere(0) or nowhere(1):
@@ -463,7 +547,7 @@ def _reach_global(
     for x in present:
         if nowhere(x):
             continue
-        voters = [y for y in present if y != x]
+        voters = checkers.get(x, [])  # (a node dials and hears only its partners)
         failing = [y for y in voters if not works(y, x)]
         if not voters or 2 * len(failing) <= len(voters):
             continue
@@ -551,8 +635,13 @@ def read_cmd_records(jobdir: str, nodes: Sequence[str]) -> dict[int, tuple[bool,
     return out
 
 
-def judge_job(jobdir: str, nodes: Sequence[str], slow_factor: float = DEFAULT_SLOW_FACTOR,
-              clock_bound: float = DEFAULT_CLOCK_BOUND) -> list[dict[str, Any]]:  # fmt: skip
+def judge_job(
+    jobdir: str,
+    nodes: Sequence[str],
+    slow_factor: float = DEFAULT_SLOW_FACTOR,
+    clock_bound: float = DEFAULT_CLOCK_BOUND,
+    min_rate: float = 0.0,
+) -> list[dict[str, Any]]:
     """The bad nodes of one attempt of a job, as the batch step and collect judge it: [{"rank" (the
     node's index), "host" (nodes[rank]), "reason", "evidence"}].
 
@@ -604,7 +693,9 @@ def judge_job(jobdir: str, nodes: Sequence[str], slow_factor: float = DEFAULT_SL
 
     if not any(reports):
         return [own_entry(i) for i in sorted(own)]
-    found = judge_reports(reports, nnodes, slow_factor, clock_bound, hosts=nodes, missing=said)
+    found = judge_reports(
+        reports, nnodes, slow_factor, clock_bound, hosts=nodes, missing=said, min_rate=min_rate
+    )
     out = [
         own_entry(entry["rank"]) if entry["rank"] in own and reports[entry["rank"]] is None else entry
         for entry in found

@@ -168,7 +168,8 @@ def bad_nodes_and_attempts(
     if settings.get("SM_FITNESS") != "off" and hosts:
         from slurm_multi import fitness
 
-        found = fitness.judge_job(str(root), hosts)
+        floor = str(settings.get("SM_FITNESS_MIN_RATE") or "0")
+        found = fitness.judge_job(str(root), hosts, min_rate=int(floor) * 1e6 if floor.isdigit() else 0.0)
         # (each reason masked before it is stored: the files it came from may be older than the rule)
         bad = [
             {
