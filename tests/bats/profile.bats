@@ -126,10 +126,10 @@ assert_golden() {
 
 @test "pyxis image references: the registry is separated with # as enroot wants, paths stay" {
   run bash -c 'source "${REPO_ROOT}/lib/launch.sh"
-    for i in registry.example/llm:1.0 nvcr.io/nvidia/pytorch:24.05-py3 localhost:5000/x ubuntu:22.04 \
-      library/ubuntu /shared/images/llm.sqsh ./llm.sqsh nvcr.io#nvidia/pytorch:24.05; do launch::pyxis_image "${i}"; echo; done'
-  assert_output "$(printf '%s\n' 'registry.example#llm:1.0' 'nvcr.io#nvidia/pytorch:24.05-py3' 'localhost:5000#x' ubuntu:22.04 \
-    library/ubuntu /shared/images/llm.sqsh ./llm.sqsh 'nvcr.io#nvidia/pytorch:24.05')"
+    for i in registry.example/llm:1.0 gpu-registry.example/nvidia/pytorch:24.05-py3 localhost:5000/x ubuntu:22.04 \
+      library/ubuntu /shared/images/llm.sqsh ./llm.sqsh gpu-registry.example#nvidia/pytorch:24.05; do launch::pyxis_image "${i}"; echo; done'
+  assert_output "$(printf '%s\n' 'registry.example#llm:1.0' 'gpu-registry.example#nvidia/pytorch:24.05-py3' 'localhost:5000#x' ubuntu:22.04 \
+    library/ubuntu /shared/images/llm.sqsh ./llm.sqsh 'gpu-registry.example#nvidia/pytorch:24.05')"
 }
 
 # ---- validation: one line, exit 2, before anything is submitted -----------------------------
