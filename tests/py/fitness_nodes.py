@@ -172,13 +172,15 @@ def view(
     rank: int, n: int, reached: list[int] | None = None, heard: list[int] | None = None, **more: Any
 ) -> dict:
     """A report as run_stage writes it, with only what the judges read: everyone reached and heard,
-    every clock alike, no ring rate, unless told otherwise."""
+    every clock alike, no ring rate, unless told otherwise (`cpu_bound`: the ranks whose ring rate
+    was measured while their sender waited for a CPU)."""
     peers = [q for q in range(n) if q != rank]
     reached = peers if reached is None else reached
     heard = peers if heard is None else heard
     rates: dict[int, float | None] = more.pop("rates", {})
     offsets: dict[int, float] = more.pop("offsets", {})
     verdicts: dict[int, str] = more.pop("verdicts", {})
+    cpu_bound: set[int] = set(more.pop("cpu_bound", ()))
     net = {
         "port": 20000 + rank,
         "listening": more.pop("listening", True),
@@ -187,7 +189,7 @@ def view(
         "errors": more.pop("errors", {}),
         "token_rejected_by": more.pop("token_rejected_by", []),
         "rejected": [{"from": "x", "rank": r, "reason": "bad token"} for r in more.pop("rejected", [])],
-        "ring": {"to": (rank + 1) % n, "bytes_per_s": rates.get(rank)},
+        "ring": {"to": (rank + 1) % n, "bytes_per_s": rates.get(rank), "cpu_bound": rank in cpu_bound},
         "offsets": {str(q): offsets.get(q, 0.0) - offsets.get(rank, 0.0) for q in [rank, *heard]},
         "peers": {
             str(q): {
@@ -195,6 +197,7 @@ def view(
                 "verdict": verdicts.get(q, "ok"),
                 "ring_to": (q + 1) % n,
                 "ring_bytes_per_s": rates.get(q),
+                "ring_cpu_bound": q in cpu_bound,
             }
             for q in heard
         },

@@ -245,6 +245,32 @@ def test_the_slow_link_rule_judges_a_node_against_the_links_it_does_not_touch(
     assert ring(rates) == expected
 
 
+# the 16-node job on the 2-core test cluster (e2e 97): healthy links measured 11x apart while every
+# sender waited for a CPU; node4's links both ~10x below the others' median
+BUSY_16 = {r: (860 if r % 2 else 1150) * MB for r in range(16)} | {2: 75.8 * MB, 3: 78.5 * MB}
+
+
+@pytest.mark.parametrize("bound", [set(range(16)), {2, 3}])
+def test_a_rate_measured_while_its_sender_waited_for_a_cpu_is_never_slow(bound: set[int]) -> None:
+    assert ring(BUSY_16) == {
+        3: SLOW_BOTH.format(2, 3, 4, "75.8", "78.5") + ", the other links' median 1005.0 MB/s"
+    }
+    reports = [view(r, 16, rates={r: BUSY_16[r]}, cpu_bound=bound) for r in range(16)]
+    assert judge_reports(reports, 16) == []
+    for me in (2, 3, 4, 15):  # each view, with the partners' HELLOs (their "N+" rates)
+        assert judge(view(me, 16, rates=BUSY_16, cpu_bound=bound)) == []
+    assert ring(BUSY_16 | {3: 10 * MB}, min_rate=50 * MB) != {}
+    floor = [view(r, 16, rates={r: (BUSY_16 | {3: 10 * MB})[r]}, cpu_bound=bound) for r in range(16)]
+    assert judge_reports(floor, 16, min_rate=50 * MB) == []  # (the floor judges links, not cores)
+
+
+def test_a_cpu_bound_rate_still_counts_as_the_others_reference() -> None:
+    """A lower bound of a fast link is evidence enough against a node slow both ways."""
+    rates = {0: 2.5 * MB, 1: 2.4 * MB, 2: 900 * MB}
+    reports = [view(r, 3, rates={r: rates[r]}, cpu_bound={2}) for r in range(3)]
+    assert set(reasons(judge_reports(reports, 3))) == {1}
+
+
 def test_a_slow_node_is_named_in_its_own_view_and_in_a_peers() -> None:
     rates = {0: 2.5 * MB, 1: 2.4 * MB, 2: 900 * MB}
     for me in range(3):

@@ -31,6 +31,7 @@ from fitness_nodes import (
 )
 from slurm_multi import auth
 from slurm_multi.fitness import cli as fitness_cli
+from slurm_multi.fitness import mesh as mesh_module
 from slurm_multi.fitness import protocol
 from slurm_multi.fitness.mesh import Mesh
 from slurm_multi.fitness.verdict import judge, judge_reports
@@ -65,6 +66,32 @@ def test_two_meshes_deliver_their_hellos_measure_the_ring_and_close_every_socket
         assert (ring["to"], ring["bytes"], ring["complete"], ring["error"]) == (other, 1 << 20, True, "")
         assert ring["bytes_per_s"] > 0
         assert not mesh.links.conns and mesh.links.listener is not None and mesh.links.listener.fileno() == -1
+
+
+@pytest.mark.parametrize(("waiting", "bound"), [(0.0, False), (0.05, False), (0.6, True), (None, False)])
+def test_a_probe_whose_sender_waited_for_a_cpu_says_its_rate_is_cpu_bound(
+    monkeypatch, waiting, bound
+) -> None:
+    """The kernel's run delay over the probe: a share of it waiting for a CPU above a quarter marks
+    the rate a lower bound (the judge never calls it slow); a kernel that does not say marks none."""
+    clock = {"at": time.monotonic()}
+
+    def cpu_waited() -> float | None:  # `waiting` s of every second since the test began
+        return None if waiting is None else waiting * (time.monotonic() - clock["at"])
+
+    monkeypatch.setattr(mesh_module, "cpu_waited", cpu_waited)
+    meshes = mesh_pair((TOKEN, TOKEN), probe_bytes=8 << 20)  # (long enough for the loop's own lag)
+    for mesh in meshes:
+        ring = mesh.figures()["ring"]
+        assert ring["complete"] and ring["cpu_bound"] is bound
+        expected = None if waiting is None else pytest.approx(waiting, abs=0.15)
+        assert ring["cpu_wait"] == expected
+
+
+def test_the_kernels_run_delay_is_read_as_seconds_waited_for_a_cpu() -> None:
+    first = mesh_module.cpu_waited()
+    assert first is not None and first >= 0  # (Linux keeps it: /proc/thread-self/schedstat)
+    assert mesh_module.cpu_waited() >= first
 
 
 def test_a_mesh_with_another_token_is_refused_and_counts_for_nothing() -> None:
@@ -381,6 +408,14 @@ def test_a_hello_is_signed_over_its_verdict_and_a_welcome_over_the_clients_nonce
     assert parsed == hello._replace(verdict="disk / full")  # `|` kept out of signed fields
     with pytest.raises(protocol.ProtocolError, match="bad token"):
         protocol.parse_hello(line.replace("disk / full", "ok"), TOKEN, JOB, challenge, nonce, 2, 3)
+    busy = hello._replace(ring_cpu_bound=True)  # a rate measured while the sender waited for a CPU
+    line = protocol.decode(protocol.hello_line(TOKEN, JOB, challenge, nonce, busy))
+    assert " 123456789012+ " in line
+    assert protocol.parse_hello(line, TOKEN, JOB, challenge, nonce, 2, 3) == busy._replace(
+        verdict="disk / full"
+    )
+    with pytest.raises(protocol.ProtocolError, match="bad token"):  # the mark is signed
+        protocol.parse_hello(line.replace("9012+ ", "9012 "), TOKEN, JOB, challenge, nonce, 2, 3)
     welcome = protocol.decode(protocol.welcome_line(TOKEN, JOB, challenge, nonce, 1, "mesh"))
     protocol.parse_welcome(welcome, TOKEN, JOB, challenge, nonce, 1, "mesh")
     with pytest.raises(protocol.ProtocolError, match="not signed"):

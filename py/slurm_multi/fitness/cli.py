@@ -217,6 +217,8 @@ def run_cmd(ctx: click.Context, **options: Any) -> None:
         ctx.exit(EXIT_BAD)
     ring = report["checks"]["network"].get("ring") or {}
     rate = f"; ring to rank {ring.get('to')}: {mbps(ring['bytes_per_s'])}" if ring.get("bytes_per_s") else ""
+    if rate and ring.get("cpu_bound"):
+        rate += f" or more (waited for a CPU {ring['cpu_wait']:.0%} of the probe: not judged)"
     talk(AREA, f"all {opts.nnodes} node(s) fit in this node's view ({report['seconds']:.2f} s{rate})")
 
 

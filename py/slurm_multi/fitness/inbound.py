@@ -71,6 +71,7 @@ class Inbound:
                     "verdict": hello.verdict,
                     "ring_to": hello.ring_to,
                     "ring_bytes_per_s": hello.ring_rate,
+                    "ring_cpu_bound": hello.ring_cpu_bound,
                     "offset": round(hello.sent - received, 6),
                 }
                 self.learned(hello.rank, hello.port)

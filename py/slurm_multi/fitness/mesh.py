@@ -62,6 +62,9 @@ WAITED = {
 }
 
 
+# what fitness.json keeps of each partner's HELLO
+PEER_KEYS = ("host", "port", "verdict", "ring_to", "ring_bytes_per_s", "ring_cpu_bound")
+CPU_BOUND_SHARE = 0.25  # a probe whose sender waited for a CPU longer than this share of it: cpu-bound
 EXTRA_OFFSETS = 2  # offsets beyond the ring's: each node has 2 x (1 + 2) = 6 partners
 
 
@@ -77,6 +80,18 @@ def partners(me: int, n: int, job: str, extra: int = EXTRA_OFFSETS) -> list[int]
         digest = hashlib.sha256(f"fitness-partners|{job}|{n}|{i}".encode()).digest()
         offsets.append(candidates.pop(int.from_bytes(digest[:8], "big") % len(candidates)))
     return sorted({(me + sign * offset) % n for offset in offsets for sign in (1, -1)})
+
+
+def cpu_waited() -> float | None:
+    """Seconds this thread has waited for a CPU while ready to run (the kernel's run delay, the second
+    field of /proc/thread-self/schedstat); None where the kernel does not keep it. A probe whose
+    sender waited for a CPU for much of it measured the node's cores, not its link: its rate is only
+    a lower bound (the judge never calls it slow)."""
+    try:
+        with open("/proc/thread-self/schedstat", encoding="ascii") as handle:
+            return int(handle.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class Mesh:
@@ -115,7 +130,10 @@ class Mesh:
             "bytes_per_s": None,
             "complete": False,
             "error": "",
+            "cpu_wait": None,
+            "cpu_bound": False,
         }
+        self._waited_at_start: float | None = None
         if self.probe is None:
             self.ring["error"] = "no probe (--probe-bytes 0)"
         # Two connections per partner at most are ours; the rest of the table is room for retries
@@ -291,6 +309,7 @@ class Mesh:
                     same.known = conn.port
             if dial.purpose == "probe":
                 conn.state, conn.total, conn.started = "send", self.probe_bytes, now
+                self._waited_at_start = cpu_waited()
                 conn.until = min(now + self.probe_seconds, self.hello_by)
                 self.links.pump(conn)
             else:
@@ -323,12 +342,18 @@ class Mesh:
         complete = conn.acked >= conn.total > 0
         seconds = (conn.last_ack if conn.acked else now) - conn.started
         rate = conn.acked / max(seconds, 1e-6) if conn.acked else 0.0
+        waited, start = cpu_waited(), self._waited_at_start
+        share = None
+        if waited is not None and start is not None and seconds > 0:
+            share = (waited - start) / seconds
         self.ring.update(
             bytes=conn.acked,
             seconds=round(seconds, 6),
             bytes_per_s=round(rate),
             complete=complete,
             error=error,
+            cpu_wait=None if share is None else round(min(share, 1.0), 3),
+            cpu_bound=share is not None and share > CPU_BOUND_SHARE,
         )
         assert self.probe is not None
         self.probe.done, self.probe.conn = True, None
@@ -381,10 +406,7 @@ class Mesh:
     def figures(self) -> dict[str, Any]:
         heard = self.heard
         offsets = {str(self.me): 0.0, **{str(q): info["offset"] for q, info in sorted(heard.items())}}
-        peers = {
-            str(q): {key: info[key] for key in ("host", "port", "verdict", "ring_to", "ring_bytes_per_s")}
-            for q, info in sorted(heard.items())
-        }
+        peers = {str(q): {key: info[key] for key in PEER_KEYS} for q, info in sorted(heard.items())}
         return {
             "port": self.links.port,
             "candidates": self.ports[self.me],

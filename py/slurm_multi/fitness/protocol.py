@@ -196,10 +196,11 @@ class Hello(NamedTuple):
     ring_to: int | None
     ring_rate: float | None  # bytes/s of the sender's ring link, None when not measured
     verdict: str  # `ok`, or the sender's local checks' one-line reason
+    ring_cpu_bound: bool = False  # the rate was measured while the sender waited for a CPU: a lower bound
 
 
 def _hello_fields(hello: Hello) -> list[str]:
-    rate = "-" if hello.ring_rate is None else str(int(hello.ring_rate))
+    rate = "-" if hello.ring_rate is None else f"{int(hello.ring_rate)}{'+' if hello.ring_cpu_bound else ''}"
     ring_to = "-" if hello.ring_to is None else str(hello.ring_to)
     port = "-" if hello.port is None else str(hello.port)
     return [str(hello.rank), hello.host, port, f"{hello.sent:.6f}", ring_to, rate]
@@ -227,6 +228,8 @@ def parse_hello(text: str, token: str, job: str, challenge: str, nonce: str, ran
     if not auth.check(token, given, TO_LISTENER, "HELLO", challenge, nonce, job, *fields):
         raise ProtocolError(BAD_TOKEN)
     rank_text, host, port, sent, ring_to, rate, verdict = fields
+    cpu_bound = rate.endswith("+")  # "N+": at least N (measured while the sender waited for a CPU)
+    rate = rate[:-1] if cpu_bound else rate
     if parse_rank(rank_text, nnodes) != rank:
         raise ProtocolError("HELLO from another rank than its JOIN")
     if not is_host(host) or not is_decimal(sent) or (port != "-" and not is_port(port)):
@@ -241,6 +244,7 @@ def parse_hello(text: str, token: str, job: str, challenge: str, nonce: str, ran
         None if ring_to == "-" else parse_rank(ring_to, nnodes),
         None if rate == "-" else float(rate),
         verdict,
+        cpu_bound and rate != "-",
     )
 
 

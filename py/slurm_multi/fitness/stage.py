@@ -31,10 +31,12 @@ The report (--out, written atomically: a temp file in the same dir, then a renam
                    "reached": [ranks], "heard": [ranks],
                    "errors": {rank: last dial error}, "token_rejected_by": [ranks that answered
                    ERR bad token], "rejected": [{"from", "rank", "reason"}],
-                   "ring": {"to", "bytes", "seconds", "bytes_per_s", "complete", "error"} | null
+                   "ring": {"to", "bytes", "seconds", "bytes_per_s", "complete", "error", "cpu_wait",
+                            "cpu_bound"} | null
                            (null with N == 1),
                    "offsets": {rank: seconds, this node 0.0},
-                   "peers": {rank: {"host", "port", "verdict", "ring_to", "ring_bytes_per_s"}}}},
+                   "peers": {rank: {"host", "port", "verdict", "ring_to", "ring_bytes_per_s",
+                                     "ring_cpu_bound"}}}},
      "bad": [{"rank", "host", "reason"}]}
 """
 
@@ -189,6 +191,7 @@ def run_stage(opts: Options, env: Mapping[str, str]) -> dict[str, Any]:
                         mesh.ring["to"] if mesh.probe else None,
                         ring_rate,
                         "ok" if local["ok"] else local["reason"],
+                        bool(mesh.probe is not None and mesh.ring["cpu_bound"]),
                     ),
                     now,
                 )

@@ -58,7 +58,10 @@ joined with `; `. Host names are shown as given (host:port when several ranks sh
   link below it, are named, "below the --fitness-min-rate floor of F MB/s" (with N == 2 both
   nodes: which one is slow cannot be told). Without the floor, 2 nodes are never judged slow, and
   all links equally slow name nobody. A healthy node on a busy host measured up to 5x below the
-  others stays within the default factor (0.1).
+  others stays within the default factor (0.1). A rate measured while its sender waited for a CPU
+  for more than a quarter of the probe (the kernel's run delay: the ring's `cpu_bound`, "N+" in the
+  HELLO) measured the node's cores, not its link: it is a lower bound, counted in the medians and
+  never slow itself, floor included (16 nodes sharing 2 cores measured healthy links 11x apart).
 - clock: offsets relative to the judging node (itself 0). With 3 or more clocks known, a node
   further than --clock-bound from their median is bad ("clock 5.2 s ahead of the job's median" /
   "behind"); the global judge takes, for each node, the median over the reports of its distance
@@ -72,7 +75,7 @@ import bisect
 import json
 import os
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from slurm_multi.fitness.protocol import DEFAULT_TIMEOUT, MAX_REASON, one_line, ports_text
@@ -126,6 +129,7 @@ class _Report:
         self.errors = {_int(k, -1): str(v) for k, v in errors.items()}
         ring = net.get("ring") if isinstance(net.get("ring"), Mapping) else {}
         self.ring_rate = _float(ring.get("bytes_per_s"))
+        self.ring_cpu_bound = ring.get("cpu_bound") is True
         offsets = net.get("offsets") if isinstance(net.get("offsets"), Mapping) else {}
         self.offsets = {_int(k, -1): _float(v) for k, v in offsets.items()}
         self.offsets = {k: v for k, v in self.offsets.items() if 0 <= k < self.n and v is not None}
@@ -149,6 +153,10 @@ class _Report:
 
     def peer_rate(self, rank: int) -> float | None:
         return _float(self.peers.get(rank, {}).get("ring_bytes_per_s"))
+
+    def peer_cpu_bound(self, rank: int) -> bool:
+        """Rank's HELLO said its ring rate was measured while it waited for a CPU (a lower bound)."""
+        return self.peers.get(rank, {}).get("ring_cpu_bound") is True
 
     def peer_port(self, rank: int) -> int:
         """The port rank's HELLO said it listens on (0: unknown or none)."""
@@ -270,13 +278,15 @@ def slow_links(
     factor: float,
     bad: _Bad,
     min_rate: float = 0.0,
+    bounds: Collection[int] = (),
 ) -> None:
     """The slow-link rule over ring rates `rates[r]` of link r -> (r+1) % n (the module docstring).
 
     A node is judged against the links that do not touch it (the rates its other peers reach): in a
     3-node ring a node slow both ways sits on two of the three links, so any median over all of them
     is its own slow link. `min_rate` (bytes/s, 0 = off) is the site's floor: a link below it is slow
-    whatever the others measured."""
+    whatever the others measured. A link in `bounds` was measured while its sender waited for a CPU:
+    its rate is a lower bound, counted in the medians but never slow itself."""
     links = {r: rate for r, rate in rates.items() if rate is not None and rate >= 0 and 0 <= r < n}
     if n < 2 or not links:
         return
@@ -287,6 +297,8 @@ def slow_links(
         before = (node - 1) % n
         if before not in links or node not in links or (n == 2 and node == 1):
             continue  # (two nodes share both links: one judgement names both)
+        if before in bounds or node in bounds:
+            continue  # a lower bound is never slow (the cores were busy, not the link)
         reference = _median_without(ordered, [links[before], links[node]]) if n >= 3 else None
         against = []
         if reference is not None and max(links[before], links[node]) < factor * reference:
@@ -305,7 +317,7 @@ def slow_links(
     mid = statistics.median(links.values()) if n >= 3 and len(links) >= 3 else None
     for r, rate in sorted(links.items()):
         a, b = r, (r + 1) % n
-        if a in named or b in named:
+        if a in named or b in named or r in bounds:
             continue
         against = []
         if mid is not None and rate < factor * mid:
@@ -393,7 +405,8 @@ def judge(
         _reach_view(view, name, bad)
     rates = {q: view.peer_rate(q) for q in view.heard}
     rates[me] = view.ring_rate
-    slow_links(rates, n, name, slow_factor, bad, min_rate)
+    bounds = {q for q in view.heard if view.peer_cpu_bound(q)} | ({me} if view.ring_cpu_bound else set())
+    slow_links(rates, n, name, slow_factor, bad, min_rate, bounds)
     clock_rule(view.offsets, name, clock_bound, bad)
     return bad.listing(hosts)
 
@@ -495,14 +508,20 @@ def judge_reports(
     _reach_global(views, nnodes, present, name, bad)
     # each node's ring rate: its own report's, else what a partner heard in its HELLO
     rates: dict[int, float | None] = {}
+    bounds: set[int] = set()
     for view in views:
         for q in view.heard if view is not None else ():
             if rates.get(q) is None:
                 rates[q] = view.peer_rate(q)
+                if view.peer_cpu_bound(q):
+                    bounds.add(q)
     for r, view in enumerate(views):
         if view is not None and view.ring_rate is not None:
             rates[r] = view.ring_rate
-    slow_links(rates, nnodes, name, slow_factor, bad, min_rate)
+            bounds.discard(r)
+            if view.ring_cpu_bound:
+                bounds.add(r)
+    slow_links(rates, nnodes, name, slow_factor, bad, min_rate, bounds)
     _clock_global(views, nnodes, name, clock_bound, bad)
     return bad.listing(hosts)
 
