@@ -64,7 +64,7 @@ WAITED = {
 
 # what fitness.json keeps of each partner's HELLO
 PEER_KEYS = ("host", "port", "verdict", "ring_to", "ring_bytes_per_s", "ring_cpu_bound")
-CPU_BOUND_SHARE = 0.25  # a probe whose sender waited for a CPU longer than this share of it: cpu-bound
+CPU_BOUND_SHARE = 0.1  # a probe whose sender waited for a CPU longer than this share of it: cpu-bound
 EXTRA_OFFSETS = 2  # offsets beyond the ring's: each node has 2 x (1 + 2) = 6 partners
 
 

@@ -59,7 +59,7 @@ joined with `; `. Host names are shown as given (host:port when several ranks sh
   nodes: which one is slow cannot be told). Without the floor, 2 nodes are never judged slow, and
   all links equally slow name nobody. A healthy node on a busy host measured up to 5x below the
   others stays within the default factor (0.1). A rate measured while its sender waited for a CPU
-  for more than a quarter of the probe (the kernel's run delay: the ring's `cpu_bound`, "N+" in the
+  for more than a tenth of the probe (the kernel's run delay: the ring's `cpu_bound`, "N+" in the
   HELLO) measured the node's cores, not its link: it is a lower bound, counted in the medians and
   never slow itself, floor included (16 nodes sharing 2 cores measured healthy links 11x apart).
 - clock: offsets relative to the judging node (itself 0). With 3 or more clocks known, a node
