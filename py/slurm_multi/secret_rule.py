@@ -11,7 +11,8 @@ import fnmatch
 import io
 import os
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import BinaryIO
 
 # Shell-style patterns (fnmatch), matched against the upper-cased name. *PASS* covers PASSWORD,
@@ -66,13 +67,33 @@ def masked(text: str, env: Mapping[str, str] | None = None) -> str:
     $SM_SECRETS_FILE (the node task's list, a manifest's literal secrets). What a helper stores or
     shows of text it did not write (a command's output, a reason) passes here before it is cut:
     a secret cut in half would pass the filter later."""
-    env = os.environ if env is None else env
-    secrets = secret_values(env)
+    if env is None and _HELD is not None:
+        env, secrets = os.environ, _HELD
+    else:
+        env = os.environ if env is None else env
+        secrets = secret_values(env)
     if env.get(SECRETS_FILE_ENV):
         listed = _listed_secrets(env[SECRETS_FILE_ENV])
         if listed:
             secrets = sorted(set(secrets) | set(listed), key=len, reverse=True)
     return redact(text, secrets) if secrets else text
+
+
+_HELD: list[str] | None = None  # the environment's secret values, while secrets_held() holds them
+
+
+@contextmanager
+def secrets_held() -> Iterator[list[str]]:
+    """Within: `masked` (and so every log excerpt and reason) takes this environment's secret values
+    as they are on entry, instead of reading the whole environment on every call. For a helper that
+    masks thousands of excerpts and sets no variable meanwhile (collect: about 5 per node)."""
+    global _HELD
+    outer = _HELD
+    _HELD = secret_values(os.environ)
+    try:
+        yield _HELD
+    finally:
+        _HELD = outer
 
 
 _LISTED: dict[str, tuple[tuple[float, int], list[str]]] = {}  # path -> ((mtime, size), its values)

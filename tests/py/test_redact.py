@@ -123,3 +123,21 @@ def test_both_entries_of_the_log_filter_keep_carriage_returns_and_odd_bytes_as_t
         proc = subprocess.run(argv, input=given, env=env, capture_output=True, check=False, cwd=tmp_path)
         assert (proc.returncode, proc.stderr) == (0, b""), what
         assert proc.stdout == wanted, (what, proc.stdout)
+
+
+def test_secrets_held_masks_with_the_values_read_once_and_lets_go_on_the_way_out(monkeypatch) -> None:  # noqa: ANN001
+    from slurm_multi import secret_rule
+    from slurm_multi.logline import short
+
+    monkeypatch.setenv("SM_T_API_KEY", "hunter2-value")
+    reads = []
+    real = secret_rule.secret_values
+    monkeypatch.setattr(secret_rule, "secret_values", lambda env: reads.append(1) or real(env))
+    with secret_rule.secrets_held() as held:
+        assert "hunter2-value" in held
+        for _ in range(100):  # every excerpt of a 1,000-node collect: no read of the environment each
+            assert short("the key hunter2-value leaked") == "the key *** leaked"
+    assert len(reads) == 1
+    assert short("hunter2-value") == "***" and len(reads) == 2  # outside: the environment as it is now
+    monkeypatch.setenv("SM_T_API_KEY", "another-value")
+    assert short("hunter2-value another-value") == "hunter2-value ***"

@@ -42,7 +42,7 @@ from slurm_multi.results.timeline import build_timeline
 from slurm_multi.results.timelinedraw import write_timeline
 from slurm_multi.results.values import format_number
 from slurm_multi.results.worldsize import check_world
-from slurm_multi.secret_rule import reason_line, secret_values
+from slurm_multi.secret_rule import reason_line, secret_values, secrets_held
 from slurm_multi.statusfile import read_status, status_path
 
 MAX_NODES = 100_000  # a larger nnodes is a typo, not a job: derive it from the node dirs
@@ -73,7 +73,8 @@ def collect(
     paused = gc.isenabled()
     gc.disable()
     try:
-        return _collect(jobdir, manifest, model, error_patterns, write, picture)
+        with secrets_held():  # every excerpt and reason masked with the values read once
+            return _collect(jobdir, manifest, model, error_patterns, write, picture)
     finally:
         if paused:
             gc.enable()
