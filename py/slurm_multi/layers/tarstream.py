@@ -27,7 +27,7 @@ import json
 import os
 import re
 import select
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 
 from slurm_multi.layers.chain import ALWAYS, chain_ids, labels
@@ -254,12 +254,15 @@ class Scanner:
             self.total += len(piece)
             yield member, part, piece
 
-    def _small(self, n: int) -> Iterator[tuple[Member, str, memoryview] | bytes]:
+    def _small(self, n: int) -> Generator[tuple[Member, str, memoryview], None, bytes]:
+        """The next `n` bytes (fewer at the stream's end), returned; the quiet marks on the way yielded."""
+        data = b""
         for got in self._exact(n):
             if isinstance(got, str):
                 yield MARK, got, memoryview(b"")
             else:
-                yield got
+                data = got
+        return data
 
     # -- the members -------------------------------------------------------------------------------
 
@@ -269,12 +272,7 @@ class Scanner:
         extensions = b""
         long_name = ""
         while True:
-            header = b""
-            for got in self._small(BLOCK):
-                if isinstance(got, bytes):
-                    header = got
-                else:
-                    yield got
+            header = yield from self._small(BLOCK)
             if len(header) < BLOCK or header.count(0) == BLOCK:
                 # The end of the archive (two zero blocks, maybe padding) or a cut stream: as it is.
                 yield END, DATA, memoryview(extensions + header)
@@ -288,12 +286,7 @@ class Scanner:
                 return
             name, size, flag = parsed
             if flag in (b"x", b"g", b"L", b"K") and size <= MAX_SMALL:
-                data = b""
-                for got in self._small(size + padding(size)):
-                    if isinstance(got, bytes):
-                        data = got
-                    else:
-                        yield got
+                data = yield from self._small(size + padding(size))
                 extensions += header + data
                 if flag == b"x":
                     long_name = _pax_records(data[:size]).get("path", long_name)
@@ -303,12 +296,7 @@ class Scanner:
             member = self._member(long_name or name, size, flag, extensions + header)
             extensions, long_name = b"", ""
             if member.name.endswith("/json") and V1_JSON.fullmatch(member.name) and size <= MAX_SMALL:
-                data = b""
-                for got in self._small(size + padding(size)):
-                    if isinstance(got, bytes):
-                        data = got
-                    else:
-                        yield got
+                data = yield from self._small(size + padding(size))
                 self._learn_v1(member.name[:64], data[:size])
                 yield member, HEAD, memoryview(member.head)
                 yield member, DATA, memoryview(data[:size])
