@@ -49,6 +49,11 @@ from slurm_multi.statusfile import has_status
 
 EXIT_HUNG = 3
 CPU_BUSY_FRACTION = 0.02  # of one core, between two polls: below it, the processes are idle
+# Until the workload's first line the watch looks again after FIRST_LOOK s, then after twice the
+# last wait, up to --poll: `first_output` on the timeline is late by at most the time the
+# workload had run before it (a 1-s poll put a toy's first line, printed 0.1 s in, at 1 s), and the
+# batch step's warm helpers, woken by it, import before the workload's end.
+FIRST_LOOK = 0.05
 # Wait channels of a thread blocked on the network (a socket read, accept, poll/epoll/select).
 SOCKET_WAITS = (
     "sk_wait_data", "wait_woken", "inet_csk_accept", "tcp_recvmsg", "unix_stream_read_generic",
@@ -553,8 +558,9 @@ def _watch_loop(
     poll: float, progress_every: float, diagnostics: str, clock: Any, parent: int, last_poll: float,
     next_progress: float, peers: Peers | None = None, node_check: Callable[[], str] | None = None,
 ) -> int:  # fmt: skip
+    wait = min(poll, FIRST_LOOK)
     while target.alive():
-        time.sleep(poll)
+        time.sleep(wait)
         if os.getppid() != parent:
             return 0  # the run stage that started us is gone: nobody would act on a hang
         now = clock()
@@ -564,6 +570,7 @@ def _watch_loop(
                 state.printed = True
                 write_event(node_dir, "first_output", now, rank=rank, host=node)  # never fails
             state.output_size, state.last_output = size, now
+        wait = poll if state.printed else min(poll, 2 * wait)
         if cpu - state.cpu > CPU_BUSY_FRACTION * max(now - last_poll, 1e-3):
             state.last_cpu = now
         state.cpu, last_poll = cpu, now

@@ -94,6 +94,36 @@ def test_chatty_but_idle_is_not_hung(procs: list, tmp_path: Path) -> None:
     assert [(e["event"], e["rank"], e["host"]) for e in events] == [("first_output", 1, "node2")]
 
 
+def test_the_first_line_is_on_the_timeline_within_the_time_it_took(
+    procs: list, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A 1-s poll put a toy's first line, printed 0.1 s in, at 1 s on the timeline (and the batch
+    # step's warm helper, woken by it, imported at the workload's end): until the first line the
+    # watch looks again after 0.05 s, then twice the last wait, up to the poll; then every poll.
+    waits: list[float] = []
+    real_sleep = time.sleep
+
+    def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        real_sleep(seconds)
+
+    out = tmp_path / "node.log"
+    line = "import time\ntime.sleep(0.3)\nprint(repr(time.time()), flush=True)\ntime.sleep(2.5)\n"
+    proc = start(procs, [sys.executable, "-c", line], out)
+    monkeypatch.setattr(hangwatch.time, "sleep", sleep)
+    assert hangwatch.watch(Target(pid=proc.pid), str(out), 30.0, str(tmp_path), 0, "node1", poll=1.0) == 0
+    printed_at = float(out.read_text().split()[0])
+    events = [parse_line(line) for line in (tmp_path / "events.log").read_bytes().splitlines()]
+    assert [e["event"] for e in events] == ["first_output"]
+    first = events[0]["t"]
+    # Looked at again after 0.05, 0.1, 0.2 ... s: the line was seen within the wait that followed it.
+    before = [w for w in waits if w < 1.0]
+    assert before[:3] == [0.05, 0.1, 0.2] and before == sorted(before)
+    assert printed_at <= first <= printed_at + max(before) + 0.5
+    # Then every poll (1 s), the line seen.
+    assert waits[len(before) :] and set(waits[len(before) :]) == {1.0}
+
+
 def test_a_stopped_rank_is_the_cause(procs: list, tmp_path: Path) -> None:
     out = tmp_path / "node.log"
     proc = start(procs, [sys.executable, "-c", "import time\nwhile True: time.sleep(0.05)"], out)
