@@ -116,7 +116,7 @@ job::watch() {
   # It wakes the warm helpers once every rank's workload runs.
   local wake=() key
   for key in "${!UTIL_WARM_FD[@]}"; do wake+=(--wake-fd "${UTIL_WARM_FD[${key}]}"); done
-  util::sm job watch --jobdir "${SM_JOBDIR}" --nodes "${JOB_NODES[*]}" \
+  util::sm_aside job watch --jobdir "${SM_JOBDIR}" --nodes "${JOB_NODES[*]}" \
     --tasks-per-node "${per_node}" --srun-pid "${JOB_SRUN_PID}" --peer-grace "${SM_PEER_GRACE}" \
     --progress-seconds "${SM_PROGRESS_SECONDS}" --master-port "${SM_MASTER_PORT}" "${wake[@]+"${wake[@]}"}" &
   JOB_WATCH_PID=$!

@@ -135,7 +135,7 @@ run::hang_watch() {
       target=(--step "${SLURM_JOB_ID}.${step}")
     fi
     # A direct child (no command substitution), so stopping this subshell's children stops it.
-    util::sm node hang-watch "${target[@]}" --timeout "${SM_HANG_TIMEOUT}" --output "${SM_NODE_LOG}" \
+    util::sm_aside node hang-watch "${target[@]}" --timeout "${SM_HANG_TIMEOUT}" --output "${SM_NODE_LOG}" \
       --node-dir "${SM_NODE_DIR}" --diagnostics "${SM_SCRATCH}/diagnostics" --rank "${SM_RANK}" \
       --node "${NODE_HOST:-$(hostname)}" --local-dir "${SM_SCRATCH}" "${peers[@]+"${peers[@]}"}" >"${SM_SCRATCH}/hang-watch.out" || rc=$?
     ((rc == 3)) && [[ ! -e ${SM_SCRATCH}/run-done ]] || exit 0

@@ -16,6 +16,16 @@ util::py() {
 # which is what the logs show (util::sm_logged).
 util::sm() { util::py -m slurm_multi "$@"; }
 
+# util::sm_aside ARGS…: util::sm for a helper that watches or waits beside the job's path (the
+# batch step's watch and warm helper, a rank's hang watch): at a lower CPU priority (nice 10), so
+# that its start and its polls yield to what the job waits on (the ranks' prepare, fitness and
+# barrier, the container's start: on the batch host that is also rank 0's node). With a core to
+# spare it runs as soon; never for a filter on a data path (the log filter), which must keep up.
+UTIL_ASIDE_NICE=10
+util::sm_aside() {
+  PYTHONPATH="${SM_HOME}/py${PYTHONPATH:+:${PYTHONPATH}}" nice -n "${UTIL_ASIDE_NICE}" "${SM_PYTHON}" -m slurm_multi "$@"
+}
+
 # util::redact [--secrets-file FILE]: the log filter (the one secret rule), stdin to stdout. It runs
 # for the whole job on every node (slurm_multi.redact).
 util::redact() { util::sm redact "$@"; }
@@ -155,7 +165,7 @@ util::warm_start() {
   util::private_dir || return 0 # (a cold start later says why)
   errfile=${UTIL_PRIVATE}/.sm-error.$$.${BASHPID}.${RANDOM}
   exec {fd}> >(trap '' TERM INT HUP; SM_ERROR_FILE=${errfile} PYTHONPATH="${SM_HOME}/py${PYTHONPATH:+:${PYTHONPATH}}" \
-    exec "${SM_PYTHON}" -m slurm_multi warm "$1" "$2")
+    exec nice -n "${UTIL_ASIDE_NICE}" "${SM_PYTHON}" -m slurm_multi warm "$1" "$2")
   UTIL_WARM_PID[${key}]=$! UTIL_WARM_FD[${key}]=${fd} UTIL_WARM_ERR[${key}]=${errfile}
   [[ ${3:-} == --wake-later ]] || (printf '\n' 1>&"${fd}") 2>/dev/null || true
 }
