@@ -81,8 +81,9 @@ def test_the_warm_collect_judges_and_exits_as_the_cold_one(tmp_path: Path) -> No
         done = cold_run(COLLECT, words, tmp_path) if runner else warm_run(
             COLLECT, argv_bytes(words), tmp_path)  # fmt: skip
         summary = json.loads((job / "summary.json").read_text())
-        results.append((done.returncode, summary["verdict"], (job / "perf.csv").read_text()))
-    assert results[0] == results[1]
+        said = done.stderr.replace(os.fsencode(job), b"JOB")  # the warm helper ends without teardown
+        results.append((done.returncode, summary["verdict"], (job / "perf.csv").read_text(), said))
+    assert results[0] == results[1] and b"SUCCESS" in results[1][3]
 
 
 def test_a_usage_error_of_the_helper_is_its_own_one_line_and_code(tmp_path: Path) -> None:
