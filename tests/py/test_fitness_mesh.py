@@ -31,6 +31,7 @@ from fitness_nodes import (
 )
 from slurm_multi import auth
 from slurm_multi.fitness import cli as fitness_cli
+from slurm_multi.fitness import links as links_module
 from slurm_multi.fitness import mesh as mesh_module
 from slurm_multi.fitness import protocol
 from slurm_multi.fitness.mesh import Mesh
@@ -66,6 +67,38 @@ def test_two_meshes_deliver_their_hellos_measure_the_ring_and_close_every_socket
         assert (ring["to"], ring["bytes"], ring["complete"], ring["error"]) == (other, 1 << 20, True, "")
         assert ring["bytes_per_s"] > 0
         assert not mesh.links.conns and mesh.links.listener is not None and mesh.links.listener.fileno() == -1
+
+
+def dial_rounds(dial: links_module.Dial, attempts: int, refused: bool) -> tuple[list[int], list[float]]:
+    """The ports `dial` tries and the waits before each next try when every attempt fails."""
+    ports, waits, now = [], [], 100.0
+    for _ in range(attempts):
+        _, port = dial.target()
+        dial.attempts += 1
+        dial.note(port, "connection refused" if refused else "timed out", refused)
+        dial.retry(now)
+        ports.append(port)
+        waits.append(round(dial.next_at - now, 3))
+        now = dial.next_at
+    return ports, waits
+
+
+def test_a_refused_candidate_is_followed_by_the_next_at_once_until_a_round_is_done() -> None:
+    # A peer that starts late listens on its first free candidate: a wait after each of four
+    # refusals put that candidate's next try 0.3 s away (a 2-node mesh took 0.32 s, its peer 0.16).
+    dial = links_module.Dial(1, "node2", [7001, 7002, 7003, 7004], "mesh")
+    dial.addresses = ["10.0.0.2"]
+    ports, waits = dial_rounds(dial, 12, refused=True)
+    assert ports == [7001, 7002, 7003, 7004] * 3
+    assert waits == [0, 0, 0, 0.02, 0, 0, 0, 0.04, 0, 0, 0, 0.08]
+    # What answers nothing (a filtered port, a squatter that never greets) waits, twice as long
+    # each time, up to the bound; and so does a known port, refused or not.
+    silent = links_module.Dial(1, "node2", [7001, 7002, 7003, 7004], "mesh")
+    silent.addresses = ["10.0.0.2"]
+    assert dial_rounds(silent, 6, refused=False)[1] == [0.02, 0.04, 0.08, 0.1, 0.1, 0.1]
+    known = links_module.Dial(1, "node2", [7001, 7002, 7003, 7004], "mesh")
+    known.addresses, known.known = ["10.0.0.2"], 7003
+    assert dial_rounds(known, 3, refused=True) == ([7003] * 3, [0.02, 0.04, 0.08])
 
 
 @pytest.mark.parametrize(("waiting", "bound"), [(0.0, False), (0.5, True), (None, False)])

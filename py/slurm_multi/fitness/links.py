@@ -42,7 +42,7 @@ HANDSHAKE_TIMEOUT = 2.0  # JOIN/WELCOME, HELLO/GOT: our peers answer at once
 # is held by something else (a squatter, a silent listener), and the dialer moves on to the next.
 GREETING_TIMEOUT = 1.0
 TOKEN_DEADLINE = 1.0  # an accepted connection shows the token (a JOIN that verifies) within this
-BACKOFF_START, BACKOFF_MAX = 0.02, 0.25  # a peer usually starts a moment late: retry soon
+BACKOFF_START, BACKOFF_MAX = 0.02, 0.1  # a peer usually starts a moment late: retry soon
 PROBE_CHUNK = 1 << 20  # one send() of probe bytes (zeros: nothing on a cluster's path compresses)
 ACCEPT_BATCH = 64  # connections accepted per event: a flood cannot starve the readers
 PAUSE_SECONDS = 0.2  # out of file descriptors with nothing pending to drop: stop accepting this long
@@ -65,6 +65,7 @@ class Dial:
         "backoff",
         "error",
         "errors",
+        "refused",
         "conn",
         "done",
     )
@@ -78,6 +79,7 @@ class Dial:
         self.backoff = BACKOFF_START
         self.error = ""  # the last error, whatever the port
         self.errors: dict[int, str] = {}  # the last error on each candidate port
+        self.refused = False  # the last attempt was refused: nothing listens on that candidate yet
         self.conn: Conn | None = None
         self.done = False
 
@@ -90,9 +92,10 @@ class Dial:
         port = self.known or self.ports[(self.attempts // count) % len(self.ports)]
         return address, port
 
-    def note(self, port: int, error: str) -> None:
+    def note(self, port: int, error: str, refused: bool = False) -> None:
         self.error = error
         self.errors[port] = error
+        self.refused = refused
 
     def said(self) -> str:
         """What the dial met, for the report: its one error, or each candidate's."""
@@ -101,7 +104,16 @@ class Dial:
         return "; ".join(f"port {port}: {error}" for port, error in sorted(self.errors.items()))
 
     def retry(self, now: float) -> None:
-        """Dial again a little later, twice as late each time up to BACKOFF_MAX."""
+        """Dial again a little later, twice as late each time up to BACKOFF_MAX. After a refusal
+        (nothing listens there: the peer has not started yet, or listens on another candidate)
+        the next candidate is tried at once, until every candidate was tried since the last wait:
+        a peer that starts late listens on its first free candidate, and a wait after each of
+        four refusals put that candidate's next try 0.3 s away (the 2-node toy's mesh took 0.32 s
+        where its peer started 0.16 s late)."""
+        tries = len(self.addresses or ()) * len(self.ports) if self.known is None else 1
+        if self.refused and tries > 1 and self.attempts % tries:
+            self.next_at = now
+            return
         self.next_at = now + self.backoff
         self.backoff = min(self.backoff * 2, BACKOFF_MAX)
 
@@ -211,7 +223,7 @@ class Links:
             code = exc.errno or errno.EINVAL
         if code not in (0, errno.EINPROGRESS, errno.EWOULDBLOCK):
             sock.close()
-            dial.note(port, describe(OSError(code, os.strerror(code))))
+            dial.note(port, describe(OSError(code, os.strerror(code))), code == errno.ECONNREFUSED)
             return None
         conn = Conn(sock, until, f"{address}:{port}", dial, port)
         self.add(conn, selectors.EVENT_WRITE)

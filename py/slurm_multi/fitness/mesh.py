@@ -274,9 +274,9 @@ class Mesh:
         if dial.conn is None:
             dial.retry(now)
 
-    def _fail(self, conn: Conn, error: str, now: float) -> None:
-        """A dialled connection that broke: note why and dial again later (the next candidate, unless
-        the peer's port is known)."""
+    def _fail(self, conn: Conn, error: str, now: float, refused: bool = False) -> None:
+        """A dialled connection that broke (`refused`: its connect was): note why and dial again
+        (the next candidate, unless the peer's port is known: Dial.retry says when)."""
         dial = conn.dial
         assert dial is not None
         if dial.purpose == "probe" and conn.state == "send":
@@ -284,7 +284,7 @@ class Mesh:
             return
         self.links.close(conn)
         dial.conn = None
-        dial.note(conn.port, error)
+        dial.note(conn.port, error, refused)
         dial.retry(now)
 
     def _on_dial_line(self, conn: Conn, text: str, now: float) -> None:
@@ -395,7 +395,10 @@ class Mesh:
                 self.token_rejected_by.add(conn.dial.rank)
             self._fail(conn, f"rejected: {exc}", now)
             return
-        self._fail(conn, describe(exc) if isinstance(exc, OSError) else str(exc), now)
+        if isinstance(exc, OSError):
+            self._fail(conn, describe(exc), now, refused=exc.errno == errno.ECONNREFUSED)
+            return
+        self._fail(conn, str(exc), now)
 
     def close(self, linger: float = 0.5) -> None:
         """Flush what is still queued (a GOT, an ACK) for up to `linger` s, then close everything."""
