@@ -1638,3 +1638,29 @@ def test_gloo_is_told_the_routable_interface_only_for_the_quirk_and_only_when_un
     ctx = SimpleNamespace(docker_env={})
     node.reachable_self_address(ctx, {}, "node1")
     assert ctx.docker_env == {}
+
+
+def dial_waits(seconds: float) -> list[float]:
+    """The waits between a worker's rounds of dials to a rank 0 that never listens, for `seconds`."""
+    waits: list[float] = []
+
+    def sleep(wait: float) -> None:
+        waits.append(round(wait, 3))
+        time.sleep(wait)
+
+    dialer = barrier._Dialer(LOOPBACK, free_ports(2), log=lambda _: None, sleep=sleep)
+    assert dialer.dial(time.monotonic() + seconds) is None
+    return waits
+
+
+def test_a_worker_dials_again_every_50th_of_a_second_while_rank_0_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Doubling from the first refusal put a round 0.16-0.3 s after rank 0 listened, while rank 0
+    # waited for this worker's image READY: the first QUICK_SECONDS keep the first wait.
+    waits = dial_waits(0.4)
+    assert len(waits) >= 5 and max(waits) == barrier.BACKOFF_START
+    # Then twice as long each time (a rank 0 that builds its image for minutes is not hammered).
+    monkeypatch.setattr(barrier, "QUICK_SECONDS", 0.05)
+    later = dial_waits(0.6)
+    assert later[0] == barrier.BACKOFF_START and max(later) >= 4 * barrier.BACKOFF_START
