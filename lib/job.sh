@@ -76,10 +76,10 @@ job::run() {
   log::cmd multi "${argv[@]}"
   "${argv[@]}" &
   JOB_SRUN_PID=$!
-  # madengine's record files after the verdict need pandas (~0.4 s): imported while the workload
-  # runs, not after the last rank's exit (the watch wakes it once every rank runs, not while the
-  # nodes start).
-  [[ -z ${JOB_MODEL_KEY:-} ]] || ! settings::truthy "${SM_COLLECT}" || util::warm_start results mad-outputs --wake-later
+  # A manifest model's collect writes madengine's record files once the job is judged, which needs
+  # pandas (~0.4 s): collect starts warm, its imports paid while the workload runs, not after the
+  # last rank's exit (the watch wakes it once every rank runs, not while the nodes start).
+  [[ -z ${JOB_MODEL_KEY:-} ]] || ! settings::truthy "${SM_COLLECT}" || util::warm_start results collect --wake-later
   job::watch
   # The watch stopped the step for a failed or lost rank: a lost node's task never ends, and srun
   # waits for it until Slurm declares the node dead (SlurmdTimeout, 300 s by default). The teardown
@@ -293,11 +293,14 @@ job::teardown() {
   # Collect reads job.json (written by the plan), never the manifest.
   # No timeline.png here: matplotlib's import and the drawing would hold the allocation a second
   # after the verdict is known; bin/sm-collect draws it on request.
-  local cargs=("${SM_JOBDIR}" --no-picture --bad-nodes "${bad}")
-  # The job's page (report.html): written by the last helper that writes the job dir, in its own
-  # process (a helper of its own would add ~0.09 s to every job; the page itself is ~1 ms): collect's,
-  # or, for a manifest model, mad-outputs' below. Its failure is a warning, never the job's exit.
-  [[ -n ${JOB_MODEL_KEY:-} ]] || cargs+=(--page)
+  local cargs=("${SM_JOBDIR}" --no-picture --bad-nodes "${bad}") extras=()
+  # Once the job is judged, in collect's own process: a manifest model's madengine files
+  # (perf_entry.*, perf_super.*; beside --perf-csv only where collect appended the rows), then the
+  # job's page (report.html: a helper of its own would add ~0.09 s to every job; the page itself is
+  # ~1 ms). The failure of either is a warning, never the job's exit.
+  [[ -z ${JOB_MODEL_KEY:-} ]] || extras+=(--mad-outputs)
+  extras+=(--page)
+  cargs+=("${extras[@]}")
   if [[ -n ${SM_PERF_CSV:-} ]]; then
     cargs+=(--perf-csv "${SM_PERF_CSV}")
     # A job to be requeued appends its rows with the attempt that counts.
@@ -306,7 +309,7 @@ job::teardown() {
   # collected: the last collect's exit, 0 or 1 once it has judged the job and appended its rows to
   # --perf-csv (when it held them for a requeue, the collect below appends them); 2 or 3 when not.
   local collected=0
-  util::sm_logged multi results collect "${cargs[@]}" || collected=$?
+  util::warm_logged multi results collect "${cargs[@]}" || collected=$?
   rc=${collected}
   local found=0
   job::bad_nodes_from "${bad}" && found=1
@@ -316,22 +319,15 @@ job::teardown() {
     # Not requeued after all: this attempt is the job's, its rows go to the shared perf.csv.
     if ((held)); then
       collected=0
-      util::sm_logged multi results collect "${SM_JOBDIR}" --no-picture --perf-csv "${SM_PERF_CSV}" || collected=$?
+      # (cold: the warm helper ran the first; madengine's files beside --perf-csv now too)
+      util::sm_logged multi results collect "${SM_JOBDIR}" --no-picture --perf-csv "${SM_PERF_CSV}" "${extras[@]}" ||
+        collected=$?
       ((collected == 0)) || rc=${collected}
     fi
   fi
   log::info multi "verdict: $( ((rc == 0)) && echo SUCCESS || echo FAILURE) (${SM_JOBDIR}/summary.json)"
-  # madengine's perf_entry.* and perf_super.* files of a manifest model, once the verdict is said:
-  # they need pandas, which collect does without. Beside --perf-csv only where collect
-  # appended the rows. Their failure is a warning, never the job's exit.
-  if [[ -n ${JOB_MODEL_KEY:-} ]] && ((collected < 2)); then
-    local margs=("${SM_JOBDIR}" --page)
-    [[ -z ${SM_PERF_CSV:-} ]] || margs+=(--perf-csv "${SM_PERF_CSV}")
-    util::warm_logged multi results mad-outputs "${margs[@]}" ||
-      log::warn multi "madengine's perf_entry/perf_super files not written: ${UTIL_ERROR}"
-  fi
-  # A manifest job whose collect did not judge it (2, 3) has no mad-outputs: its page on its own.
-  if [[ -n ${JOB_MODEL_KEY:-} ]] && ((collected >= 2)) && [[ -f ${SM_JOBDIR}/summary.json ]]; then
+  # A collect that did not judge the job (2, 3) wrote no page: the page on its own.
+  if ((collected >= 2)) && [[ -f ${SM_JOBDIR}/summary.json ]]; then
     util::sm_logged multi report "${SM_JOBDIR}" ||
       log::warn multi "the job's page (report.html) not written: ${UTIL_ERROR}"
   fi

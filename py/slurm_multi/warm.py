@@ -17,11 +17,11 @@ background process which inherited the pipe could hold back.
 The pipe closing before a whole argv came (the task ended, or took another way, before it needed
 the helper): exit 0 having done nothing when nothing came, a one-line error when part of it did.
 
-Only a command whose start costs a job at least 0.1 s is worth starting warm (STYLE.md):
-`results mad-outputs` imports pandas (~0.4 s of the job's end on the test machine: `time python -c
-'import pandas'` against `time python -c pass`). Its WARM_UP module's `warm_up()` is what the wait
-pays for besides the command's own imports. `results collect` (~0.07 s) and `node status`
-(~0.06 s) start cold.
+Only a command whose start costs a job at least 0.1 s is worth starting warm (STYLE.md): a manifest
+job's `results collect --mad-outputs` imports pandas for madengine's files (~0.4 s of the job's end
+on the test machine: `time python -c 'import pandas'` against `time python -c pass`). Its WARM_UP
+module's `warm_up()` is what the wait pays for besides the command's own imports. Collect without a
+manifest model (~0.07 s) and `node status` (~0.06 s) start cold.
 """
 
 from __future__ import annotations
@@ -36,7 +36,10 @@ import click
 from slurm_multi import EXIT_USAGE
 
 # A command whose work needs a dear import besides its module's: the module whose warm_up() pays it.
-WARM_UP = {("results", "mad-outputs"): "slurm_multi.results.madoutputs"}
+WARM_UP = {
+    ("results", "collect"): "slurm_multi.results.madoutputs",  # --mad-outputs: a manifest job's
+    ("results", "mad-outputs"): "slurm_multi.results.madoutputs",
+}
 EXIT_NOT_GIVEN = 0  # the pipe closed empty: nothing asked of us
 MAX_ARGV_BYTES = 1 << 20  # a status line or a collect command line; never more
 
@@ -113,7 +116,7 @@ def warm(words: tuple[str, ...]) -> int:
         return EXIT_NOT_GIVEN
     rc = cli.run([*words, *argv])
     # The command has written and closed its files: the interpreter's teardown (freeing pandas'
-    # modules, ~0.04 s after mad-outputs, every manifest job's last step) is skipped. Measured:
+    # modules, ~0.04 s after a manifest job's collect, the batch step's last) is skipped. Measured:
     # `python -c 'import pandas'` exits 0.04-0.05 s later than with os._exit(0) at its end.
     sys.stdout.flush()
     sys.stderr.flush()
@@ -142,6 +145,6 @@ def cli(area: str, command: str) -> None:
     util::warm_start and util::warm_run).
 
     \b
-    Example: slurm-multi warm results mad-outputs
+    Example: slurm-multi warm results collect
     """
     click.get_current_context().exit(warm((area, command)))

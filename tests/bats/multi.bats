@@ -189,6 +189,7 @@ SM_JOBDIR=${BATS_TEST_TMPDIR}/job SM_COLLECT=1 SM_STOP_GRACE=1 SLURM_JOB_NUM_NOD
 mkdir -p "\${SM_JOBDIR}"
 util::sm() { echo "util::sm \$*"; }
 util::sm_logged() { echo "collect ran: \$*"; return 1; }
+util::warm_logged() { echo "collect ran: \$*"; return 1; }
 job::reap() { : >${BATS_TEST_TMPDIR}/in-reap; sleep 30 & wait \$!; echo "reap ended (\$?)"; }
 job::traps
 exit 0

@@ -201,3 +201,40 @@ def test_the_warm_mad_outputs_writes_what_the_cold_command_writes(tmp_path: Path
     assert written[0] == written[1]
     missing = warm_run(MAD_OUTPUTS, argv_bytes([str(tmp_path / "nowhere")]), tmp_path)
     assert missing.returncode == 2 and b"Traceback" not in missing.stderr
+
+
+def test_the_warm_collect_of_a_manifest_job_writes_madengine_files_and_page_as_the_cold_one(
+    tmp_path: Path,
+) -> None:
+    # The batch step's one warm helper of a manifest job: collect --mad-outputs --page, pandas
+    # imported while the job runs (WARM_UP), the same files as the cold command and the separate
+    # mad-outputs wrote.
+    written = []
+    for name in ("cold", "warm", "apart"):
+        job = tmp_path / name
+        subprocess.run(["cp", "-r", str(PRIMUS_JOB), str(job)], check=True)
+        words = [str(job), "--no-picture", "--mad-outputs", "--page"]
+        if name == "apart":
+            assert cold_run(COLLECT, [str(job), "--no-picture"], tmp_path).returncode == 0
+            done = cold_run(MAD_OUTPUTS, [str(job), "--page"], tmp_path)
+        else:
+            done = (
+                cold_run(COLLECT, words, tmp_path)
+                if name == "cold"
+                else warm_run(COLLECT, argv_bytes(words), tmp_path)
+            )
+        assert done.returncode == 0, done.stderr
+        assert b"madengine files:" in done.stderr and (job / "report.html").is_file()
+        written.append(
+            {f: (job / f).read_text() for f in ("perf_entry.json", "perf_super.json", "perf_super.csv")}
+        )
+    assert written[0] == written[1] == written[2]
+    # Woken, it pays pandas' import before its argv comes.
+    code = (
+        "import sys; from slurm_multi import cli; rc = cli.run(['warm', 'results', 'collect']); "
+        "print('pandas' in sys.modules)"
+    )
+    woken = subprocess.run(
+        [sys.executable, "-c", code], input=b"\n", env=env(), cwd=tmp_path, capture_output=True, check=False
+    )
+    assert woken.returncode == 0 and woken.stdout.strip() == b"True", woken.stderr
