@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import socket
+import struct
 import threading
 import time
 from pathlib import Path
@@ -287,7 +288,8 @@ class HandPeer:
     node's HELLO, delivers its own, and reads only `probe_read` bytes of the ring probe (acking
     them), then nothing more: a link that stalls."""
 
-    def __init__(self, probe_read: int) -> None:
+    def __init__(self, probe_read: int, reset: bool = False) -> None:
+        self.reset = reset  # then reset the probe's connection (a peer whose stage was stopped)
         self.listener = socket.socket()
         self.listener.bind(("127.0.0.1", 0))
         self.listener.listen()
@@ -337,6 +339,11 @@ class HandPeer:
                 self.received += chunk
                 got += len(chunk)
             sock.sendall(protocol.ack_line(TOKEN, JOB, challenge, join.nonce, got))
+            if self.reset:
+                time.sleep(0.1)  # the node has the ack
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                sock.close()
+                return
             self.held.append(sock)  # and never read again
         except Exception as exc:  # noqa: BLE001 - reported by the test
             self.errors.append(repr(exc))
@@ -412,6 +419,28 @@ def test_a_stalled_ring_link_is_measured_from_the_acks_and_never_stalls_the_stag
         peer.hello is not None and peer.hello.ring_rate == ring["bytes_per_s"] and peer.hello.verdict == "ok"
     )
     assert TOKEN.encode() not in peer.received  # the token never crosses the wire
+
+
+def test_a_probe_its_peer_broke_off_measures_no_rate(tmp_path: Path, tools: Path) -> None:
+    # A peer whose stage ended under the probe (its task stopped it after a failed prepare): the
+    # acks before the reset over the time to it read as a slow link, and with 3 nodes "link
+    # node2->node3 slow" named the healthy sender too (CI: a 3-node job requeued without both, never
+    # runnable on 4 nodes). A broken probe is no measurement; one stopped at its bound still is.
+    peer = HandPeer(probe_read=1 << 20, reset=True)
+    node_port = free_ports(1)[0]
+    hosts = f"127.0.0.1:{node_port} 127.0.0.1:{peer.port}"
+    proc = start_node(tmp_path, node_env(tools), 0, hosts, "--timeout", "30", "--probe-bytes", str(64 << 20))
+    try:
+        assert peer.first_join.wait(20)
+        peer.deliver(node_port)
+        node = Node(proc, tmp_path / "node_0" / "fitness.json")
+    finally:
+        peer.close()
+    assert peer.errors == []
+    ring = node.report["checks"]["network"]["ring"]
+    assert ring["complete"] is False and ring["bytes"] == 1 << 20, ring
+    assert ring["bytes_per_s"] is None and "after 1048576 bytes acknowledged" in ring["error"], ring
+    assert node.rc == 0, node.stderr
 
 
 # --------------------------------------------------------------------------------------------------

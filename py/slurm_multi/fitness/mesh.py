@@ -280,7 +280,7 @@ class Mesh:
         dial = conn.dial
         assert dial is not None
         if dial.purpose == "probe" and conn.state == "send":
-            self._finish_probe(conn, now, f"{error} after {conn.acked} bytes acknowledged")
+            self._finish_probe(conn, now, f"{error} after {conn.acked} bytes acknowledged", broken=True)
             return
         self.links.close(conn)
         dial.conn = None
@@ -338,7 +338,10 @@ class Mesh:
         self.links.queue(conn, hello_line(self.token, self.job, conn.challenge, conn.nonce, hello))
         conn.state, conn.until = "got", now + HANDSHAKE_TIMEOUT
 
-    def _finish_probe(self, conn: Conn, now: float, error: str) -> None:
+    def _finish_probe(self, conn: Conn, now: float, error: str, broken: bool = False) -> None:
+        """The probe ended: complete, stopped at its bound (its rate from the acks: a slow link), or
+        `broken` (the connection failed: the peer's stage ended under it, e.g. its task stopped it
+        after a failed prepare): no rate, or a dying peer's link read as slow and named both ends."""
         complete = conn.acked >= conn.total > 0
         seconds = (conn.last_ack if conn.acked else now) - conn.started
         rate = conn.acked / max(seconds, 1e-6) if conn.acked else 0.0
@@ -349,7 +352,7 @@ class Mesh:
         self.ring.update(
             bytes=conn.acked,
             seconds=round(seconds, 6),
-            bytes_per_s=round(rate),
+            bytes_per_s=None if broken and not complete else round(rate),
             complete=complete,
             error=error,
             cpu_wait=None if share is None else round(min(share, 1.0), 3),
