@@ -463,3 +463,13 @@ def test_a_node_whose_own_fitness_command_failed_is_bad_unless_every_node_failed
 )
 def test_the_median_without_a_nodes_own_links(ordered: list, removed: list, expected: float | None) -> None:
     assert verdict._median_without(ordered, removed) == expected
+
+
+def test_a_node_a_signal_stopped_before_its_report_is_not_named_unless_its_hello_said_so() -> None:
+    # CI: node3 failed its prepare, the batch step stopped the step at once, and node2's fitness
+    # helper died in its start, before it could write a report: "no fitness report" named node2
+    # (evidence none), the requeue excluded node2 and node3 and the 3-node job never ran on 4 nodes.
+    reports = [view(0, 3, verdicts={2: "docker engine down"}), None, None]
+    found = reasons(judge_reports(reports, 3, terminated=frozenset({1, 2})))
+    assert set(found) == {2} and found[2].endswith("its HELLO said: docker engine down")
+    assert 1 in reasons(judge_reports(reports, 3))  # without the signal: named, as before

@@ -86,6 +86,7 @@ from slurm_multi.words import is_host, is_rank
 DEFAULT_SLOW_FACTOR = 0.1
 DEFAULT_CLOCK_BOUND = 2.0
 CMD_RECORD = "fitness-cmd.json"
+EXIT_TERMINATED = 143  # a node task's exit when a signal ended it (lib/node.sh node::on_term)
 
 
 def mbps(rate: float) -> str:
@@ -470,11 +471,14 @@ def judge_reports(
     hosts: Sequence[str] | None = None,
     missing: Mapping[int, str] | None = None,
     min_rate: float = 0.0,
+    terminated: frozenset[int] = frozenset(),
 ) -> list[dict[str, Any]]:
     """The bad nodes over every node's report (None: a node that wrote none), as the batch step
     judges after the stage: [{"rank", "host", "reason", "evidence"}]. `hosts`: the job's host names
     by rank (without them, a rank is named by its own report's `host`, else `rank<r>`); `missing`:
-    why a rank wrote no report, where its task said (status.json). Pure; the rules are the module
+    why a rank wrote no report, where its task said (status.json); `terminated`: ranks whose task a
+    signal ended (status.json's exit 143): without a report they are stopped, not named (their
+    helper died in its start, before it could write one). Pure; the rules are the module
     docstring's."""
     views: list[_Report | None] = [
         _Report(r, nnodes) if isinstance(r, Mapping) else None for r in list(reports)[:nnodes]
@@ -496,6 +500,8 @@ def judge_reports(
             said = [v.peer_verdict(r) for v in views if v is not None and r in v.heard]
             failed = next((verdict for verdict in said if verdict != "ok"), "")
             # what its HELLO said is its own word, signed: evidence; a missing report alone is none
+            if view is None and r in terminated and not failed:
+                continue  # stopped in its start: no verdict, no evidence (as a stopped report)
             if view is None:
                 why = (missing or {}).get(r) or "the stage did not finish on that node"
                 heard = f"; its HELLO said: {failed}" if failed else ""
@@ -678,6 +684,7 @@ def judge_job(
     reports: list[dict[str, Any] | None] = [None] * nnodes
     prepare: dict[int, tuple[bool, str]] = {}
     said: dict[int, str] = {}  # why a node's task ended, as its status.json says
+    terminated: set[int] = set()  # a signal ended its task (exit 143): scancel, or a failed peer
     for name in _node_dirs(jobdir):
         node_dir = os.path.join(jobdir, name)
         try:
@@ -695,6 +702,8 @@ def judge_job(
         index = list(nodes).index(host)
         if document.get("reason") and index not in said:
             said[index] = one_line(str(document["reason"]))
+        if document.get("exit_code") == EXIT_TERMINATED:
+            terminated.add(index)
         stage = stages.get("prepare") if isinstance(stages, dict) else None
         if isinstance(stage, dict):
             ok = stage.get("status") == "ok"
@@ -713,7 +722,14 @@ def judge_job(
     if not any(reports):
         return [own_entry(i) for i in sorted(own)]
     found = judge_reports(
-        reports, nnodes, slow_factor, clock_bound, hosts=nodes, missing=said, min_rate=min_rate
+        reports,
+        nnodes,
+        slow_factor,
+        clock_bound,
+        hosts=nodes,
+        missing=said,
+        min_rate=min_rate,
+        terminated=frozenset(terminated),
     )
     out = [
         own_entry(entry["rank"]) if entry["rank"] in own and reports[entry["rank"]] is None else entry
