@@ -7,9 +7,11 @@
 source "${BASH_SOURCE[0]%/*}/slurm.sh"
 
 # util::py ARGS…: the helpers' interpreter (SM_PYTHON) with py/ on PYTHONPATH: no install needed on
-# a node. Every helper starts through here.
+# a node. Every helper starts through here (UTIL_PY_NICE set: at that niceness, util::sm_aside).
 util::py() {
-  PYTHONPATH="${SM_HOME}/py${PYTHONPATH:+:${PYTHONPATH}}" "${SM_PYTHON}" "$@"
+  local python=("${SM_PYTHON}")
+  [[ -z ${UTIL_PY_NICE:-} ]] || python=(nice -n "${UTIL_PY_NICE}" "${SM_PYTHON}")
+  PYTHONPATH="${SM_HOME}/py${PYTHONPATH:+:${PYTHONPATH}}" "${python[@]}" "$@"
 }
 
 # util::sm ARGS…: the slurm-multi helper CLI. It runs exactly what `bin/slurm-multi ARGS…` runs,
@@ -22,9 +24,7 @@ util::sm() { util::py -m slurm_multi "$@"; }
 # barrier, the container's start: on the batch host that is also rank 0's node). With a core to
 # spare it runs as soon; never for a filter on a data path (the log filter), which must keep up.
 UTIL_ASIDE_NICE=10
-util::sm_aside() {
-  PYTHONPATH="${SM_HOME}/py${PYTHONPATH:+:${PYTHONPATH}}" nice -n "${UTIL_ASIDE_NICE}" "${SM_PYTHON}" -m slurm_multi "$@"
-}
+util::sm_aside() { UTIL_PY_NICE=${UTIL_ASIDE_NICE} util::sm "$@"; }
 
 # util::redact [--secrets-file FILE]: the log filter (the one secret rule), stdin to stdout. It runs
 # for the whole job on every node (slurm_multi.redact).

@@ -293,3 +293,12 @@ status_args() {
   util::remove_private_dir
   assert_not_exist "${UTIL_PRIVATE}"
 }
+
+@test "util::sm_aside runs the helper at nice 10 and util::sm at the caller's niceness" {
+  SM_HOME=${REPO_ROOT} SM_PYTHON=$(command -v python3)
+  run util::py -c 'import os; print(os.nice(0))'
+  assert_output "$(nice)"
+  util::sm() { util::py -c 'import os; print(os.nice(0))'; }
+  run util::sm_aside
+  assert_output "$(($(nice) + 10))"
+}

@@ -33,6 +33,7 @@ from slurm_multi.fitness.stage import AREA, Options, run_stage
 from slurm_multi.fitness.verdict import (
     DEFAULT_CLOCK_BOUND,
     DEFAULT_SLOW_FACTOR,
+    EXIT_STOPPED,
     judge_job,
     judge_reports,
     mbps,
@@ -46,7 +47,6 @@ from slurm_multi.shell import write_json
 from slurm_multi.words import is_host, is_job_id, is_token
 
 EXIT_BAD = 3  # this node's view finds a bad node
-EXIT_STOPPED = 143  # SIGTERM's, as a shell reports a process it ended
 DEFAULT_RUNTIME_TIMEOUT = dockerapi.PING_TIMEOUT  # docker's; enroot's too
 DEFAULT_DISK_RESERVE = GIB
 DEFAULT_MIN_INODES = 10000

@@ -86,7 +86,7 @@ from slurm_multi.words import is_host, is_rank
 DEFAULT_SLOW_FACTOR = 0.1
 DEFAULT_CLOCK_BOUND = 2.0
 CMD_RECORD = "fitness-cmd.json"
-EXIT_TERMINATED = 143  # a node task's exit when a signal ended it (lib/node.sh node::on_term)
+EXIT_STOPPED = 143  # SIGTERM's, as a shell reports it: a stopped helper, a node task a signal ended
 
 
 def mbps(rate: float) -> str:
@@ -702,7 +702,7 @@ def judge_job(
         index = list(nodes).index(host)
         if document.get("reason") and index not in said:
             said[index] = one_line(str(document["reason"]))
-        if document.get("exit_code") == EXIT_TERMINATED:
+        if document.get("exit_code") == EXIT_STOPPED:
             terminated.add(index)
         stage = stages.get("prepare") if isinstance(stages, dict) else None
         if isinstance(stage, dict):
