@@ -349,14 +349,20 @@ def test_two_clocks_apart_name_both_nodes() -> None:
 
 
 def write_node(
-    jobdir: Path, rank: int, host: str, prepare: str, report: dict[str, Any] | None, reason: str = ""
+    jobdir: Path,
+    rank: int,
+    host: str,
+    prepare: str,
+    report: dict[str, Any] | None,
+    reason: str = "",
+    exit_code: int | None = None,
 ) -> None:
     node = jobdir / f"node_{rank}"
     node.mkdir(parents=True)
     status = {
         "rank": rank,
         "node": host,
-        "exit_code": 0 if prepare == "ok" else 2,
+        "exit_code": exit_code if exit_code is not None else 0 if prepare == "ok" else 2,
         "reason": reason,
         "status": "ok" if prepare == "ok" else "failed",
         "stages": {"prepare": {"seconds": 0.1, "status": prepare}},
@@ -423,6 +429,27 @@ def test_one_attempts_verdict_places_reports_by_node_index_with_several_tasks_pe
     ]
     out = cli(["judge", "--jobdir", str(job), "--nodes", "n1 n2"])
     assert (out.returncode, out.stdout) == (0, "1\tn2\t/tmp: 1 MiB free\tlocal\n"), out.stderr
+
+
+def test_one_attempts_verdict_reads_a_signal_ended_task_from_its_status_and_does_not_name_it(
+    tmp_path: Path,
+) -> None:
+    # The CI case through the files the job leaves: n3's engine is down (its prepare failed), the
+    # batch step stopped the step, and n2's task ended on the signal (exit 143) before its report.
+    hosts = ["n1", "n2", "n3"]
+    down = "prepare: docker engine not reachable on n3"
+    job = tmp_path / "job"
+    write_node(job, 0, "n1", "ok", fit_report(0, hosts))
+    write_node(job, 1, "n2", "ok", None, "stopped by a signal", exit_code=verdict.EXIT_STOPPED)
+    write_node(job, 2, "n3", "failed", None, down)
+    named = verdict.judge_job(str(job), hosts)
+    assert named == [{"rank": 2, "host": "n3", "reason": down, "evidence": "local"}]
+    # The same node ended another way (its own crash): named, as before.
+    crashed = tmp_path / "crashed"
+    write_node(crashed, 0, "n1", "ok", fit_report(0, hosts))
+    write_node(crashed, 1, "n2", "ok", None, "fitness helper crashed", exit_code=1)
+    write_node(crashed, 2, "n3", "failed", None, down)
+    assert [e["rank"] for e in verdict.judge_job(str(crashed), hosts)] == [1, 2]
 
 
 def test_a_node_whose_own_fitness_command_failed_is_bad_unless_every_node_failed_it(tmp_path: Path) -> None:
