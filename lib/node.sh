@@ -488,7 +488,7 @@ node::image_pyxis_worker() {
 # so they have usually said it by now; rank 0 waits up to NODE_HOLDS_WAIT s for the others (a relay
 # could not start streaming to them before they dial in either).
 node::workers_hold() {
-  local want=$1 workers=$((${SM_NTASKS:-${NNODES}} - 1)) deadline said=0 holding=0 rank nap=0.01
+  local want=$1 workers=$((${SM_NTASKS:-${NNODES}} - 1)) deadline said=0 holding=0 rank nap=
   [[ ${SM_RUNTIME} == docker ]] && ((workers > 0)) || return 1
   deadline=$((SECONDS + ${NODE_HOLDS_WAIT:-10}))
   while :; do
@@ -501,8 +501,7 @@ node::workers_hold() {
       return 1
     fi
     # A worker whose join is a moment behind says it within milliseconds: short naps first.
-    sleep "${nap}"
-    case ${nap} in 0.01) nap=0.02 ;; 0.02) nap=0.05 ;; *) nap=0.1 ;; esac
+    util::nap nap 0.01 0.02 0.05 0.1
   done
   if ((holding == workers)); then return 0; fi
   log::info image "${holding} of ${workers} worker(s) already hold ${want:7:12}"

@@ -244,7 +244,9 @@ util::kill_children() {
 # and the task stages nothing. After GRACE seconds, a PID still there gets SIGNAL (KILL; `-`: none,
 # and the wait ends there).
 util::wait_gone() {
-  local pid=$1 grace=${2:-} sig=${3:-KILL} nap=0.001 until=
+  local pid=$1 grace=${2:-} sig=${3:-KILL} until=
+  # shellcheck disable=SC2034 # util::nap reads and moves it, by name
+  local nap=
   [[ -z ${grace} ]] || until=$((${EPOCHREALTIME//[!0-9]/} + grace * 1000000))
   while kill -0 "${pid}" 2>/dev/null; do
     if [[ -n ${until} ]] && ((${EPOCHREALTIME//[!0-9]/} >= until)); then
@@ -253,8 +255,22 @@ util::wait_gone() {
       until=
     fi
     # Most are gone within milliseconds (the log filter's last flush): short naps first.
-    sleep "${nap}"
-    case ${nap} in 0.001) nap=0.004 ;; 0.004) nap=0.016 ;; *) nap=0.05 ;; esac
+    util::nap nap 0.001 0.004 0.016 0.05
+  done
+}
+
+# util::nap VAR STEP…: the short-naps-first ladder of a poll. Sleeps VAR's seconds (the first STEP
+# while VAR is empty), then moves VAR to the STEP after the one it slept; the last STEP repeats.
+# VAR is the caller's local, empty before its loop: `local nap=; while …; do util::nap nap 0.01 0.1; done`.
+util::nap() {
+  local -n util_nap_var=$1
+  shift
+  local step next=0
+  util_nap_var=${util_nap_var:-$1}
+  sleep "${util_nap_var}"
+  for step; do
+    ((next == 0)) || { util_nap_var=${step}; return 0; }
+    [[ ${step} != "${util_nap_var}" ]] || next=1
   done
 }
 

@@ -302,3 +302,27 @@ status_args() {
   run util::sm_aside
   assert_output "$(($(nice) + 10))"
 }
+
+@test "util::nap sleeps the ladder's steps in order, from an empty VAR, and repeats the last" {
+  local slept=() nap=
+  # shellcheck disable=SC2329 # util::nap calls it
+  sleep() { slept+=("$1"); }
+  for _ in 1 2 3 4 5; do util::nap nap 0.001 0.004 0.016 0.05; done
+  assert_equal "${slept[*]}" "0.001 0.004 0.016 0.05 0.05"
+  assert_equal "${nap}" 0.05
+  # A one-step ladder is a fixed nap.
+  slept=() nap=
+  util::nap nap 0.2
+  util::nap nap 0.2
+  assert_equal "${slept[*]}" "0.2 0.2"
+}
+
+@test "the polls nap through util::nap: util::wait_gone's first look is within a millisecond" {
+  local slept=()
+  sleep() { slept+=("$1"); command sleep "$1"; }
+  command sleep 0.05 &
+  util::wait_gone $!
+  assert_equal "${slept[0]}" 0.001
+  assert [ "${#slept[@]}" -ge 3 ]
+  assert_equal "${slept[*]:0:3}" "0.001 0.004 0.016"
+}
