@@ -33,6 +33,7 @@ from slurm_multi.common import HelperError, talk, timeout_error, usage_error
 from slurm_multi.layers.chain import claim_fits, parse_claim
 from slurm_multi.net import (
     PROOF_TIMEOUT,
+    Backoff,
     connect_addresses,
     describe,
     dial_once,
@@ -449,7 +450,7 @@ class _Dialer:
         return f"{self.host}:{','.join(str(p) for p in self.ports)}"
 
     def dial(self, deadline: float) -> tuple[socket.socket, int] | None:
-        backoff, quick_until = BACKOFF_START, time.monotonic() + QUICK_SECONDS
+        backoff = Backoff(BACKOFF_START, BACKOFF_MAX, quick=QUICK_SECONDS)
         next_reminder = 0.0  # the first failed round is logged, then one reminder every 30 s
         while True:
             ports = [p for p in self.ports if p not in self.skip]
@@ -487,9 +488,7 @@ class _Dialer:
                     f"retrying for {secs(deadline - now)} s more"
                 )
                 next_reminder = now + 30.0
-            self.sleep(min(backoff, deadline - now))
-            if time.monotonic() >= quick_until:
-                backoff = min(backoff * 2, BACKOFF_MAX)
+            self.sleep(min(backoff.next(now), deadline - now))
 
 
 def _read_line(sock: socket.socket, deadline: float, buf: bytearray) -> bytes | None:
@@ -636,7 +635,7 @@ def join(
     started = time.monotonic()
     deadline = started + connect_timeout
     wait_deadline: float | None = None
-    backoff = BACKOFF_START
+    backoff = Backoff(BACKOFF_START, BACKOFF_MAX)
     while True:
         dialed = dialer.dial(deadline)
         if dialed is None:
@@ -675,8 +674,7 @@ def join(
             dialer.last_error = describe(exc)
         if reply is None:
             log(f"lost the connection to rank 0 at {host}:{port}; reconnecting")
-            sleep(min(backoff, max(0.0, wait_deadline - time.monotonic())))
-            backoff = min(backoff * 2, BACKOFF_MAX)
+            sleep(min(backoff.next(), max(0.0, wait_deadline - time.monotonic())))
             continue
         if reply.kind == "GO" and reply.rank == rank:
             return reply.image_id

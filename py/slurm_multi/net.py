@@ -19,6 +19,7 @@ from __future__ import annotations
 import errno
 import ipaddress
 import socket
+import time
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
@@ -297,6 +298,27 @@ def connect_addresses(host: str) -> list[str]:
         except HelperError:
             pass
     return list(dict.fromkeys(addresses))
+
+
+class Backoff:
+    """The waits between rounds of dials to a peer that does not listen yet, one owner for the
+    barrier's join, the relay's child and the fitness mesh: `start` seconds while the first `quick`
+    seconds of the dial last (a peer usually starts a moment late, and a round of refused connects
+    costs microseconds), then twice the last wait each time, up to `cap` (a peer that takes minutes
+    is not hammered). A round tries every candidate at once; only the rounds wait."""
+
+    __slots__ = ("cap", "quick_until", "wait")
+
+    def __init__(self, start: float, cap: float, quick: float = 0.0) -> None:
+        self.wait, self.cap = start, cap
+        self.quick_until = time.monotonic() + quick if quick > 0 else None
+
+    def next(self, now: float | None = None) -> float:
+        """The wait before the next round (`now`: monotonic seconds, when the caller has them)."""
+        wait = self.wait
+        if self.quick_until is None or (time.monotonic() if now is None else now) >= self.quick_until:
+            self.wait = min(wait * 2, self.cap)
+        return wait
 
 
 # --------------------------------------------------------------------------------------------------

@@ -128,3 +128,14 @@ def test_the_barrier_and_the_relay_dial_through_net_dial_once() -> None:
         assert "dial_once(" in text, name
     for path in (root / "relay").glob("*.py"):
         assert "create_connection" not in path.read_text(), path.name
+
+
+def test_backoff_keeps_its_first_wait_for_the_quick_window_then_doubles_up_to_its_cap() -> None:
+    doubling = net.Backoff(0.02, 0.1)
+    assert [doubling.next() for _ in range(5)] == [0.02, 0.04, 0.08, 0.1, 0.1]
+    quick = net.Backoff(0.02, 2.0, quick=60.0)
+    start = time.monotonic()
+    assert [quick.next(start + t) for t in (0.0, 1.0, 59.0)] == [0.02, 0.02, 0.02]
+    # Past the window: twice the last wait each round, capped.
+    assert [quick.next(start + 61.0) for _ in range(4)] == [0.02, 0.04, 0.08, 0.16]
+    assert max(quick.next(start + 61.0) for _ in range(12)) == 2.0

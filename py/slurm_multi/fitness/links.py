@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from slurm_multi.fitness.protocol import MAX_LINE, ProtocolError, decode
-from slurm_multi.net import bind_first_free, describe
+from slurm_multi.net import Backoff, bind_first_free, describe
 
 HANDSHAKE_TIMEOUT = 2.0  # JOIN/WELCOME, HELLO/GOT: our peers answer at once
 # Our listener greets every connection as it accepts it: a candidate port that does not within this
@@ -76,7 +76,7 @@ class Dial:
         self.addresses: list[str] | None = None
         self.attempts = 0
         self.next_at = 0.0
-        self.backoff = BACKOFF_START
+        self.backoff = Backoff(BACKOFF_START, BACKOFF_MAX)
         self.error = ""  # the last error, whatever the port
         self.errors: dict[int, str] = {}  # the last error on each candidate port
         self.refused = False  # the last attempt was refused: nothing listens on that candidate yet
@@ -114,8 +114,7 @@ class Dial:
         if self.refused and tries > 1 and self.attempts % tries:
             self.next_at = now
             return
-        self.next_at = now + self.backoff
-        self.backoff = min(self.backoff * 2, BACKOFF_MAX)
+        self.next_at = now + self.backoff.next()
 
 
 class Conn:

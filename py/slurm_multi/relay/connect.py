@@ -63,7 +63,7 @@ def dial_parent(plan: Plan, deadline: float) -> Link:
             raise usage_error(
                 f"relay: {plan.me}: cannot resolve {host} ({pname}): {net.describe(exc)}"
             ) from None
-    last_error, backoff = "nothing tried", BACKOFF_START
+    last_error, backoff = "nothing tried", net.Backoff(BACKOFF_START, BACKOFF_MAX)
     while True:
         for address in addresses:
             for port in ports:
@@ -105,8 +105,7 @@ def dial_parent(plan: Plan, deadline: float) -> Link:
                 + (f"; met: {seen}" if seen else "")
                 + f"){hint}"
             )
-        time.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
-        backoff = min(backoff * 2, BACKOFF_MAX)
+        time.sleep(min(backoff.next(), max(0.0, deadline - time.monotonic())))
 
 
 def _say_met(plan: Plan, met: dict[str, str], where: str) -> None:
