@@ -29,9 +29,12 @@ from slurm_multi.context import (
     safe_component,
 )
 from slurm_multi.secret_rule import MASK, is_secret_name, redact, secret_values
-from slurm_multi.settings import tasks_per_node
+from slurm_multi.settings import DIGITS, tasks_per_node
 
 AREA = "job"
+# The largest node count a plan takes: the biggest machines have ~10,000 nodes; a larger -N is a
+# typo, and a plan of 10**20 nodes filled memory for as long as it was let run.
+MAX_NODES = 100_000
 
 
 def job_dir(out: str, submit_dir: str, model: str, job_id: str) -> str:
@@ -304,7 +307,7 @@ def plan(
         table.validate(resolved, has_command=bool(parsed.command))
     except table.SettingsError as exc:
         raise usage_error(str(exc)) from None
-    for warning in table.unused(resolved):
+    for warning in table.unused(resolved, has_command=bool(parsed.command)):
         talk("settings", warning)
     job_id = job_id or env.get("SLURM_JOB_ID") or ("DRYRUN" if dry else "")
     if not job_id:
@@ -409,10 +412,10 @@ def _node_count(parsed: Any, env: Mapping[str, str], dry: bool, given: int | Non
     -N, else the allocation's, else 2."""
     if given is not None:
         return given
-    if parsed.nodes and not (parsed.nodes.isdigit() and int(parsed.nodes) >= 1):
+    if parsed.nodes and not (DIGITS.fullmatch(parsed.nodes) and 1 <= int(parsed.nodes) <= MAX_NODES):
         raise usage_error(
-            f"{parsed.nodes_flag} '{parsed.nodes}' is not a node count (a whole number >= 1); "
-            "--help lists every option"
+            f"{parsed.nodes_flag} '{parsed.nodes}' is not a node count (a whole number >= 1); a plan "
+            f"takes at most {MAX_NODES}; --help lists every option"
         )
     in_job = env.get("SLURM_JOB_NUM_NODES", "")
     if parsed.nodes and env.get("SLURM_JOB_ID") and not dry:
@@ -423,7 +426,7 @@ def _node_count(parsed: Any, env: Mapping[str, str], dry: bool, given: int | Non
             "node(s); --help lists every option"
         )
     text = parsed.nodes or in_job or ("2" if dry else "1")
-    return int(text) if text.isdigit() and int(text) >= 1 else 1
+    return int(text) if DIGITS.fullmatch(text) and int(text) >= 1 else 1
 
 
 def _node_count_source(parsed: Any, env: Mapping[str, str], dry: bool, given: int | None) -> str:

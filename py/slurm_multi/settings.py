@@ -7,8 +7,12 @@ the default), validates every value (the profiling checks included) with one lin
 the user typed, and emits the resolved values for bash to export to every node. `--help`, the dry
 run's settings, docs/options.md and job.json come from this table; tests check README.md against it.
 
-Click-free: `python -m slurm_multi.settings env` resolves the environment alone (a stage re-run
-by hand on a node), fast.
+`slurm-multi settings env FILE` resolves the environment alone (a stage re-run by hand on a node).
+
+Numbers are ASCII digits, written back without leading zeros: bash reads `08` as a bad octal number
+and `((SM_TIMEOUT > 0))` in an `if` is then quietly false (the time limit off). An option typed with
+an empty value is refused where empty is not a value of its own (a number, a choice, a path with a
+default): bash would see it unset, or the default would run while the user asked for something else.
 """
 
 from __future__ import annotations
@@ -18,9 +22,6 @@ import re
 import shlex
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
-
-# Exit status of a usage error (slurm_multi.EXIT_USAGE; not imported: this module starts with -S).
-EXIT_USAGE = 2
 
 
 class SettingsError(Exception):
@@ -35,7 +36,7 @@ class Setting(NamedTuple):
     metavar: str  # FILE, SECONDS, cache|relay|auto ...
     default: str  # "" when none (or resolved elsewhere: default_doc says where)
     help: str
-    kind: str = "text"  # text, seconds, port, choice, bool, count, whole, name, abs-path
+    kind: str = "text"  # text, seconds, port, choice, bool, count, whole, name, abs-path, image
     choices: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()  # madengine's names for the same variable
     slurm: str = ""  # the Slurm input variable that gives it when ours is unset (sbatch's option)
@@ -55,7 +56,7 @@ TABLE: tuple[Setting, ...] = (
     S("SM_MODEL", "--model", "NAME", "", "model key or name in the manifest (needed when it has several)",
       core=True),
     S("SM_IMAGE", "--image", "IMAGE", "", "docker image to run (instead of, or overriding, the manifest's)",
-      core=True),
+      kind="image", core=True),
     S("SM_MODEL_DIR", "--model-dir", "DIR", "",
       "the model checkout the manifest's scripts are relative to", default_doc="the manifest's directory"),
     S("SM_MODEL_ARGS", "--model-args", "ARGS", "", "the model script's arguments, one quoted string "
@@ -107,7 +108,7 @@ TABLE: tuple[Setting, ...] = (
       "ranks per node (pyxis, none: each task is a rank; docker runs one container per node)", kind="count",
       slurm="SLURM_NTASKS_PER_NODE", default_doc="sbatch's --ntasks-per-node, else 1"),
     S("SM_CONTAINER_IMAGE", "--container-image", "IMAGE", "", "pyxis: srun --container-image",
-      default_doc="the image"),
+      kind="image", default_doc="the image"),
     S("SM_FRAMEWORK", "--framework", "NAME", "",
       "the workload's framework, e.g. trtllm (enables cuda-api and capture ranges)", kind="name"),
     S("SM_PROFILE_START_ITER", "--profile-start-iter", "N", "",
@@ -229,10 +230,14 @@ def parse_argv(argv: Sequence[str]) -> Parsed:
                 raise SettingsError(f"{arg} needs a node count")
             out.nodes, out.nodes_flag = words[i], arg
             i += 1
+            if not out.nodes:
+                raise SettingsError(f"{arg} '': an empty node count; give a whole number >= 1")
             continue
         if arg.startswith("--nodes=") or (arg.startswith("-N") and not arg.startswith("--")):
             out.nodes = arg.split("=", 1)[1] if arg.startswith("--nodes=") else arg[2:]
             out.nodes_flag = "--nodes" if arg.startswith("--nodes=") else "-N"
+            if not out.nodes:
+                raise SettingsError(f"{out.nodes_flag} '': an empty node count; give a whole number >= 1")
             continue
         if not arg.startswith("--"):
             raise SettingsError(f"unexpected argument '{arg}' (the workload command goes after --)")
@@ -308,6 +313,9 @@ def resolve(env: Mapping[str, str], given: Mapping[str, str] | None = None,
             values[s.name], source[s.name] = s.default, "default"
         else:
             values[s.name] = ""
+    for s in TABLE:
+        if s.kind in NUMBERS and DIGITS.fullmatch(values[s.name]):
+            values[s.name] = str(int(values[s.name]))  # 08 -> 8: bash reads a leading 0 as octal
     _derived_defaults(env, values, source)
     return Resolved(values, source)
 
@@ -345,19 +353,36 @@ def flag_of(r: Resolved, name: str) -> str:
     return setting.option if setting and setting.option else name
 
 
+NUMBERS = ("seconds", "whole", "count", "port")
+DIGITS = re.compile(r"[0-9]+")  # ASCII only: str.isdigit() takes '٣' and '²', which bash cannot count
+MAX_NUMBER = 10**9  # a number setting above it is a typo (31 years in seconds), and bash's are 64-bit
+
+
 def _check_kind(r: Resolved, s: Setting) -> None:
     value = r.values[s.name]
-    if value == "":
-        return
     flag = flag_of(r, s.name)
-    if s.kind == "seconds" and not value.isdigit():
-        raise SettingsError(f"{flag} '{value}': expected a whole number of seconds, 0 or more ({s.name})")
-    if s.kind == "whole" and not value.isdigit():
-        raise SettingsError(f"{flag} '{value}': expected a whole number, 0 or more ({s.name})")
-    if s.kind == "count" and not (value.isdigit() and int(value) >= 1):
-        raise SettingsError(f"{flag} '{value}': expected a whole number >= 1 ({s.name})")
-    if s.kind == "port" and not (value.isdigit() and 1 <= int(value) <= 65535):
+    if value == "":
+        if r.label(s.name).startswith("--") and (s.kind != "text" or s.default):
+            raise SettingsError(
+                f"{flag} '': an empty value; give {_expected(s)}, or drop {flag} for its default"
+            )
+        return
+    number = int(value) if s.kind in NUMBERS and DIGITS.fullmatch(value) else None
+    if number is not None and number > MAX_NUMBER and s.kind != "port":
+        raise SettingsError(f"{flag} '{value}': expected {_expected(s)}, at most {MAX_NUMBER}")
+    if s.kind in ("seconds", "whole") and number is None:
+        raise SettingsError(f"{flag} '{value}': expected {_expected(s)} ({s.name})")
+    if s.kind == "count" and not (number is not None and number >= 1):
+        raise SettingsError(f"{flag} '{value}': expected {_expected(s)} ({s.name})")
+    if s.kind == "port" and not (number is not None and 1 <= number <= 65535):
         raise SettingsError(f"{flag} '{value}' is not a TCP port (1-65535)")
+    if s.kind == "image" and (value.startswith("-") or not value.isprintable() or " " in value):
+        from slurm_multi.logline import escaped
+
+        raise SettingsError(
+            f"{flag} '{escaped(value)}': not an image reference (no leading '-', no spaces or "
+            "control characters)"
+        )
     if s.kind == "choice" and value not in s.choices:
         raise SettingsError(f"{flag} '{value}': expected {_one_of(s.choices)}")
     if s.kind == "bool" and value.lower() not in BOOL:
@@ -371,6 +396,22 @@ def _check_kind(r: Resolved, s: Setting) -> None:
         )
     if s.kind == "name" and not re.fullmatch(r"[a-z0-9_.-]+", value):
         raise SettingsError(f"{flag} '{value}': expected a lowercase name such as trtllm")
+
+
+def _expected(s: Setting) -> str:
+    """What a value of `s` looks like, for its one-line error."""
+    if s.kind == "choice":
+        return _one_of(s.choices)
+    return {
+        "seconds": "a whole number of seconds, 0 or more",
+        "whole": "a whole number, 0 or more",
+        "count": "a whole number >= 1",
+        "port": "a TCP port (1-65535)",
+        "bool": "true or false",
+        "abs-path": "an absolute path",
+        "name": "a lowercase name such as trtllm",
+        "image": "an image reference",
+    }.get(s.kind, f"a {s.metavar}")
 
 
 def _one_of(choices: Sequence[str]) -> str:
@@ -425,12 +466,33 @@ def validate(r: Resolved, has_command: bool = False, host: str = "") -> None:
         raise SettingsError(
             "nothing to run: give --manifest FILE or --image IMAGE (or, with --runtime none, -- CMD)"
         )
+    if v["SM_MODEL_ARGS"]:
+        try:
+            shlex.split(v["SM_MODEL_ARGS"])
+        except ValueError as exc:
+            raise SettingsError(
+                f"{flag_of(r, 'SM_MODEL_ARGS')} {v['SM_MODEL_ARGS']!r} cannot be split into words ({exc}); "
+                "fix its quoting"
+            ) from None
     _validate_runtime(r)
     _validate_profile(r, host or os.uname().nodename)
 
 
 def _validate_runtime(r: Resolved) -> None:
     v = r.values
+    if v["SM_RUNTIME"] == "docker" and v["SM_IMAGE_TRANSPORT"] == "cache" and not v["SM_IMAGE_CACHE"]:
+        raise SettingsError(
+            f"{flag_of(r, 'SM_IMAGE_TRANSPORT')} cache needs --image-cache DIR (a directory every node "
+            "sees); without one, use relay or auto"
+        )
+    hours = v["SM_QUARANTINE_HOURS"]
+    if hours:
+        from slurm_multi.quarantine import MAX_HOURS
+
+        if int(hours) > MAX_HOURS:
+            raise SettingsError(
+                f"{flag_of(r, 'SM_QUARANTINE_HOURS')} '{hours}': expected at most {MAX_HOURS:g} hours"
+            )
     tasks = v["SM_NTASKS_PER_NODE"]
     if v["SM_RUNTIME"] == "docker" and tasks not in ("", "1"):
         raise SettingsError(
@@ -543,12 +605,20 @@ _PROFILING = ("SM_FRAMEWORK", "SM_PROFILE_START_ITER", "SM_PROFILE_STOP_ITER", "
 _NSIGHT = ("SM_NSIGHT_SLURM_HOME", "SM_NSIGHT_SLURM_MODE", "SM_NSIGHT_SLURM_TOOL_PATH")
 
 
-def unused(r: Resolved) -> list[str]:
+_MANIFEST_ONLY = ("SM_MODEL_DIR", "SM_MODEL_ARGS", "SM_LAUNCHER", "SM_NPROC_PER_NODE", "SM_MAD_COMMON")
+
+
+def unused(r: Resolved, has_command: bool = False) -> list[str]:
     """A warning for each setting the user gave that does nothing in this configuration (the job
-    runs; the user learns their option was not what made it run so)."""
+    runs; the user learns their option was not what made it run so). `has_command`: a workload
+    command was given after --, which runs instead of the manifest model's script."""
     v = r.values
     runtime, profile = v["SM_RUNTIME"], v["SM_PROFILE"]
     why: dict[str, str] = {}
+    if not v["SM_MANIFEST"]:
+        why.update({n: "without --manifest (it is the manifest model's)" for n in _MANIFEST_ONLY})
+    elif has_command:
+        why["SM_MODEL_ARGS"] = "with a command after -- (it runs instead of the model's script)"
     if profile == "none":
         why.update({n: "with --profile none" for n in _PROFILING + _NSIGHT})
     elif profile != "nsight-slurm":
@@ -568,7 +638,8 @@ def unused(r: Resolved) -> list[str]:
     if runtime == "none":
         why["SM_IMAGE_CACHE"] = "with --runtime none (there is no image)"
     if v["SM_FITNESS"] == "off":
-        fitness = ("SM_FITNESS_TIMEOUT", "SM_ON_BAD_NODE", "SM_FITNESS_CMD", "SM_FITNESS_MIN_RATE")
+        # (--on-bad-node still applies: to a node lost or failed during the run, docs/bad-nodes.md)
+        fitness = ("SM_FITNESS_TIMEOUT", "SM_FITNESS_CMD", "SM_FITNESS_MIN_RATE")
         why.update({n: "with --fitness off" for n in fitness})
     if v["SM_ON_BAD_NODE"] != "requeue":
         why["SM_MAX_REQUEUES"] = f"with --on-bad-node {v['SM_ON_BAD_NODE']}"

@@ -21,12 +21,17 @@ def env_command(path: str) -> None:
     \b
     Example: slurm-multi settings env /tmp/settings.sh && source /tmp/settings.sh
     """
+    from slurm_multi.net import describe
     from slurm_multi.settings import SettingsError, write_env
 
+    if path in ("", "-"):
+        raise usage_error(f"settings env: FILE '{path}': give the path of a file to write the bash into")
     try:
         write_env(path)
     except SettingsError as exc:
         raise usage_error(str(exc)) from None
+    except OSError as exc:
+        raise usage_error(f"settings env: cannot write {path}: {describe(exc)}") from None
 
 
 @cli.command("markdown")

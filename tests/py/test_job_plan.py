@@ -261,3 +261,23 @@ def test_a_one_world_launcher_on_several_tasks_per_node_is_refused_in_one_line(
         assert "(--ntasks-per-node 1), not 2" in err
     else:
         assert code == 0, err
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["-N", ""], "-N '': an empty node count; give a whole number >= 1"),
+    (["--nodes="], "--nodes '': an empty node count; give a whole number >= 1"),
+    (["-N", "99999999999999999999"], "-N '99999999999999999999' is not a node count (a whole number >= 1); "
+                                     "a plan takes at most 100000"),
+    (["-N", "٣"], "-N '٣' is not a node count (a whole number >= 1)"),
+])  # fmt: skip
+def test_a_node_count_is_refused_empty_non_ascii_or_past_any_machine(tmp_path, argv, says):
+    # -N 10**20 filled memory for as long as it was let run; -N '' assumed 2 nodes without a word.
+    code, _, err, _ = plan(tmp_path, ["--dry-run", *argv, "--image", "x"])
+    assert code == 2 and err.startswith(f"slurm-multi: {says}") and len(err.splitlines()) == 1, err
+
+
+def test_a_node_count_with_a_leading_zero_is_that_count(tmp_path):
+    code, _, err, v = plan(tmp_path, ["--dry-run", "-N", "03", "--ntasks-per-node", "02", "--runtime", "none",
+                                      "--", "true"])  # fmt: skip
+    assert code == 0, err
+    assert v["PLAN_NNODES"] == "3" and v["SM_NTASKS_PER_NODE"] == "2"

@@ -441,6 +441,7 @@ def test_a_job_without_a_manifest_model_writes_nothing_and_says_so_in_one_line(t
             "results: {tmp}/jobs/1/perf.csv does not exist; run `slurm-multi results collect",
         ),
         (("{tmp}/jobs/1", "--perf-csv", "{tmp}"), "is a directory; pass the perf.csv file"),
+        (("{tmp}/jobs/1", "--perf-csv", ""), "--perf-csv '': an empty path; pass the perf.csv file"),
         (("{tmp}/jobs/1", "--perf-csv", "{tmp}/no/dir/perf.csv"), "directory {tmp}/no/dir does not exist"),
     ],
 )

@@ -301,3 +301,118 @@ def test_the_plan_and_madengine_count_the_ranks_per_node_with_the_settings_rule(
 
     assert plan.tasks_per_node is table.tasks_per_node
     assert madengine.tasks_per_node is table.tasks_per_node
+
+
+# ---- numbers bash can count, and empty values ------------------------------------------------------
+
+
+@pytest.mark.parametrize("name, flag", [("SM_TIMEOUT", "--timeout"), ("SM_MAX_REQUEUES", "--max-requeues"),
+                                        ("SM_NTASKS_PER_NODE", "--ntasks-per-node"),
+                                        ("SM_STOP_GRACE", "--stop-grace")])  # fmt: skip
+def test_a_number_with_leading_zeros_reaches_bash_as_bash_reads_it(name, flag):
+    # bash reads 08 as a bad octal number: `((SM_TIMEOUT > 0))` in an if was quietly false (no time
+    # limit), `attempt >= SM_MAX_REQUEUES` never true (requeues without end).
+    assert check({}, [flag, "08", "--runtime", "none"]).values[name] == "8"
+    assert check({name: "0012"}, ["--runtime", "none"]).values[name] == "12"
+    text = table.env_exports(check({}, [flag, "009", "--runtime", "none"]))
+    assert f"declare -gx {name}=9\n" in text
+
+
+@pytest.mark.parametrize("value", ["٣", "²", "1e3", "+5", " 5", "5 "])
+def test_a_number_is_ascii_digits_only(value):
+    with pytest.raises(SettingsError) as err:
+        check({}, ["--hang-timeout", value])
+    assert str(err.value).startswith(f"--hang-timeout '{value}': expected a whole number of seconds")
+
+
+def test_a_number_past_any_sensible_bound_is_refused_before_bash_overflows_on_it():
+    with pytest.raises(SettingsError) as err:
+        check({}, ["--stop-grace", "99999999999999999999"])
+    assert str(err.value) == (
+        "--stop-grace '99999999999999999999': expected a whole number of seconds, 0 or more, "
+        "at most 1000000000"
+    )
+    assert check({}, ["--stop-grace", "1000000000"]).values["SM_STOP_GRACE"] == "1000000000"
+
+
+@pytest.mark.parametrize("flag", ["--runtime", "--timeout", "--out", "--hang-timeout", "--collect",
+                                  "--nsys-path", "--image-cache", "--on-bad-node", "--profile"])  # fmt: skip
+def test_an_option_typed_empty_is_refused_where_empty_is_no_value(flag):
+    for argv in ([flag, ""], [f"{flag}="]):
+        with pytest.raises(SettingsError) as err:
+            check({}, argv)
+        assert str(err.value).startswith(f"{flag} '': an empty value; give ")
+        assert str(err.value).endswith(f"or drop {flag} for its default")
+
+
+def test_an_empty_value_that_means_something_is_taken_and_an_empty_variable_is_unset():
+    assert check({}, ["--model-args", ""]).values["SM_MODEL_ARGS"] == ""
+    assert check({}, ["--profile-tool-options="]).values["SM_PROFILE_TOOL_OPTIONS"] == ""
+    assert check({"SM_RUNTIME": ""}).values["SM_RUNTIME"] == "docker"  # an empty variable: unset
+
+
+@pytest.mark.parametrize("image", ["--privileged", "-v/:/host", "a b", "a\nb", "a\tb"])
+def test_an_image_that_would_be_read_as_a_docker_option_or_two_words_is_refused(image):
+    for flag in ("--image", "--container-image"):
+        with pytest.raises(SettingsError) as err:
+            check({}, [flag, image])
+        assert "not an image reference" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_values_the_nodes_would_refuse_are_refused_by_the_plan():
+    with pytest.raises(SettingsError, match=r"^--image-transport cache needs --image-cache DIR"):
+        check({}, ["--image-transport", "cache"])
+    cached = check({}, ["--image-transport", "cache", "--image-cache", "/c"])
+    assert cached.values["SM_IMAGE_TRANSPORT"] == "cache"
+    assert check({}, ["--image-transport", "cache", "--runtime", "none"], command=True)
+    # The quarantine's own bound, said before the job instead of after it.
+    with pytest.raises(SettingsError, match=r"^--quarantine-hours '87841': expected at most 87840 hours$"):
+        check({}, ["--quarantine-hours", "87841"])
+    assert check({}, ["--quarantine-hours", "87840"]).values["SM_QUARANTINE_HOURS"] == "87840"
+
+
+def test_on_bad_node_is_not_called_useless_with_fitness_off_it_still_acts_on_nodes_lost_in_the_run():
+    warnings = table.unused(resolved({"SM_IMAGE": "x"}, ["--fitness", "off", "--on-bad-node", "requeue",
+                                                         "--fitness-timeout", "5"]))  # fmt: skip
+    assert not any("--on-bad-node" in w for w in warnings)
+    assert any(w.startswith("--fitness-timeout 5 does nothing with --fitness off") for w in warnings)
+
+
+@pytest.mark.parametrize("path, says", [
+    ("/nonexistent/x.sh", "cannot write /nonexistent/x.sh: no such file"),
+    ("", "FILE '': give the path"),
+    ("-", "FILE '-': give the path"),
+])  # fmt: skip
+def test_settings_env_into_a_file_it_cannot_write_is_one_line(tmp_path, path, says):
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "py")}
+    proc = subprocess.run([sys.executable, "-m", "slurm_multi", "settings", "env", path], env=env,
+                          cwd=tmp_path, capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
+    assert proc.stderr.startswith(f"slurm-multi: settings env: {says}")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_model_args_that_cannot_be_split_name_the_option_not_the_manifest():
+    with pytest.raises(SettingsError) as err:
+        check({}, ["--model-args", "'unbalanced"])
+    assert str(err.value) == (
+        '--model-args "\'unbalanced" cannot be split into words (No closing quotation); fix its quoting'
+    )
+    with pytest.raises(SettingsError, match=r"^--model-args \(from SM_MODEL_ARGS\) "):
+        check({"SM_MODEL_ARGS": 'a "b'})
+
+
+def test_the_manifest_models_options_are_named_when_there_is_no_manifest_or_a_command_replaces_it():
+    argv = ["--model-dir", "/m", "--model-args", "--steps 9", "--launcher", "torchrun",
+            "--nproc-per-node", "4", "--mad-common", "/c"]  # fmt: skip
+    warnings = table.unused(resolved({"SM_IMAGE": "x"}, argv), has_command=True)
+    for flag in ("--model-dir", "--model-args", "--launcher", "--nproc-per-node", "--mad-common"):
+        said = [w for w in warnings if w.startswith(f"{flag} ")]
+        assert len(said) == 1 and "does nothing without --manifest" in said[0], flag
+    manifest = str(ROOT / "examples" / "toy" / "build_manifest.json")
+    with_manifest = resolved({"SM_MANIFEST": manifest}, ["--model-args", "--steps 9"])
+    assert table.unused(with_manifest) == []
+    assert table.unused(with_manifest, has_command=True) == [
+        "--model-args --steps 9 does nothing with a command after -- (it runs instead of the model's "
+        "script); ignored"
+    ]

@@ -109,6 +109,8 @@ def check_target(path: PathLike) -> Path:
     """The real file to append to (a symlink's target), after the checks that need no lock."""
     # Only a symlink is resolved: a relative path stays relative, so a directory whose parents the
     # user may not search (a job dir under another user's tree) still works from inside it.
+    if not os.fspath(path):
+        raise usage_error(f"{AREA}: --perf-csv '': an empty path; pass the perf.csv file")
     if "\0" in os.fsdecode(path):
         raise usage_error(f"{AREA}: --perf-csv {path!r}: a path holds no NUL byte")
     try:
