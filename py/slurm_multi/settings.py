@@ -480,11 +480,6 @@ def validate(r: Resolved, has_command: bool = False, host: str = "") -> None:
 
 def _validate_runtime(r: Resolved) -> None:
     v = r.values
-    if v["SM_RUNTIME"] == "docker" and v["SM_IMAGE_TRANSPORT"] == "cache" and not v["SM_IMAGE_CACHE"]:
-        raise SettingsError(
-            f"{flag_of(r, 'SM_IMAGE_TRANSPORT')} cache needs --image-cache DIR (a directory every node "
-            "sees); without one, use relay or auto"
-        )
     hours = v["SM_QUARANTINE_HOURS"]
     if hours:
         from slurm_multi.quarantine import MAX_HOURS

@@ -360,11 +360,6 @@ def test_an_image_that_would_be_read_as_a_docker_option_or_two_words_is_refused(
 
 
 def test_values_the_nodes_would_refuse_are_refused_by_the_plan():
-    with pytest.raises(SettingsError, match=r"^--image-transport cache needs --image-cache DIR"):
-        check({}, ["--image-transport", "cache"])
-    cached = check({}, ["--image-transport", "cache", "--image-cache", "/c"])
-    assert cached.values["SM_IMAGE_TRANSPORT"] == "cache"
-    assert check({}, ["--image-transport", "cache", "--runtime", "none"], command=True)
     # The quarantine's own bound, said before the job instead of after it.
     with pytest.raises(SettingsError, match=r"^--quarantine-hours '87841': expected at most 87840 hours$"):
         check({}, ["--quarantine-hours", "87841"])
