@@ -27,8 +27,7 @@ job::plan() {
     util::check_python || exit 2
     log::die multi "${UTIL_ERROR}" 2
   fi
-  # shellcheck source=/dev/null
-  source "${plan}"
+  util::source "${plan}"
   rm -f "${plan}"
   # The plan ran as a click command: the interpreter has click. Every node's task trusts this (same
   # path, shared storage).
@@ -46,7 +45,7 @@ job::srun_argv() {
 job::run() {
   # The barrier's per-job secret; never printed (it travels in the environment, not in argv). Made
   # before the log filter starts, so the filter knows to mask it.
-  [[ -n ${SM_BARRIER_TOKEN:-} ]] || util::generate_token SM_BARRIER_TOKEN
+  [[ -n ${SM_BARRIER_TOKEN:+given} ]] || util::generate_token SM_BARRIER_TOKEN
   export SM_BARRIER_TOKEN
   # JOB_IMAGE (the plan's image): a worker's barrier tells rank 0 which ID of it the node holds
   # before prepare has resolved SM_IMAGE again on the node; JOB_IMAGE_LAYERS (its layers as rank 0's
@@ -545,8 +544,7 @@ job::dry_run_prepare() {
   ((${#SM_CMD[@]})) && argv+=(-- "${SM_CMD[@]}")
   util::helper "${argv[@]}" 2>/dev/null || log::die multi "${UTIL_ERROR}" 2
   cat "${dir}/secrets" >>"$1/secrets"
-  # shellcheck source=/dev/null
-  source "${dir}/context.sh"
+  util::source "${dir}/context.sh"
 }
 
 job::dry_run_plan() {
@@ -563,7 +561,7 @@ job::dry_run_plan() {
   # shellcheck disable=SC2153 # PLAN_SETTINGS_SHOWN comes from the job plan
   printf 'Settings (set, or not the default; --help lists every one)\n'
   ((${#PLAN_SETTINGS_SHOWN[@]})) && printf '  %s\n' "${PLAN_SETTINGS_SHOWN[@]}"
-  [[ -n ${SM_BARRIER_TOKEN:-} ]] || printf '  %-26s %s\n' SM_BARRIER_TOKEN '(generated per job)'
+  [[ -n ${SM_BARRIER_TOKEN:+given} ]] || printf '  %-26s %s\n' SM_BARRIER_TOKEN '(generated per job)'
   printf '  %-26s %s\n\n' "job dir" "${SM_JOBDIR}"
   job::srun_argv
   printf 'Batch step (on the first node)\n  %s\n\n' "$(log::quote "${JOB_SRUN_ARGV[@]}")"

@@ -207,8 +207,7 @@ node::stage_prepare() {
   ((${#SM_CMD[@]})) && argv+=(-- "${SM_CMD[@]}")
   util::sm_logged prepare "${argv[@]}" || rc=$?
   ((rc == 0)) || node::fail "${UTIL_ERROR}" "${rc}" || return $?
-  # shellcheck source=/dev/null
-  source "${SM_SCRATCH}/context.sh"
+  util::source "${SM_SCRATCH}/context.sh"
   [[ -n ${MASTER_PORT} ]] || export MASTER_PORT=${SM_MASTER_PORT}
 }
 
@@ -845,8 +844,7 @@ node::stage_reap() {
   log::warn reap "the task on $(hostname) ended without saving its outputs; collecting what it left"
   NODE_EXIT=137
   NODE_REASON="the sm-node task on $(hostname) died before saving its outputs (killed?); outputs recovered by the reaper"
-  # shellcheck source=/dev/null
-  [[ -f ${SM_SCRATCH}/context.sh ]] && source "${SM_SCRATCH}/context.sh"
+  [[ -f ${SM_SCRATCH}/context.sh ]] && util::source "${SM_SCRATCH}/context.sh"
   if [[ ${SM_RUNTIME} == docker ]] && run::engine -q container inspect "${name}" >/dev/null; then
     run::diagnose "${name}" "task died; container left behind"
     run::stop_container "${name}"

@@ -183,7 +183,8 @@ run::kill_tree() {
   if [[ -n ${ticks} && $(run::start_ticks "${pid}" || true) != "${ticks}" ]]; then
     return 0
   fi
-  for child in $(pgrep -P "${pid}" 2>/dev/null); do run::kill_tree "${sig}" "${child}"; done
+  # (pgrep exits 1 when there is no child: inside $(…) under errtrace that was an "error" and a call tree)
+  for child in $(pgrep -P "${pid}" 2>/dev/null || true); do run::kill_tree "${sig}" "${child}"; done
   kill "-${sig}" "${pid}" 2>/dev/null || true
 }
 
@@ -295,8 +296,7 @@ run::bare() {
   log::cmd run "${cmd[@]}"
   # The manifest's env reaches the workload only: exported in the subshell that becomes it.
   (
-    # shellcheck source=/dev/null
-    source "${SM_SCRATCH}/workload.env" || exit 2
+    util::source "${SM_SCRATCH}/workload.env" || exit 2
     cd "${RUN_WORKDIR:-${SM_SCRATCH}/output}" && SM_OUTPUT_DIR=${SM_SCRATCH}/output exec "${cmd[@]}"
   ) </dev/null &
   pid=$!
@@ -423,8 +423,7 @@ run::pyxis() {
   log::cmd run "${RUN_ARGV[@]}"
   # The manifest's env reaches the container through the step's environment (never argv).
   (
-    # shellcheck source=/dev/null
-    source "${SM_SCRATCH}/workload.env" || exit 2
+    util::source "${SM_SCRATCH}/workload.env" || exit 2
     exec "${RUN_ARGV[@]}"
   ) </dev/null &
   pid=$!

@@ -12,8 +12,7 @@ settings::resolve_env() {
   local file rc=0
   file=$(mktemp "${TMPDIR:-/tmp}/sm-settings.XXXXXX") || return 2
   util::sm settings env "${file}" || rc=$?
-  # shellcheck source=/dev/null
-  ((rc == 0)) && source "${file}"
+  ((rc == 0)) && util::source "${file}"
   rm -f "${file}"
   return "${rc}"
 }

@@ -344,6 +344,17 @@ util::first_node() {
   util::reply "${1:-}" "${_first}"
 }
 
+# util::source FILE: source bash our helpers wrote (`declare -g` and `export` lines: the plan, the
+# settings, a node's context, the workload's env) with xtrace off. SM_DEBUG=1 traces every line we
+# run, and a sourced `declare -gx SM_BARRIER_TOKEN=…` or a manifest's secret would be in the trace,
+# which no log filter masks. Its status is the source's.
+util::source() {
+  local -
+  set +x
+  # shellcheck source=/dev/null
+  source "$1"
+}
+
 # util::generate_token [VAR]: a per-job secret for the barrier (192 random bits as 48 hex characters),
 # printed or into VAR. bash's SRANDOM (5.1 and later) is the system's random source (getrandom):
 # no od and tr on the batch step's path; an older bash reads /dev/urandom with them.

@@ -106,6 +106,20 @@ setup() {
   assert_failure
 }
 
+@test "SM_DEBUG=1 traces the plan and a stage run by hand, and no secret is in the trace" {
+  export HF_TOKEN=hf_traced_secret_value SM_BARRIER_TOKEN=barrier-traced-secret-123 SM_DEBUG=1
+  run bash "${REPO_ROOT}/sbatch/multi.sbatch" --dry-run -N 2 --manifest "${REPO_ROOT}/examples/toy/build_manifest.json"
+  assert_success
+  assert_output --regexp "^\+ [a-z.-]+:[0-9]+ " # it is a trace
+  refute_output --partial hf_traced_secret_value
+  refute_output --partial barrier-traced-secret-123
+  # A stage by hand sources the settings and the context (declare -gx SM_BARRIER_TOKEN=…).
+  SM_RUNTIME=none run "${REPO_ROOT}/bin/sm-node" --jobdir "${BATS_TEST_TMPDIR}/jd" --stage run -- true
+  assert_success
+  assert_output --partial "util::source"
+  refute_output --partial barrier-traced-secret-123
+}
+
 @test "--dry-run refuses a manifest the job would refuse, exit 2, one line naming file and key" {
   echo 'not json' >bad1.json
   echo '{"built_models": [1, 2]}' >bad2.json

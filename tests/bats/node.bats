@@ -111,6 +111,19 @@ refute_container_started() {
   assert_failure 2
   assert_output --regexp "^sm-node: --from-job /nonexistent: no job.json there; give a job's dir [^$]*$"
   refute_output --partial "Usage:"
+  # Every stage the help offers (and each node log's re-run line names) is one --stage takes.
+  for s in prepare fitness image barrier run save-outputs; do
+    run "${REPO_ROOT}/bin/sm-node" --from-job /nonexistent --rank 0 --stage "${s}"
+    assert_failure 2
+    assert_output --partial "--from-job /nonexistent: no job.json there"
+  done
+  run "${REPO_ROOT}/bin/sm-node" --stage "prepare image" --jobdir /tmp/x
+  assert_failure 2
+  assert_output --partial "unknown stage 'prepare image'"
+  # A wrong SM_HOME: our one line, no bash "No such file or directory" before it.
+  SM_HOME=/nonexistent run "${REPO_ROOT}/bin/sm-node" --help
+  assert_failure 2
+  assert_output "sm-node: cannot load /nonexistent/lib/log.sh; is SM_HOME right?"
 }
 
 @test "a whole single-node task runs prepare, fitness, image, barrier, run, save-outputs and writes status.json" {
@@ -299,7 +312,7 @@ EOF
   assert_file_not_exists "${jobdir}/node_1/status.json"
   run "${REPO_ROOT}/bin/sm-node" --from-job "${jobdir}" --rank 5 --stage image
   assert_failure 2
-  assert_output --partial "rank 5 is not a rank of job 77"
+  assert_output "slurm-multi: node from-job: rank 5 is not a rank of job 77 (0..1)" # once, one line
 }
 
 @test "the helper interpreter without click is one line naming it and the fix, never a traceback" {
@@ -412,6 +425,15 @@ EOF
   local rc=0
   wait "${pid}" || rc=$?
   assert_equal "${rc}" 143
+}
+
+@test "run::kill_tree of a workload without children says nothing under the task's ERR trap (a hang's stop printed a call tree)" {
+  run bash -c 'for lib in log util run; do source "$1/lib/${lib}.sh"; done
+    log::install_err_trap
+    sleep 60 &
+    run::kill_tree TERM $!
+    wait $! || echo "ended $?"' _ "${REPO_ROOT}"
+  assert_output "ended 143"
 }
 
 # hanging_engine ANSWERED: a docker CLI that records each call in calls, answers the calls whose
