@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 RECORD = "requeue.json"
+REASON_LIMIT = 800  # a bad node's reason as stored, after masking (collect stores its own at 800 too)
 CAUSES = ("fitness", "quarantine", "run")
 _ATTEMPT_DIR = re.compile(r"attempt_(\d+)")
 
@@ -37,14 +38,17 @@ class AttemptError(ValueError):
 
 def record(attempt: int, cause: str, after_s: int, excluded: str, bad: Sequence[str], now: float | None = None
            ) -> dict[str, Any]:  # fmt: skip
-    """The record of attempt index `attempt` (0-based); `bad` holds `<node>\\t<reason>` entries."""
+    """The record of attempt index `attempt` (0-based); `bad` holds `<node>\\t<reason>` entries.
+    Each reason is stored as every reason is (secret_rule.reason_line: secrets masked, one line)."""
+    from slurm_multi.secret_rule import reason_line
+
     if cause not in CAUSES:
         raise AttemptError(f"cause '{cause}' is not one of {', '.join(CAUSES)}")
     nodes = []
     for entry in bad:
         node, _, reason = entry.partition("\t")
         if node:
-            nodes.append({"node": node, "reason": reason or "(no reason given)"})
+            nodes.append({"node": node, "reason": reason_line(reason, REASON_LIMIT) or "(no reason given)"})
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if now is None else now))
     return {
         "attempt": attempt + 1,
@@ -64,7 +68,9 @@ def write(path: str, document: dict[str, Any]) -> None:
 
 
 def earlier(jobdir: str) -> tuple[list[dict[str, Any]], list[str]]:
-    """Every earlier attempt's record, oldest first, and a warning per unreadable one."""
+    """Every earlier attempt's record, oldest first, and a warning per unreadable one. Each bad node's
+    reason is masked again as it is read (the record may be older than the rule, or the secret
+    newer than the record): what collect copies into summary.json shows no secret."""
     found: list[tuple[int, str]] = []
     try:
         names = os.listdir(jobdir)
@@ -86,5 +92,15 @@ def earlier(jobdir: str) -> tuple[list[dict[str, Any]], list[str]]:
             continue
         if isinstance(document, dict):
             document["dir"] = name
+            _mask_reasons(document)
             out.append(document)
     return out, warnings
+
+
+def _mask_reasons(document: dict[str, Any]) -> None:
+    from slurm_multi.secret_rule import reason_line
+
+    bad = document.get("bad_nodes")
+    for entry in bad if isinstance(bad, list) else []:
+        if isinstance(entry, dict) and isinstance(entry.get("reason"), str):
+            entry["reason"] = reason_line(entry["reason"], REASON_LIMIT)

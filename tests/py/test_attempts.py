@@ -55,3 +55,27 @@ def test_bad_arguments_are_one_line_exit_2_and_write_nothing(tmp_path: Path, arg
     assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
     assert not (tmp_path / "attempt_0" / "requeue.json").exists()
     assert json.dumps(attempts.record(0, "fitness", 1, "", [])["bad_nodes"]) == "[]"
+
+
+def test_a_reason_is_stored_and_listed_with_its_secrets_masked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = "pw_zz_secret_991"
+    (tmp_path / "attempt_0").mkdir()
+    done = subprocess.run(
+        [sys.executable, "-m", "slurm_multi", "job", "record-attempt", "--",
+         str(tmp_path / "attempt_0" / "requeue.json"), "0", "run", "5", "node2",
+         f"node2\tleaked {secret}\nx"],
+        capture_output=True, text=True, env={"PYTHONPATH": str(REPO / "py"), "DB_PASSWORD": secret},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    stored = (tmp_path / "attempt_0" / "requeue.json").read_text()
+    assert secret not in stored and json.loads(stored)["bad_nodes"][0]["reason"] == "leaked *** x"
+    # a record written before the rule (or before the secret was known): masked as collect reads it
+    (tmp_path / "attempt_1").mkdir()
+    old = attempts.record(1, "run", 5, "node2", [])
+    old["bad_nodes"] = [{"node": "node2", "reason": f"leaked {secret}"}]
+    attempts.write(str(tmp_path / "attempt_1" / "requeue.json"), old)
+    monkeypatch.setenv("DB_PASSWORD", secret)
+    found, _ = attempts.earlier(str(tmp_path))
+    assert [a["bad_nodes"][0]["reason"] for a in found] == ["leaked *** x", "leaked ***"]
