@@ -95,12 +95,14 @@ def fault_command(runtime: str, scratch: str, hang_json: str, node_name: str) ->
                --hang-json node_1/hang.json
     """
     from slurm_multi.nodefault import node_fault, read_hang_fault
+    from slurm_multi.secret_rule import reason_line
+    from slurm_multi.statusfile import MAX_REASON
 
     found = read_hang_fault(hang_json) if hang_json else ""
     if not found:
         found = node_fault(os.environ, node_name or os.uname().nodename, runtime, scratch)
-    if found:
-        click.echo(found)
+    if found:  # (a hang.json is a file on the shared disk: its text is masked like any reason)
+        click.echo(reason_line(found, MAX_REASON))
 
 
 @cli.command("from-job", short_help="Restore a finished job's settings for a rank.")

@@ -156,7 +156,7 @@ def status_document(
         STAGES: table,
     }
     if node_fault:
-        document[NODE_FAULT] = " ".join(node_fault.split())
+        document[NODE_FAULT] = reason_line(node_fault, MAX_REASON)  # as the reason: text we did not write
     return document
 
 

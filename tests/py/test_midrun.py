@@ -338,6 +338,26 @@ def test_status_json_carries_the_node_fault_only_when_there_is_one(tmp_path: Pat
     )
 
 
+def test_a_node_fault_is_printed_and_stored_with_its_secrets_masked(tmp_path: Path) -> None:
+    # hang.json is a file on the shared disk and --node-fault text we did not write: masked as a reason
+    (tmp_path / "hang.json").write_text(json.dumps({"node_fault": "disk dead awsSECRETvalue12345"}))
+    env = {**ENV, "AWS_SECRET_ACCESS_KEY": "awsSECRETvalue12345", "API_TOKEN": "tok_abcdef_123456"}
+    printed = subprocess.run(
+        [sys.executable, "-m", "slurm_multi", "node", "fault", "--runtime", "none", "--hang-json",
+         str(tmp_path / "hang.json")], capture_output=True, text=True, env=env,
+    )  # fmt: skip
+    assert printed.returncode == 0 and printed.stdout == "disk dead ***\n", printed.stderr
+    path = tmp_path / "node_1" / "status.json"
+    stored = subprocess.run(
+        [sys.executable, "-m", "slurm_multi", "node", "status", "--file", str(path), "--rank", "1", "--node",
+         "node2", "--exit-code", "1", "--node-fault", "docker down tok_abcdef_123456"],
+        capture_output=True, text=True, env=env,
+    )  # fmt: skip
+    assert stored.returncode == 0, stored.stderr
+    assert "tok_abcdef" not in path.read_text()
+    assert json.loads(path.read_text())["node_fault"] == "docker down ***"
+
+
 class StuckTarget:
     """A workload that is alive and never moves (the hang watch's Target, without a process)."""
 
