@@ -93,7 +93,12 @@ run::diagnose_host() {
   timeout 10 ps -eo pid,ppid,stat,etime,rss,args --sort=-rss 2>&1 | head -n 60 >"${dir}/host-processes.txt" || true
   [[ -f ${SM_NODE_LOG:-} ]] && tail -n 100 "${SM_NODE_LOG}" >"${dir}/node-log-tail.txt" 2>/dev/null
   for f in "${dir}"/*.txt; do
-    util::redact --secrets-file "${SM_SCRATCH}/secrets" <"${f}" >"${f}.r" 2>/dev/null && mv -f "${f}.r" "${f}"
+    if util::redact --secrets-file "${SM_SCRATCH}/secrets" <"${f}" >"${f}.r" 2>/dev/null; then
+      mv -f "${f}.r" "${f}"
+    else # (a secrets file it cannot read): never kept unfiltered, it may hold a secret
+      rm -f "${f}.r"
+      echo "(not kept: the log filter could not run on it)" >"${f}"
+    fi
   done
   return 0
 }

@@ -37,6 +37,16 @@ Example: docker logs job-1-r0 2>&1 | slurm-multi redact >node.log
     help="Also mask the values listed in PATH (one per line); re-read whenever it changes.",
 )
 def cli(secrets_file: str | None) -> None:
+    if secrets_file:  # not there yet is fine (a node writes it later); there and unreadable is not
+        from slurm_multi.common import usage_error
+        from slurm_multi.secret_rule import secrets_file_error
+
+        try:
+            read_secrets_file(secrets_file)
+        except OSError as exc:
+            raise usage_error(
+                f"redact: --secrets-file {secrets_file}: cannot read it ({secrets_file_error(exc)})"
+            ) from None
     sys.stdout.flush()
     try:
         filter_stdio(os.environ, secrets_file, sys.stdin.buffer, sys.stdout.buffer)

@@ -100,16 +100,37 @@ _LISTED: dict[str, tuple[tuple[float, int], list[str]]] = {}  # path -> ((mtime,
 
 
 def _listed_secrets(path: str) -> list[str]:
-    """read_secrets_file, read again only when the file changed (a stat per call)."""
+    """read_secrets_file, read again only when the file changed (a stat per call). A file that is
+    there but cannot be read is said once on stderr (a helper masking a reason must not fail its
+    work for it: the reason is still masked with the environment's secrets and those read before)."""
     try:
         info = os.stat(path)
-    except OSError:
+    except FileNotFoundError:
         return []
+    except OSError as exc:
+        _warn_unreadable(path, exc)
+        return _LISTED[path][1] if path in _LISTED else []
     stamp = (info.st_mtime, info.st_size)
     known = _LISTED.get(path)
     if known is None or known[0] != stamp:
-        known = _LISTED[path] = (stamp, read_secrets_file(path))
+        try:
+            known = _LISTED[path] = (stamp, read_secrets_file(path))
+        except OSError as exc:
+            _warn_unreadable(path, exc)
+            return known[1] if known is not None else []
     return known[1]
+
+
+_WARNED: set[str] = set()  # the secrets files already said to be unreadable (once each)
+
+
+def _warn_unreadable(path: str, exc: OSError) -> None:
+    if path not in _WARNED:
+        _WARNED.add(path)
+        from slurm_multi.logline import talk
+
+        talk("redact", f"warning: cannot read secrets file {path} ({secrets_file_error(exc)}); "
+             "its values are not masked")  # fmt: skip
 
 
 SECRETS_FILE_ENV = "SM_SECRETS_FILE"  # the node task's secrets list (lib/node.sh exports it)
@@ -125,34 +146,58 @@ def reason_line(text: str, limit: int = 400, env: Mapping[str, str] | None = Non
 
 
 def read_secrets_file(path: str) -> list[str]:
-    """Extra secret values, one per line (written by a node after it restores its manifest)."""
+    """Extra secret values, one per line (written by a node after it restores its manifest). A file
+    not there (yet) lists none; one that is there and cannot be read (a directory, no permission)
+    raises its OSError: each caller decides (the redact command refuses it, a running filter warns)."""
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
             return [line.rstrip("\n") for line in handle if len(line.rstrip("\n")) >= MIN_SECRET_LEN]
-    except OSError:
+    except FileNotFoundError:
         return []
 
 
+def secrets_file_error(exc: OSError) -> str:
+    """An OSError of a secrets file's in a few words (its strerror: never the file's content)."""
+    return exc.strerror or type(exc).__name__
+
+
 class Redactor:
-    """Masks the environment's secrets plus those in a secrets file, re-read whenever it changes."""
+    """Masks the environment's secrets plus those in a secrets file, re-read whenever it changes.
+
+    A secrets file that is there and cannot be read raises its OSError at the start (the redact
+    command refuses it in one line); once running, the filter of a job's log never dies for it: it
+    says so once on stderr and goes on with the values it read before."""
 
     def __init__(self, env: Mapping[str, str], secrets_file: str | None = None) -> None:
         self._base = secret_values(env)
         self._file = secrets_file
         self._stamp: tuple[float, int] | None = None
         self._secrets = list(self._base)
+        self._refresh(strict=True)
 
-    def _refresh(self) -> None:
+    def _refresh(self, strict: bool = False) -> None:
         if not self._file:
             return
         try:
             st = os.stat(self._file)
-        except OSError:
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            if strict:
+                raise
+            _warn_unreadable(self._file, exc)
             return
         stamp = (st.st_mtime, st.st_size)
         if stamp != self._stamp:
+            try:
+                listed = read_secrets_file(self._file)
+            except OSError as exc:
+                if strict:
+                    raise
+                _warn_unreadable(self._file, exc)
+                return
             self._stamp = stamp
-            values = set(self._base) | set(read_secrets_file(self._file))
+            values = set(self._base) | set(listed)
             self._secrets = sorted(values, key=len, reverse=True)
 
     def __call__(self, text: str) -> str:

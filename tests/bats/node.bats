@@ -544,6 +544,20 @@ with_run_lib() {
   assert_not_exists "${TMPDIR}/slurm-multi.77.r0"
 }
 
+@test "run::diagnose_host never keeps a snapshot unfiltered: when the log filter refuses, the file says so instead" {
+  # An unreadable secrets file (here a directory) makes the filter refuse in one line; the snapshot
+  # it could not filter was kept as it was, secrets and all.
+  mkdir -p "${BATS_TEST_TMPDIR}/diag" "${BATS_TEST_TMPDIR}/scr/secrets"
+  echo "pw tok_diag_secret_77" >"${BATS_TEST_TMPDIR}/diag/extra.txt"
+  export API_TOKEN=tok_diag_secret_77 SM_SCRATCH="${BATS_TEST_TMPDIR}/scr" SM_NODE_LOG=
+  with_run_lib "run::diagnose_host '${BATS_TEST_TMPDIR}/diag'"
+  assert_success
+  run grep -rlF "tok_diag_secret_77" "${BATS_TEST_TMPDIR}/diag"
+  assert_output ""
+  run cat "${BATS_TEST_TMPDIR}/diag/extra.txt"
+  assert_output "(not kept: the log filter could not run on it)"
+}
+
 @test "a scratch dir another user made first ends the task with the cause in status.json, for the batch step to name" {
   # The name is predictable; the task refuses it (never a secret in someone else's dir) and says why,
   # and the batch step names it without quarantining the node (slurm_multi.fitness.verdict: no evidence).

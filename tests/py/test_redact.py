@@ -141,3 +141,51 @@ def test_secrets_held_masks_with_the_values_read_once_and_lets_go_on_the_way_out
     assert short("hunter2-value") == "***" and len(reads) == 2  # outside: the environment as it is now
     monkeypatch.setenv("SM_T_API_KEY", "another-value")
     assert short("hunter2-value another-value") == "hunter2-value ***"
+
+
+def test_a_secrets_file_that_is_there_and_unreadable_is_refused_in_one_line_not_ignored(tmp_path) -> None:  # noqa: ANN001
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "py")}
+    (tmp_path / "listed").mkdir()  # (a directory: root reads any file, so no mode makes one unreadable here)
+    argv = [sys.executable, "-m", "slurm_multi", "redact", "--secrets-file"]
+    proc = subprocess.run([*argv, str(tmp_path / "listed")], input="a listed_secret_value\n",
+                          env=env, capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines() == [
+        f"slurm-multi: redact: --secrets-file {tmp_path / 'listed'}: cannot read it (Is a directory)"
+    ]
+    # A file not there yet is the node's (it writes it once it knows its manifest's secrets).
+    proc = subprocess.run(
+        [*argv, str(tmp_path / "later")], input="a b\n", env=env, capture_output=True, text=True
+    )
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "a b\n", "")
+
+
+def test_a_running_filter_never_dies_for_its_secrets_file_it_warns_once_and_keeps_what_it_read(
+    tmp_path,
+    capsys,  # noqa: ANN001
+) -> None:
+    from slurm_multi import secret_rule
+
+    path = tmp_path / "secrets"
+    path.write_text("literal_from_manifest\n")
+    redactor = Redactor({"HF_TOKEN": "hf_from_env"}, str(path))
+    assert redactor("hf_from_env literal_from_manifest") == "*** ***"
+    path.unlink()
+    path.mkdir()  # there, and no longer readable
+    for _ in range(3):
+        assert redactor("hf_from_env literal_from_manifest") == "*** ***"
+    warned = capsys.readouterr().err.splitlines()
+    assert len(warned) == 1 and f"cannot read secrets file {path} (Is a directory)" in warned[0]
+    # A helper's masking (SM_SECRETS_FILE) says it once too, and still masks the environment's.
+    listed = tmp_path / "other"
+    listed.mkdir()
+    env = {"SM_SECRETS_FILE": str(listed), "DB_PASSWORD": "pw_from_env"}
+    assert secret_rule.masked("x pw_from_env", env) == "x ***"
+    assert secret_rule.masked("x pw_from_env", env) == "x ***"
+    warned = capsys.readouterr().err.splitlines()
+    assert len(warned) == 1 and f"cannot read secrets file {listed}" in warned[0]
