@@ -145,6 +145,15 @@ def reason_line(text: str, limit: int = 400, env: Mapping[str, str] | None = Non
     return short(" ".join(masked(str(text), env).split()), limit)
 
 
+def shown_name(name: str, env: Mapping[str, str] | None = None) -> str | None:
+    """`name` when a message may show it: an environment variable's name ([A-Za-z_][A-Za-z0-9_]*)
+    holding no secret value. None for anything else: an option that wants a variable's NAME (as
+    --token-env) may have been given the value itself, and saying it back would print a secret."""
+    if not (name.isascii() and name.isidentifier()) or masked(name, env) != name:
+        return None
+    return name
+
+
 def read_secrets_file(path: str) -> list[str]:
     """Extra secret values, one per line (written by a node after it restores its manifest). A file
     not there (yet) lists none; one that is there and cannot be read (a directory, no permission)

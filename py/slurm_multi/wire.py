@@ -254,6 +254,13 @@ def parse_reply(line: bytes | str, token: str, challenge: str, nonce: str) -> Re
 
 def read_token(env_name: str) -> str:
     """The barrier token from `$env_name`; it never travels in argv and is never printed."""
+    from slurm_multi.secret_rule import shown_name
+
+    if shown_name(env_name) is None:  # the token itself where its name goes: never said back
+        raise usage_error(
+            "barrier: --token-env is not an environment variable name; pass the NAME of the variable "
+            "that holds the job's barrier token, not the token"
+        )
     value = os.environ.get(env_name, "")
     if not value:
         raise usage_error(

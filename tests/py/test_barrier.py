@@ -1664,3 +1664,22 @@ def test_a_worker_dials_again_every_50th_of_a_second_while_rank_0_starts(
     monkeypatch.setattr(barrier, "QUICK_SECONDS", 0.05)
     later = dial_waits(0.6)
     assert later[0] == barrier.BACKOFF_START and max(later) >= 4 * barrier.BACKOFF_START
+
+
+@pytest.mark.parametrize(
+    "verb", ["join --rank 1 --nnodes 2", "abort --reason x", f"release --image-id sha256:{'0' * 64}"]
+)
+def test_the_token_given_where_its_name_goes_is_never_said_back(verb: str) -> None:
+    # --token-env wants the variable's NAME; given the token itself, "$<token> is not set" printed it.
+    for pasted in (
+        "3fa9c0d1e2b4a6978877665544332211",
+        "abcdefTOKENxyz",
+    ):  # not a name; a name that is the token
+        env = cli_env(SM_BARRIER_TOKEN=pasted)
+        result = slurm_multi(f"barrier {verb} --master-addr {LOOPBACK} --port 20111 --connect-timeout 1",
+                             "--token-env", pasted, env=env)  # fmt: skip
+        assert result.returncode == 2 and pasted not in result.stdout + result.stderr, result.stderr
+        assert result.stderr.splitlines() == [
+            "slurm-multi: barrier: --token-env is not an environment variable name; pass the NAME of the "
+            "variable that holds the job's barrier token, not the token"
+        ]

@@ -71,6 +71,13 @@ def test_the_token_value_is_never_shown_in_a_usage_error() -> None:
     assert "$SM_BARRIER_TOKEN is not set or not 1-64 printable ASCII characters" in result.stderr
 
 
+def test_the_token_given_where_its_name_goes_is_never_said_back() -> None:
+    for given in ("3fa9c0d1e2b4a6978877665544332211", "abcdefTOKENxyz"):
+        result = cli([*RUN, "--token-env", given], {"SM_BARRIER_TOKEN": given})
+        assert result.returncode == 2 and given not in result.stderr, result.stderr
+        assert "--token-env is not an environment variable name" in result.stderr
+
+
 def test_judge_command_prints_bad_nodes_as_tab_separated_lines_or_json(tmp_path: Path) -> None:
     for rank, report in enumerate(
         [view(0, 3, local="GPU 1 held by pid 4242 (2048 MiB) of another job"), view(1, 3)]

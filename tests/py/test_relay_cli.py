@@ -93,3 +93,11 @@ def test_send_and_recv_on_this_hosts_routable_address_deliver_the_stream(tmp_pat
         assert proc.returncode == 0, err.decode()
         assert (tmp_path / f"out{rank}").read_bytes() == payload
     assert TOKEN.encode() not in send.stderr + b"".join(errs)
+
+
+def test_the_token_given_where_its_name_goes_is_never_said_back():
+    token = "3fa9c0d1e2b4a6978877665544332211"
+    args = ["recv", "--rank", "1", "--nodes", "a,b", "--port", "30000", "--token-env", token]
+    result = run_cli(args, env={"SM_BARRIER_TOKEN": token})
+    assert result.exit_code == EXIT_USAGE and token not in result.output
+    assert "--token-env is not an environment variable name" in result.output

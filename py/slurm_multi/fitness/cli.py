@@ -42,7 +42,7 @@ from slurm_multi.fitness.verdict import (
 )
 from slurm_multi.logline import short, talk
 from slurm_multi.net import derive_ports, describe, override_ports, read_local_port_range
-from slurm_multi.secret_rule import reason_line
+from slurm_multi.secret_rule import reason_line, shown_name
 from slurm_multi.shell import write_json
 from slurm_multi.words import is_host, is_job_id, is_token
 
@@ -388,6 +388,11 @@ def parse_run(args: Any, env: Mapping[str, str]) -> Options:
         )
     token = ""
     if nnodes > 1:
+        if shown_name(args.token_env, env) is None:  # the token itself where its name goes: never said back
+            raise usage_error(
+                f"{AREA}: --token-env is not an environment variable name; pass the NAME of the variable "
+                "that holds the job token, not the token"
+            )
         token = env.get(args.token_env, "")
         if not is_token(token):
             # the value is never shown: only the variable's name
