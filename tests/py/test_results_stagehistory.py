@@ -76,3 +76,25 @@ def test_no_file_is_no_record_and_an_unreadable_one_is_one_warning(tmp_path: Pat
     assert records == [] and warnings == [
         f"{STAGES_NAME}: unreadable (Is a directory); no stage times over the runs"
     ]
+
+
+def test_a_cut_short_last_line_is_refused_as_perf_csv_is_and_a_whole_one_gets_its_newline(tmp_path: Path):
+    # The new record glued onto a cut-short last line was lost with it (the history skips the line).
+    jobdir = Path(shutil.copytree(PRIMUS_JOB, tmp_path / "4711"))
+    shared = tmp_path / "perf.csv"
+    collect(jobdir, shared)
+    path = tmp_path / STAGES_NAME
+    whole = path.read_text()
+    path.write_text(whole + '{"machine_name": "703", "model"')
+    before = (shared.read_bytes(), path.read_bytes())
+    result = CliRunner().invoke(group, ["results", "collect", str(jobdir), "--perf-csv", str(shared)])
+    assert result.exit_code == 2
+    assert result.output.splitlines()[-1] == (
+        f"slurm-multi: results: --perf-csv {shared}: {STAGES_NAME} beside it: its last line is cut short "
+        "(not a stage-times record, no newline); fix or move it aside (nothing was written)"
+    )
+    assert (shared.read_bytes(), path.read_bytes()) == before  # neither file touched
+    path.write_text(whole.rstrip("\n"))  # a whole record, only its newline missing: kept, then ours
+    collect(jobdir, shared)
+    records, warnings = read_stage_history(path)
+    assert warnings == [] and [r["machine_name"] for r in records] == ["4711", "4711"]

@@ -28,7 +28,7 @@ from slurm_multi.common import HelperError, timeout_error, usage_error
 from slurm_multi.readfile import PathLike
 from slurm_multi.results.rows import PERF_COLUMNS
 from slurm_multi.results.shared import AREA, os_error, read_at_most, write_atomic
-from slurm_multi.results.stagehistory import STAGES_NAME
+from slurm_multi.results.stagehistory import STAGES_NAME, append_lead
 from slurm_multi.results.values import as_number, format_number, relative_change
 
 ENTRY_NAME = "perf_entry.csv"
@@ -82,6 +82,7 @@ def append_perf_csv(
     target = check_target(path)
     new = [dict(zip(header, row)) for row in rows]
     with locked(target.with_name(target.name + LOCK_SUFFIX), lock_timeout):
+        lead = _stages_lead(target) if stages is not None else ""  # checked before anything is written
         existing = _read_existing(target)
         if existing is None:
             names = list(PERF_COLUMNS) + [name for name in header if name not in PERF_COLUMNS]
@@ -97,7 +98,7 @@ def append_perf_csv(
         entry = target.with_name(ENTRY_NAME)
         write_atomic(entry, _csv_text([names, *_ordered(new, names)], "\n"), _hint(target))
         if stages is not None:
-            _append(target.with_name(STAGES_NAME), stages, create=True)
+            _append(target.with_name(STAGES_NAME), lead + stages, create=True)
     return Appended(target, entry, len(new), created, added)
 
 
@@ -202,6 +203,21 @@ def _read_existing(target: Path) -> _PerfFile | None:
         header, names, [row for _, row in body], newline, text.endswith(("\n", "\r")),
         data.startswith(b"\xef\xbb\xbf"), mode,
     )  # fmt: skip
+
+
+def _stages_lead(target: Path) -> str:
+    """perf_stages.jsonl beside `target` checked as perf.csv is (stagehistory.append_lead): what
+    the new record needs before it, or the one-line refusal."""
+    path = target.with_name(STAGES_NAME)
+    try:
+        return append_lead(path)
+    except ValueError as exc:
+        raise usage_error(
+            f"{AREA}: --perf-csv {target}: {path.name} beside it: {exc}; fix or move it aside "
+            "(nothing was written)"
+        ) from None
+    except OSError as exc:
+        raise HelperError(f"{AREA}: cannot read {path}: {os_error(exc)}") from None
 
 
 def _records(text: str, target: Path) -> Iterator[tuple[int, list[str]]]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,40 @@ def _record(data: Any) -> dict[str, Any] | None:
         "verdict": str(data.get("verdict") or ""),
         "nodes": nodes,
     }
+
+
+def append_lead(path: Path) -> str:
+    """What goes before a record appended to `path`: "" when the file is not there, is empty or ends
+    with a newline; a newline when its last line is a whole record without one. ValueError when its
+    last line is cut short (not a record): the new record glued onto it would be lost with it, as
+    perf.csv's cut-short last row is refused (results.perfcsv). OSError when it cannot be read. Only
+    the last line is read (backwards, a block at a time)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return ""
+    try:
+        end = os.fstat(fd).st_size
+        tail = b""
+        while end > 0 and b"\n" not in tail:
+            start = max(0, end - TAIL_BLOCK)
+            tail = os.pread(fd, end - start, start) + tail
+            end = start
+    finally:
+        os.close(fd)
+    last = tail.rpartition(b"\n")[2]
+    if not last.strip():
+        return ""
+    try:
+        whole = _record(json.loads(last)) is not None
+    except (ValueError, RecursionError):
+        whole = False
+    if not whole:
+        raise ValueError("its last line is cut short (not a stage-times record, no newline)")
+    return "\n"
+
+
+TAIL_BLOCK = 64 * 1024
 
 
 def read_stage_history(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
