@@ -68,7 +68,8 @@ def plan_command(
 
 
 @cli.command("mark-lost", short_help="Record the ranks of dead nodes as lost.")
-@click.option("--jobdir", required=True, type=click.Path(file_okay=False))
+@click.option("--jobdir", required=True, type=click.Path(exists=True, file_okay=False),
+              help="The job's dir (it must exist: a mistyped one is refused, never made).")  # fmt: skip
 @click.option("--nodes", "node_list", required=True, help="The job's nodes, space-separated, in rank order.")
 @click.option("--tasks-per-node", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--not-responding", is_flag=True,

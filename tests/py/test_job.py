@@ -536,6 +536,7 @@ def test_mark_lost_at_teardown_records_a_node_slurm_cannot_reach(
     # Slurm kills the job as it declares the node dead; the teardown may look between the two.
     fake_scontrol(tmp_path, "'NodeName=node1 State=ALLOCATED' 'NodeName=node2 State=MIXED*'", monkeypatch)
     jobdir = tmp_path / "job"
+    jobdir.mkdir()  # (the batch step made it at the start; mark-lost makes none)
     assert watch.mark_lost(str(jobdir), ["node1", "node2"], 1) == []
     assert not (jobdir / "node_1" / "status.json").exists()
     result = CliRunner().invoke(
@@ -546,6 +547,19 @@ def test_mark_lost_at_teardown_records_a_node_slurm_cannot_reach(
     doc = json.loads((jobdir / "node_1" / "status.json").read_text())
     assert doc["status"] == "failed" and "node2 MIXED*" in doc["reason"]
     assert not (jobdir / "node_0" / "status.json").exists()
+
+
+def test_mark_lost_refuses_a_job_dir_that_is_not_there_and_makes_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A mistyped --jobdir was made, with a status.json for the dead node's ranks in it, and exit 0.
+    fake_scontrol(
+        tmp_path, "'NodeName=node1 State=DOWN+NOT_RESPONDING' 'NodeName=node2 State=IDLE'", monkeypatch
+    )
+    typo = tmp_path / "x" / "typo"
+    result = CliRunner().invoke(job.cli, ["mark-lost", "--jobdir", str(typo), "--nodes", "node1 node2"])
+    assert result.exit_code == 2 and f"Directory '{typo}' does not exist" in result.output
+    assert not (tmp_path / "x").exists()
 
 
 # ---- madengine's contract in prepare ---------------------------------------------------------------
