@@ -675,7 +675,9 @@ def remove(
         removed.extend(e.node for e in current if e.node in names and e.is_active(now))
         return [e for e in current if e.node not in names and e.is_active(now)]
 
-    if os.path.isdir(state_dir):  # no state dir: nothing is quarantined, nothing to create
+    # No state dir: nothing is quarantined, nothing to create. Anything else there (a file, a
+    # dangling link) is refused as add and list refuse it (trust), never taken as "no quarantine".
+    if os.path.lexists(state_dir):
         _update(state_dir, change, wait)
     return [name for name in names if name in removed]
 
@@ -692,7 +694,7 @@ def remove_all(
         removed.extend(e.node for e in current if e.is_active(now))
         return []
 
-    if not os.path.isdir(state_dir):
+    if not os.path.lexists(state_dir):  # (as remove: only a state dir not there is an empty one)
         return [], ""
     moved = _update(state_dir, change, wait, set_aside_broken=True, now=now)
     return removed, moved

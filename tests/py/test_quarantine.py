@@ -336,6 +336,23 @@ def test_a_file_that_cannot_be_opened_is_one_line(tmp_path: Path):
     assert str(not_a_dir) in line and "not a directory" in line
 
 
+@pytest.mark.parametrize("remove", [("node3",), ("--all",)])
+def test_remove_refuses_a_state_dir_that_is_a_file_or_a_dangling_link_as_add_and_list_do(
+    tmp_path: Path, remove: tuple[str, ...]
+):
+    # remove took any non-directory for "no state dir" and said "not quarantined: node3", exit 0.
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    line = one_line_error(person("remove", *remove, "--state-dir", str(not_a_dir)), 1)
+    assert f"--state-dir {not_a_dir} exists and is not a directory" in line
+    dangling = tmp_path / "link"
+    dangling.symlink_to(tmp_path / "nowhere")
+    for argv in (("list",), ("remove", *remove)):
+        line = one_line_error(person(*argv, "--state-dir", str(dangling)), 1)
+        assert f"cannot read the state dir {dangling}" in line
+    assert not (tmp_path / "nowhere").exists() and not_a_dir.read_text() == ""
+
+
 # ---- what is refused ---------------------------------------------------------------------------
 
 
