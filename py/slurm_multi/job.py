@@ -212,14 +212,20 @@ def record_attempt_command(
 
 
 @cli.command("stages", short_help="Print each rank's stage now.")
-@click.argument("jobdir", type=click.Path(file_okay=False))
+@click.argument("jobdir", type=click.Path(exists=True, file_okay=False))
 @click.argument("ranks", metavar="NRANKS", type=click.IntRange(min=0))
 def stages_command(jobdir: str, ranks: int) -> None:
-    """Print `node_<r>=<stage>` for each of the job's NRANKS ranks, from their stage events.
+    """Print `node_<r>=<stage>` for each of the job's NRANKS ranks, from their stage events. JOBDIR
+    must exist (a mistyped one showed every rank `starting`); NRANKS is at most a plan's node limit.
 
     \b
     Example: slurm-multi job stages /shared/out/toy_model/57 2
     """
+    from slurm_multi.common import usage_error
     from slurm_multi.events import node_stage
+    from slurm_multi.plan import MAX_NODES
+
+    if ranks > MAX_NODES:  # a typo, not a job: 10**7 ranks took minutes and a GiB to print
+        raise usage_error(f"job stages: NRANKS {ranks} is more than a job has (at most {MAX_NODES})")
 
     click.echo(" ".join(f"node_{r}={node_stage(jobdir, r)}" for r in range(ranks)))

@@ -79,6 +79,19 @@ def test_the_watch_and_the_demo_read_the_same_stages(tmp_path: Path):
     assert bad.returncode == 2 and "Missing argument 'NRANKS'" in bad.stderr
 
 
+def test_job_stages_refuses_a_job_dir_not_there_and_more_ranks_than_a_job_has(tmp_path: Path):
+    # A mistyped dir printed every rank `starting`, exit 0; NRANKS 10**7 ran for minutes on a GiB.
+    env = dict(os.environ, PYTHONPATH=str(Path(events.__file__).parents[1]))
+    stages = [sys.executable, "-m", "slurm_multi", "job", "stages"]
+    for argv, said in (
+        ([str(tmp_path / "typo"), "2"], f"Directory '{tmp_path / 'typo'}' does not exist"),
+        ([str(tmp_path), "99999999999"], "NRANKS 99999999999 is more than a job has (at most 100000)"),
+    ):
+        done = subprocess.run([*stages, *argv], capture_output=True, text=True, env=env, check=False)
+        assert (done.returncode, done.stdout) == (2, "") and len(done.stderr.splitlines()) == 1
+        assert said in done.stderr, done.stderr
+
+
 # ---- the line format -----------------------------------------------------------------------------
 
 
