@@ -321,8 +321,10 @@ util::now() { util::reply "${1:-}" "${EPOCHREALTIME/[.,]/}"; }
 util::reply() { if [[ -n $1 ]]; then printf -v "$1" '%s' "$2"; else printf '%s' "$2"; fi; }
 
 # util::elapsed START [VAR]: seconds since START (from util::now), two decimals, printed or into VAR.
+# A wall clock stepped back since START counts 0 (it printed "-1.-20", which status.json refuses).
 util::elapsed() {
   local _us=$((${EPOCHREALTIME/[.,]/} - $1)) _seconds
+  ((_us >= 0)) || _us=0
   printf -v _seconds '%d.%02d' "$((_us / 1000000))" "$((_us % 1000000 / 10000))"
   util::reply "${2:-}" "${_seconds}"
 }

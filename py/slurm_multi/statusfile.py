@@ -19,6 +19,7 @@ clock: slurm_multi.nodefault) also has `"node_fault": "<one line>"`; collect nam
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -145,6 +146,10 @@ def status_document(
             raise StatusError(
                 f"node status: --stage {spec!r}: seconds and exit code must be numbers"
             ) from None
+        # nan and inf are no JSON (json.dump writes NaN, which no reader takes), nor is a negative
+        # time a stage's: refused, as a cell that is not a number is
+        if not (math.isfinite(entry[SECONDS]) and entry[SECONDS] >= 0):
+            raise StatusError(f"node status: --stage {spec!r}: seconds must be a finite number 0 or more")
         table[name] = entry
     document = {
         RANK: rank,

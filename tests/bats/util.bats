@@ -205,6 +205,12 @@ status_args() {
   assert_equal "$(find "${BATS_TEST_TMPDIR}" -mindepth 1 | wc -l)" 0
 }
 
+@test "util::elapsed of a start after now (the wall clock stepped back during the stage) is 0, a time status.json takes" {
+  local t0
+  util::now t0
+  assert_equal "$(util::elapsed $((t0 + 1234567000)))" 0.00
+}
+
 @test "util::now, util::elapsed and util::first_node into a variable say what they print, without a process" {
   local t0 printed into first
   util::now t0

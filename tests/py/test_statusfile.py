@@ -132,6 +132,22 @@ def test_the_node_status_command_writes_it_and_says_what_is_wrong_in_one_line(tm
     )
 
 
+@pytest.mark.parametrize("seconds", ["nan", "inf", "-inf", "1e999", "-1", "-0.5"])
+def test_a_stage_time_that_is_not_finite_or_is_negative_is_refused_in_one_line(tmp_path: Path, seconds: str):
+    # json.dump wrote "seconds": NaN (no JSON reader takes it); inf and negatives are no stage time.
+    env = {"PYTHONPATH": str(REPO / "py"), "PATH": os.environ["PATH"]}
+    path = tmp_path / "status.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "slurm_multi", "node", "status", "--file", str(path), "--rank", "1", "--node",
+         "node2", "--exit-code", "0", "--stage", f"run:{seconds}:ok:0"],
+        env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.returncode == 2 and not path.exists()
+    assert proc.stderr.splitlines() == [
+        f"slurm-multi: node status: --stage 'run:{seconds}:ok:0': seconds must be a finite number 0 or more"
+    ]
+
+
 def test_a_dead_nodes_lost_status_is_written_here_and_judged_failed(tmp_path: Path):
     from slurm_multi import watch
 
