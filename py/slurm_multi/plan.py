@@ -302,6 +302,7 @@ def plan(
     dry = parsed.dry_run or env.get("SM_DRY_RUN") == "1"
     given_nnodes = nnodes
     nnodes = _node_count(parsed, env, dry, nnodes)
+    _check_node_names(node_list, nnodes, given_nnodes is not None, parsed, env, dry)
     resolved = table.resolve(env, parsed.given, parsed.typed)
     try:
         table.validate(resolved, has_command=bool(parsed.command))
@@ -427,6 +428,28 @@ def _node_count(parsed: Any, env: Mapping[str, str], dry: bool, given: int | Non
         )
     text = parsed.nodes or in_job or ("2" if dry else "1")
     return int(text) if DIGITS.fullmatch(text) and int(text) >= 1 else 1
+
+
+def _check_node_names(
+    node_list: str, nnodes: int, given: bool, parsed: Any, env: Mapping[str, str], dry: bool
+) -> None:
+    """--nodes names one node per rank of the job's count (--nnodes, or the allocation's outside a
+    dry run): job.json and PLAN_NNODES told two different jobs otherwise. A count that is only a
+    default (none given, none in the environment) is not checked against it."""
+    names = node_list.split()
+    if not names:
+        return
+    if given:
+        source = "--nnodes"
+    elif env.get("SLURM_JOB_NUM_NODES") and not dry and not parsed.nodes:
+        source = "SLURM_JOB_NUM_NODES"
+    else:
+        return
+    if len(names) != nnodes:
+        raise usage_error(
+            f"{AREA}: --nodes names {len(names)} node(s) but the job has {nnodes} ({source}); "
+            "give one name per node, in rank order"
+        )
 
 
 def _node_count_source(parsed: Any, env: Mapping[str, str], dry: bool, given: int | None) -> str:

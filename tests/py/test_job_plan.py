@@ -281,3 +281,30 @@ def test_a_node_count_with_a_leading_zero_is_that_count(tmp_path):
                                       "--", "true"])  # fmt: skip
     assert code == 0, err
     assert v["PLAN_NNODES"] == "3" and v["SM_NTASKS_PER_NODE"] == "2"
+
+
+@pytest.mark.parametrize(
+    ("before", "env", "source"),
+    [
+        (["--job-id", "9", "--nnodes", "3", "--write"], {}, "--nnodes"),
+        ([], {"SLURM_JOB_ID": "9", "SLURM_JOB_NUM_NODES": "3"}, "SLURM_JOB_NUM_NODES"),
+    ],
+)
+def test_a_node_list_of_another_length_than_the_job_is_refused_and_writes_nothing(
+    tmp_path, before, env, source
+):
+    # PLAN_NNODES=3 with two names (and job.json so) was planned, exit 0.
+    emit = tmp_path / "plan.sh"
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SM_", "SLURM_", "MAD_"))}
+    base.update(PYTHONPATH=str(ROOT / "py"), **env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "slurm_multi", "job", "plan", "--batch-args", "--emit", str(emit), *before,
+         "--nodes", "n1 n2", "--submit-dir", str(tmp_path), "--", "--image", "x",
+         "--out", str(tmp_path / "out")],
+        env=base, capture_output=True, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 2 and proc.stderr.splitlines() == [
+        f"slurm-multi: job: --nodes names 2 node(s) but the job has 3 ({source}); give one name per node, "
+        "in rank order"
+    ]
+    assert not emit.exists() and not (tmp_path / "out").exists()
