@@ -93,8 +93,9 @@ def derive_ports(master_port: int, job_id: int, local_range: tuple[int, int], co
 
 
 def override_ports(port: int, count: int = 4) -> list[int]:
-    """An explicit first port followed by its successors (wrapping to 1024 past 65535)."""
-    return [p if p <= 65535 else p - 65536 + 1024 for p in range(port, port + count)]
+    """An explicit first port followed by its successors (wrapping to 1024 past 65535, as often as
+    it takes: the relay moves a rank's first port by rank x count, which may pass 65535 many times)."""
+    return [p if p <= 65535 else 1024 + (p - 65536) % (65536 - 1024) for p in range(port, port + count)]
 
 
 def candidate_ports(

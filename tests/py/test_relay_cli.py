@@ -101,3 +101,14 @@ def test_the_token_given_where_its_name_goes_is_never_said_back():
     result = run_cli(args, env={"SM_BARRIER_TOKEN": token})
     assert result.exit_code == EXIT_USAGE and token not in result.output
     assert "--token-env is not an environment variable name" in result.output
+
+
+@pytest.mark.parametrize("rank", ["16000", "99999999", str(10**30)])
+def test_port_prints_ports_for_any_rank_it_takes(rank: str):
+    # --port P gives rank r the ports from P + r*count: past 65535 more than once, they wrapped once
+    # and printed 400000484 and up.
+    result = run_cli(["port", "--rank", rank, "--port", "65000", "--count", "4"])
+    assert result.exit_code == 0, result.output
+    ports = [int(x) for x in result.output.split()]
+    assert len(ports) == 4 and all(1024 <= p <= 65535 for p in ports), ports
+    assert ports == [ports[0] + i if ports[0] + i <= 65535 else ports[0] + i - 64512 for i in range(4)]
