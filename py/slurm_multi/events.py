@@ -37,7 +37,7 @@ from typing import Any
 
 from slurm_multi import statusfile
 from slurm_multi.logline import short
-from slurm_multi.readfile import read_bytes
+from slurm_multi.readfile import finite, read_bytes
 
 EVENTS_FILE = "events.log"
 # A node task's stages in the order it runs them: one owner, stages.txt beside this module, which
@@ -129,17 +129,6 @@ def read_events_file(node_dir: str, limit: int) -> tuple[str, bytes]:
         if not os.access(old, os.F_OK):
             raise
         return OLD_EVENTS_FILE, read_bytes(old, limit)
-
-
-def finite(value: Any) -> float | None:
-    """A JSON number as a finite float; None for anything else (bools, strings, inf, nan)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:
-        return None
-    return number if math.isfinite(number) else None
 
 
 _NUMBER_STARTS = tuple(bytes((c,)) for c in b"-0123456789")

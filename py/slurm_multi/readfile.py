@@ -9,6 +9,9 @@ there, IsADirectoryError for a directory (os.read raises it), PermissionError, .
 O_NONBLOCK, which a regular file ignores: a FIFO left under one of those names reads as empty
 instead of hanging the reader.
 
+`finite` is a number read from such a document as a float, when it is one: never a bool, a string,
+nan or inf, nor an integer of hundreds of digits (float() of it raises OverflowError).
+
 `read_json` is json.load of the file opened as UTF-8 text, with the same outcome: a file that is
 not UTF-8 is read again through the text layer so that the error is worded as before, and line ends
 are translated as universal newlines translate them.
@@ -17,6 +20,7 @@ are translated as universal newlines translate them.
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Any, Union
 
@@ -57,3 +61,15 @@ def read_json(path: PathLike) -> Any:
     if "\r" in text:  # what reading in text mode (universal newlines) does to line ends
         text = text.replace("\r\n", "\n").replace("\r", "\n")
     return json.loads(text)
+
+
+def finite(value: Any) -> float | None:
+    """A JSON number as a finite float; None for anything else (bools, strings, inf, nan, an integer
+    too large for a float)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None

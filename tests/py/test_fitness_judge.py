@@ -348,6 +348,20 @@ def test_two_clocks_apart_name_both_nodes() -> None:
     assert judge_reports([view(r, 2, offsets={1: 1.5}) for r in range(2)], 2) == []
 
 
+@pytest.mark.parametrize("bad", [10**400, float("inf"), float("nan")], ids=["huge", "inf", "nan"])
+def test_a_number_no_float_holds_counts_as_absent_in_a_report(bad: float) -> None:
+    """A report is another process's file: a timeout, rate or offset of 400 digits is no number."""
+    reports = [view(r, 4, rates={0: 1000 * MB, 1: 950 * MB, 2: 900 * MB, 3: 980 * MB}) for r in range(4)]
+    for report in reports:
+        report["timeout"] = bad
+        net = report["checks"]["network"]
+        net["ring"]["bytes_per_s"] = bad
+        net["offsets"] = {q: bad for q in net["offsets"]}
+        net["peers"]["3" if report["rank"] != 3 else "0"]["ring_bytes_per_s"] = bad
+    assert judge_reports(reports, 4) == []
+    assert judge(reports[0]) == []
+
+
 def write_node(
     jobdir: Path,
     rank: int,

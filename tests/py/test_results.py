@@ -570,6 +570,22 @@ def test_unreadable_node_entries_never_crash_collect(tmp_path: Path):
     ]
 
 
+@pytest.mark.parametrize(
+    "seconds",
+    [10**400, -(10**400), "1e999", "nan", True, [1]],
+    ids=["huge", "-huge", "1e999", "nan", "bool", "list"],
+)
+def test_a_stage_time_that_is_no_finite_number_is_left_out_not_a_crash(tmp_path: Path, seconds: Any):
+    status = ok_status(0, "node1")
+    status["stages"]["run"]["seconds"] = seconds
+    jobdir = make_job(tmp_path / "job", 2, csvs={0: FULL_CSV}, statuses={0: status})
+    summary = collect(jobdir)
+    assert summary.verdict == "SUCCESS"
+    assert "run" not in summary.nodes[0].stages
+    assert summary.nodes[0].stages["image"] == 1.5
+    assert summary.nodes[1].stages["run"] == 3.2
+
+
 def test_a_node_beyond_nnodes_is_judged_and_warned_about(tmp_path: Path):
     jobdir = make_job(tmp_path / "job", 3, csvs={2: FULL_CSV})
     job = json.loads((jobdir / "job.json").read_text())

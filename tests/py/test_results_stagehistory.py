@@ -69,6 +69,15 @@ def test_lines_that_are_not_records_are_warnings_and_the_rest_still_count(tmp_pa
     assert len(warnings) == 6 and warnings[-1] == f"{STAGES_NAME}: +3 more lines like these skipped"
 
 
+def test_a_stage_time_of_hundreds_of_digits_is_no_time(tmp_path: Path):
+    node = {"rank": 0, "node": "n1", "stages": {"run": 3.5, "image": 10**400}}
+    path = tmp_path / STAGES_NAME
+    record = {"machine_name": "7", "model": "m", "verdict": "SUCCESS", "nodes": [node]}
+    path.write_text(json.dumps(record) + "\n")
+    records, warnings = read_stage_history(path)
+    assert warnings == [] and records[0]["nodes"][0]["stages"] == {"run": 3.5}
+
+
 def test_no_file_is_no_record_and_an_unreadable_one_is_one_warning(tmp_path: Path):
     assert read_stage_history(tmp_path / STAGES_NAME) == ([], [])
     (tmp_path / STAGES_NAME).mkdir()

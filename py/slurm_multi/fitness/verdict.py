@@ -80,6 +80,7 @@ from typing import Any
 
 from slurm_multi.fitness.protocol import DEFAULT_TIMEOUT, MAX_REASON, one_line, ports_text
 from slurm_multi.net import secs
+from slurm_multi.readfile import finite
 from slurm_multi.shell import write_json
 from slurm_multi.words import is_host, is_rank
 
@@ -108,7 +109,7 @@ class _Report:
         local = report.get("local") if isinstance(report.get("local"), Mapping) else {}
         self.local_ok = local.get("ok") is not False
         self.local_reason = str(local.get("reason") or "local checks failed")
-        self.timeout = _float(report.get("timeout")) or DEFAULT_TIMEOUT
+        self.timeout = finite(report.get("timeout")) or DEFAULT_TIMEOUT
         checks = report.get("checks") if isinstance(report.get("checks"), Mapping) else {}
         net = checks.get("network") if isinstance(checks.get("network"), Mapping) else {}
         self.port = _int(net.get("port"), 0)
@@ -129,10 +130,10 @@ class _Report:
         errors = net.get("errors") if isinstance(net.get("errors"), Mapping) else {}
         self.errors = {_int(k, -1): str(v) for k, v in errors.items()}
         ring = net.get("ring") if isinstance(net.get("ring"), Mapping) else {}
-        self.ring_rate = _float(ring.get("bytes_per_s"))
+        self.ring_rate = finite(ring.get("bytes_per_s"))
         self.ring_cpu_bound = ring.get("cpu_bound") is True
         offsets = net.get("offsets") if isinstance(net.get("offsets"), Mapping) else {}
-        self.offsets = {_int(k, -1): _float(v) for k, v in offsets.items()}
+        self.offsets = {_int(k, -1): finite(v) for k, v in offsets.items()}
         self.offsets = {k: v for k, v in self.offsets.items() if 0 <= k < self.n and v is not None}
         peers = net.get("peers") if isinstance(net.get("peers"), Mapping) else {}
         self.peers = {_int(k, -1): v for k, v in peers.items() if isinstance(v, Mapping)}
@@ -153,7 +154,7 @@ class _Report:
         return str(self.peers.get(rank, {}).get("verdict") or "ok")
 
     def peer_rate(self, rank: int) -> float | None:
-        return _float(self.peers.get(rank, {}).get("ring_bytes_per_s"))
+        return finite(self.peers.get(rank, {}).get("ring_bytes_per_s"))
 
     def peer_cpu_bound(self, rank: int) -> bool:
         """Rank's HELLO said its ring rate was measured while it waited for a CPU (a lower bound)."""
@@ -175,12 +176,6 @@ def _int(value: Any, default: int) -> int:
         if isinstance(value, int) and not isinstance(value, bool)
         else (int(value) if isinstance(value, str) and is_rank(value) else default)
     )
-
-
-def _float(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:  # NaN
-        return None
-    return float(value)
 
 
 def _ranks(value: Any, n: int) -> set[int]:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from slurm_multi.readfile import finite
 from slurm_multi.results.jobdir import NodeReport
 from slurm_multi.results.shared import json_error, rank_label, read_json, short, utc_iso
 
@@ -99,13 +100,8 @@ class Hang:
 
 def _number(value: Any) -> float | None:
     """A JSON number as a finite float, not negative; None for anything else (true, "12", 1e999)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:  # an integer with hundreds of digits
-        return None
-    return number if math.isfinite(number) and number >= 0 else None
+    number = finite(value)
+    return number if number is not None and number >= 0 else None
 
 
 def _epoch(value: Any) -> float | None:

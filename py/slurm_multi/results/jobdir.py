@@ -4,7 +4,6 @@ job.json's full key set, model metadata from a madengine build_manifest.json."""
 
 from __future__ import annotations
 
-import math
 import os
 import re
 from collections.abc import Sequence
@@ -15,7 +14,7 @@ from typing import Any
 from slurm_multi import statusfile
 from slurm_multi.common import usage_error
 from slurm_multi.events import STAGE_ORDER
-from slurm_multi.readfile import PathLike
+from slurm_multi.readfile import PathLike, finite
 from slurm_multi.results.logscan import ErrorHit, ErrorPattern, scan_log_file
 from slurm_multi.results.shared import (
     AREA,
@@ -204,13 +203,14 @@ def as_int(value: Any) -> int | None:
 
 
 def _as_seconds(value: Any) -> float | None:
-    if isinstance(value, bool):
-        return None
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        return None
-    return round(seconds, 3) if math.isfinite(seconds) else None
+    """A stage's seconds (a JSON number, or a number in a string), rounded; None for anything else."""
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            return None
+    seconds = finite(value)
+    return round(seconds, 3) if seconds is not None else None
 
 
 def node_dirs(jobdir: Path) -> dict[int, str]:

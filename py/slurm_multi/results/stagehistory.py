@@ -17,13 +17,12 @@ a traceback.
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from slurm_multi.readfile import read_bytes
+from slurm_multi.readfile import finite, read_bytes
 from slurm_multi.results.jobdir import NodeReport
 from slurm_multi.results.shared import encode_item, os_error
 
@@ -44,10 +43,8 @@ def stage_record(job_id: str, model: str, verdict: str, nodes: Sequence[NodeRepo
 
 
 def _seconds(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    number = float(value)
-    return number if math.isfinite(number) and number >= 0 else None
+    number = finite(value)
+    return number if number is not None and number >= 0 else None
 
 
 def _record(data: Any) -> dict[str, Any] | None:
