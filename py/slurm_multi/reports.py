@@ -23,9 +23,11 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 
 from slurm_multi.common import HelperError, talk, usage_error
 from slurm_multi.shell import write_atomic
@@ -40,12 +42,16 @@ EMPTY = "empty"  # 0 bytes: never counts (nsys creates the file before it writes
 GROWING = "growing"  # non-empty, size changed less than the settle window ago
 SETTLING = "settling"  # non-empty, unchanged since first seen, but not yet for the whole window
 SETTLED = "settled"  # non-empty, unchanged for the settle window
+MAX_FLOAT_INT = int(sys.float_info.max)  # float() of a larger int raises OverflowError
 
 
 def human_bytes(size: int) -> str:
-    """12_000_000 -> '12.0 MB' (decimal units, like `ls -h --si`)."""
+    """12_000_000 -> '12.0 MB' (decimal units, like `ls -h --si`); a count too large for a float (no
+    file's: a number in a file some process left) in TB all the same."""
     if size < 1000:
         return f"{size} bytes"
+    if size >= MAX_FLOAT_INT:
+        return f"{Decimal(size) / 10**12:.1e} TB"
     value = float(size)
     for unit in ("kB", "MB", "GB", "TB"):
         value /= 1000.0

@@ -146,6 +146,11 @@ def test_human_bytes() -> None:
     assert human_bytes(3_500_000_000) == "3.5 GB"
 
 
+def test_human_bytes_of_a_count_no_float_holds_is_still_one_short_line() -> None:
+    assert human_bytes(10**15) == "1000.0 TB"
+    assert human_bytes(10**400) == "1.0e+388 TB"
+
+
 # --- wait_for_reports with a fake clock over a real directory --------------------------------------
 
 

@@ -138,6 +138,56 @@ def test_no_readable_flush_record_is_no_report_for_any_rank(tmp_path: Path, cont
     assert all(r.reason.startswith("no report: ") and FLUSH_FILE in r.reason for r in summary.profile.ranks)
 
 
+def test_a_report_size_no_file_has_counts_as_no_bytes(tmp_path: Path):
+    """profile-flush.json is another process's file: a size of 400 digits is no size (as -1 or "x")."""
+    jobdir = profiled_job(tmp_path / "77")
+    flush_record(jobdir, {0: (10**400, "settled"), 1: (600_000_000, "settled")})
+    summary = collect(jobdir)
+    assert summary.verdict == "SUCCESS", summary.reasons
+    assert summary.profile is not None and summary.profile.describe() == "profile: 2 of 2 reports (600.0 MB)"
+    assert read_summary(jobdir)["profile"]["ranks"][0]["bytes"] == 0
+
+
+@pytest.mark.parametrize("key", ["qdstrm", "reports"])
+@pytest.mark.parametrize("value", [5, "x", {"a": 1}, None])
+def test_a_flush_record_list_that_is_no_list_holds_no_entry(tmp_path: Path, key: str, value: object):
+    jobdir = profiled_job(tmp_path / "77")
+    flush_record(jobdir, {0: (600_000_000, "settled"), 1: (600_000_000, "settled")})
+    document = json.loads((jobdir / FLUSH_FILE).read_text())
+    document[key] = value
+    document["settle_seconds"] = 10**400
+    (jobdir / FLUSH_FILE).write_text(json.dumps(document))
+    summary = collect(jobdir)
+    assert summary.profile is not None
+    if key == "qdstrm":
+        assert summary.verdict == "SUCCESS" and summary.profile.complete
+    else:  # no report listed: every rank's is missing ("after the settle": its seconds are no number)
+        assert summary.verdict == "FAILURE"
+        assert [r.reason for r in summary.profile.ranks] == ["no report after the settle"] * 2
+
+
+def test_a_fifo_as_the_flush_record_is_no_record_not_a_hang(tmp_path: Path):
+    import subprocess
+    import sys
+
+    jobdir = profiled_job(tmp_path / "77")
+    os.mkfifo(jobdir / FLUSH_FILE)
+    code = "import sys; from slurm_multi.results import collect; print(collect(sys.argv[1]).verdict)"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "py")}
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(jobdir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "FAILURE"  # no record of the flush: no report for any rank
+    ranks = read_summary(jobdir)["profile"]["ranks"]
+    assert all(r["reason"].startswith("no report: ") and FLUSH_FILE in r["reason"] for r in ranks)
+
+
 def test_a_job_that_was_not_profiled_has_no_profile_section(tmp_path: Path):
     jobdir = profiled_job(tmp_path / "77", profile="none")
     summary = collect(jobdir)

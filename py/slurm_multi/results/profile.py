@@ -14,7 +14,6 @@ teardowns that killed nsys mid-write: the point of `--profile` is the reports.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Sequence
@@ -22,11 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from slurm_multi.readfile import finite, read_json
 from slurm_multi.results.jobdir import NodeReport
 from slurm_multi.results.shared import rank_label
 
 FLUSH_FILE = "profile-flush.json"  # lib/profile.sh's PROFILE_FLUSH_FILE (a test keeps them equal)
 RANK_RE = re.compile(r"_rank(\d{1,9})\.nsys-rep$")
+MAX_REPORT_BYTES = 2**63  # no file is larger (off_t): a bigger count is no size
 TRUE_WORDS = ("true", "1", "yes")
 
 
@@ -120,10 +121,10 @@ def check_profile(root: Path, job: dict[str, Any], nodes: Sequence[NodeReport]) 
         for entry in ranks.values():
             entry.reason = f"no report: {flush}"
         return ProfileCheck(kind, optional, sorted(ranks.values(), key=lambda r: r.rank), flush)
-    settle = state.get("settle_seconds")
-    settle_text = f"{settle:g} s " if isinstance(settle, (int, float)) else ""
+    settle = finite(state.get("settle_seconds"))
+    settle_text = f"{settle:g} s " if settle is not None else ""
     states: dict[int, list[str]] = {}
-    for item in state.get("reports") or []:
+    for item in _list(state, "reports"):
         if not isinstance(item, dict) or not isinstance(item.get("path"), str):
             continue
         match = RANK_RE.search(os.path.basename(item["path"]))
@@ -132,11 +133,11 @@ def check_profile(root: Path, job: dict[str, Any], nodes: Sequence[NodeReport]) 
         entry = ranks[int(match.group(1))]
         entry.reports.append(item["path"])
         size = item.get("bytes")
-        entry.bytes += size if isinstance(size, int) and size > 0 else 0
+        entry.bytes += size if isinstance(size, int) and 0 < size < MAX_REPORT_BYTES else 0
         states.setdefault(entry.rank, []).append(str(item.get("state")))
     left = {
         int(m.group(1))
-        for q in state.get("qdstrm") or []
+        for q in _list(state, "qdstrm")
         if isinstance(q, str) and (m := re.search(r"_rank(\d{1,9})\.qdstrm$", q))
     }
     for entry in ranks.values():
@@ -201,7 +202,7 @@ def _read_state(path: Path) -> tuple[dict[str, Any] | None, str]:
     from slurm_multi.reports import STATE_KIND
 
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = read_json(path)  # a FIFO under the name reads as empty (O_NONBLOCK), never hangs collect
     except FileNotFoundError:
         return None, f"the flush recorded nothing ({path.name} is missing: it never waited for reports)"
     except (OSError, ValueError, RecursionError) as exc:
@@ -209,3 +210,9 @@ def _read_state(path: Path) -> tuple[dict[str, Any] | None, str]:
     if not isinstance(data, dict) or data.get("kind") != STATE_KIND:
         return None, f"{path.name} is not a flush record"
     return data, str(data.get("summary") or ("every report settled" if data.get("ok") else ""))
+
+
+def _list(state: dict[str, Any], key: str) -> list[Any]:
+    """A list of the flush record; anything else there (a number, a string) is no entry."""
+    value = state.get(key)
+    return value if isinstance(value, list) else []
