@@ -634,6 +634,29 @@ def test_an_absurd_nnodes_is_ignored_and_derived_from_the_node_dirs(tmp_path: Pa
     assert (summary.verdict, summary.nnodes) == ("SUCCESS", 2)
 
 
+@pytest.mark.parametrize("per_node", [6, 11, 12.0, -3])  # small: safe even where the cap is missing
+def test_tasks_per_node_beyond_the_rank_cap_is_taken_as_1_with_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, per_node: float
+):
+    """job.json's tasks_per_node 1e9 once made a node name per rank (11 GB): ranks are capped as
+    nnodes is (MAX_NODES, made 10 here so that the uncapped count stays small in this test)."""
+    import importlib
+
+    collect_module = importlib.import_module("slurm_multi.results.collect")  # not the function
+    monkeypatch.setattr(collect_module, "MAX_NODES", 10)
+    jobdir = make_job(tmp_path / "job", 2, csvs={1: FULL_CSV})
+    job = json.loads((jobdir / "job.json").read_text())
+    (jobdir / "job.json").write_text(json.dumps(dict(job, tasks_per_node=per_node)))
+    summary = collect(jobdir)
+    assert (summary.verdict, [n.node for n in summary.nodes]) == ("SUCCESS", ["node1", "node2"])
+    assert [w for w in summary.warnings if "tasks_per_node" in w] == [
+        f"job.json tasks_per_node {per_node} is not a count of tasks per node (at most 10 ranks in all); "
+        "taken as 1"
+    ]
+    assert collect_module.tasks_per_node(5, 2) == 5 and collect_module.tasks_per_node("x", 2) == 1
+    assert collect_module.tasks_per_node(10**9, 2) == 1 and collect_module.tasks_per_node(1e300, 2) == 1
+
+
 # ----------------------------------------------------------------------------- summary.json, JSON reading
 
 JSON_VALUES = st.recursive(

@@ -108,8 +108,8 @@ def _collect(
         raise HelperError(f"{AREA}: cannot list {jobdir}: {os_error(exc)}") from None
     nnodes = _job_nnodes(meta, found)
     # Several tasks per node (bare metal, pyxis): every task is a rank with its own node_<rank>/.
-    per_node = as_int(meta.get("tasks_per_node")) or 1
-    expected = nnodes * per_node if 0 < per_node <= MAX_NODES else nnodes
+    per_node = tasks_per_node(meta.get("tasks_per_node"), nnodes, warnings)
+    expected = nnodes * per_node
     names = meta.get("nodes") if isinstance(meta.get("nodes"), list) else []
     if per_node > 1 and names:
         names = [name for name in names for _ in range(per_node)]
@@ -185,7 +185,7 @@ def bad_nodes_and_attempts(
     from slurm_multi.results.midrun import judge_run
 
     named = {b["node"] for b in bad}
-    per_node = as_int(job_json.get("tasks_per_node")) or 1
+    per_node = tasks_per_node(job_json.get("tasks_per_node"), max(len(hosts), 1))
     bad += [b for b in judge_run(root, nodes, hosts, per_node) if b["node"] not in named]
     return bad, earlier
 
@@ -194,6 +194,23 @@ def known_job_facts(job: dict[str, Any]) -> dict[str, Any]:
     """job.json without the keys collect does not read (`settings`, `manifest_values`, whatever a
     later version adds): only JOB_JSON_KEYS and keys named like a perf.csv column count."""
     return {key: value for key, value in job.items() if key in JOB_JSON_KEYS or key in PERF_COLUMNS}
+
+
+def tasks_per_node(value: Any, nnodes: int, warnings: list[str] | None = None) -> int:
+    """job.json's tasks_per_node when it is a count of ranks per node: at least 1, and at most
+    MAX_NODES ranks in all with `nnodes` nodes (a larger one is a typo, not a job: 1e9 would be a
+    node name per rank, gigabytes); 1 otherwise, with a warning for a number out of that range."""
+    number = as_int(value)
+    if number is None:
+        return 1
+    if 0 < number and nnodes * number <= MAX_NODES:
+        return number
+    if warnings is not None:
+        warnings.append(
+            f"job.json tasks_per_node {str(value)[:40]} is not a count of tasks per node "
+            f"(at most {MAX_NODES} ranks in all); taken as 1"
+        )
+    return 1
 
 
 def _job_nnodes(meta: dict[str, Any], found: dict[int, str]) -> int:
