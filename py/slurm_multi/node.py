@@ -28,6 +28,7 @@ from typing import Any
 from slurm_multi import shell
 from slurm_multi.common import HelperError, talk, usage_error
 from slurm_multi.context import RunContext, resolve
+from slurm_multi.logline import short
 from slurm_multi.secret_rule import MASK, is_secret_name
 
 AREA = "prepare"
@@ -515,16 +516,50 @@ def reachable_self_address(ctx: Any, env: Mapping[str, str], host: str) -> None:
 
 
 def _read_json(path: str, what: str) -> dict[str, Any]:
+    from slurm_multi.readfile import read_json
+
     try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.loads(handle.read())
+        data = read_json(path)
     except OSError as exc:
         raise usage_error(f"node from-job: cannot read {what} {path}: {exc.strerror}") from None
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise usage_error(f"node from-job: {what} {path} is not JSON ({exc})") from None
     if not isinstance(data, dict):
         raise usage_error(f"node from-job: {what} {path} is not a JSON object")
     return data
+
+
+def _bad_field(jobdir: str, key: str, value: Any, what: str) -> HelperError:
+    return usage_error(
+        f"node from-job: {jobdir}/job.json: {key} {short(json.dumps(value), 40)} is not {what}"
+    )
+
+
+def _job_list(jobdir: str, job: Mapping[str, Any], key: str, what: str) -> list[Any]:
+    """job.json's list `key` ([] when absent or empty); a usage error naming it when it is no list."""
+    value = job.get(key) or []
+    if not isinstance(value, list):
+        raise _bad_field(jobdir, key, value, what)
+    return value
+
+
+def _job_count(jobdir: str, job: Mapping[str, Any], key: str) -> int | None:
+    """job.json's node or task count (an integer, or one in digits): None when absent or 0 (the
+    caller's default); a usage error naming the field for anything but 1..MAX_NODES, the most a plan
+    takes ("x", NaN, 2.5, an object, 10**9)."""
+    from slurm_multi.plan import MAX_NODES
+
+    value = job.get(key)
+    if not value:
+        return None
+    count = value
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 9:
+        count = int(value)
+    elif isinstance(value, float) and value.is_integer():
+        count = int(value)
+    if isinstance(count, int) and not isinstance(count, bool) and 0 < count <= MAX_NODES:
+        return count
+    raise _bad_field(jobdir, key, value, f"a count from 1 to {MAX_NODES}")
 
 
 def from_job(jobdir: str, rank: int, env: Mapping[str, str]) -> str:
@@ -538,9 +573,9 @@ def from_job(jobdir: str, rank: int, env: Mapping[str, str]) -> str:
         raise usage_error(
             f"node from-job: {jobdir}/job.json has no settings (written by an older slurm-multi)"
         )
-    nodes = job.get("nodes") or []
-    nnodes = int(job.get("nnodes") or len(nodes) or 1)
-    tasks = int(job.get("tasks_per_node") or 1)
+    nodes = _job_list(jobdir, job, "nodes", "a list of host names")
+    nnodes = _job_count(jobdir, job, "nnodes") or len(nodes) or 1
+    tasks = _job_count(jobdir, job, "tasks_per_node") or 1
     if not 0 <= rank < nnodes * tasks:
         raise usage_error(
             f"node from-job: rank {rank} is not a rank of job {job.get('job_id')} (0..{nnodes * tasks - 1})"
@@ -580,7 +615,7 @@ def from_job(jobdir: str, rank: int, env: Mapping[str, str]) -> str:
     image_id = status0.image_id if status0 is not None else ""
     if image_id:
         exports["SM_IMAGE_ID"] = str(image_id)
-    command = [str(w) for w in job.get("command") or []]
+    command = [str(w) for w in _job_list(jobdir, job, "command", "a list of words")]
     if any(MASK in word for word in command):
         raise usage_error(
             "node from-job: the job's command has masked words (secrets); run the stage with -- CMD"

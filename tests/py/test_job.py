@@ -336,6 +336,59 @@ def test_from_job_restores_settings_but_not_masked_ones_and_reads_rank0s_image(t
         node.from_job(str(jobdir), 2, {})
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "said"),
+    [
+        ("nnodes", "x", 'nnodes "x" is not a count from 1 to 100000'),
+        ("nnodes", {"a": 1}, 'nnodes {"a": 1} is not a count'),
+        ("nnodes", float("nan"), "nnodes NaN is not a count"),
+        ("nnodes", 2.5, "nnodes 2.5 is not a count"),
+        ("nnodes", 10**9, "nnodes 1000000000 is not a count"),
+        ("tasks_per_node", "many", 'tasks_per_node "many" is not a count'),
+        ("tasks_per_node", -1, "tasks_per_node -1 is not a count"),
+        ("command", 5, "command 5 is not a list of words"),
+        ("command", "echo hi", 'command "echo hi" is not a list of words'),
+        ("nodes", "node1", 'nodes "node1" is not a list of host names'),
+    ],
+)
+def test_from_job_names_job_json_and_a_field_it_cannot_use(
+    tmp_path: Path, field: str, value: object, said: str
+) -> None:
+    jobdir = tmp_path / "job"
+    jobdir.mkdir()
+    job = {"job_id": "9", "nnodes": 2, "nodes": ["node1", "node2"], "command": ["true"], "settings": {}}
+    (jobdir / "job.json").write_text(json.dumps({**job, field: value}))
+    code, out, err = invoke(["node", "from-job", str(jobdir), "--rank", "0"], {})
+    assert (code, out) == (2, "")
+    assert err == f"slurm-multi: node from-job: {jobdir}/job.json: {said}" + err.split(said, 1)[1]
+    assert len(err.splitlines()) == 1 and "Traceback" not in err and "internal error" not in err
+
+
+def test_from_job_of_a_job_json_nested_too_deep_is_one_line(tmp_path: Path) -> None:
+    jobdir = tmp_path / "job"
+    jobdir.mkdir()
+    (jobdir / "job.json").write_text("[" * 100_000 + "]" * 100_000)
+    code, _, err = invoke(["node", "from-job", str(jobdir), "--rank", "0"], {})
+    assert code == 2 and err.startswith(f"slurm-multi: node from-job: job.json {jobdir}/job.json is not JSON")
+    assert len(err.splitlines()) == 1
+
+
+def test_from_job_takes_a_count_in_digits_and_no_count_as_the_default(tmp_path: Path) -> None:
+    jobdir = tmp_path / "job"
+    jobdir.mkdir()
+    job = {
+        "job_id": "9",
+        "nnodes": "2",
+        "tasks_per_node": None,
+        "nodes": None,
+        "command": None,
+        "settings": {},
+    }
+    (jobdir / "job.json").write_text(json.dumps(job))
+    text = node.from_job(str(jobdir), 1, {})
+    assert "declare -gx NNODES=2" in text and "declare -ga SM_CMD=()" in text
+
+
 # ---- job watch -----------------------------------------------------------------------------------
 
 
