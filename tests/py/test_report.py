@@ -109,6 +109,18 @@ def test_a_requeued_job_lists_its_earlier_attempt_and_links_its_files(tmp_path: 
     assert 'href="attempt_0/summary.json"' in text
 
 
+def test_a_results_csv_name_no_file_can_have_is_listed_unlinked_not_a_crash(tmp_path: Path):
+    """job.json is the job's file: a results_csv of 300 characters (ENAMETOOLONG) is a name, no file."""
+    name = "A" * 300 + ".csv"
+    jobdir = make_job(tmp_path / "job", 2, csvs={0: FULL_CSV})
+    job = json.loads((jobdir / "job.json").read_text())
+    (jobdir / "job.json").write_text(json.dumps(dict(job, results_csv=name)))
+    collect(jobdir)
+    text, dom = page_of(jobdir)
+    assert f"node_0/{name}" in dom.by_id["candidates"]
+    assert f'href="node_0/{name}"' not in text
+
+
 def test_an_incomplete_profile_is_a_reason_and_each_ranks_report_is_listed(tmp_path: Path):
     jobdir = profiled_job(tmp_path / "77")
     flush_record(jobdir, {0: (600_000_000, "settled"), 1: (0, "empty")})

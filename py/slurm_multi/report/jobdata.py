@@ -34,8 +34,10 @@ class JobData:
     prefix: str = ""  # from the page's directory to the job dir ("" when the page is in it)
 
     def present(self, name: str) -> bool:
-        """Whether the job dir has this file or directory (the page links only what is there)."""
-        return (self.root / name).exists()
+        """Whether the job dir has this file or directory (the page links only what is there). A name
+        no file can have (too long, a NUL: a results_csv of job.json) is not there: os.path.exists
+        says False for every OSError, where Path.exists raises all but ENOENT's kind."""
+        return os.path.exists(self.root / name)
 
     def link(self, name: str, text: str | None = None) -> str:
         """A relative link to the job dir's `name` from where the page is."""
