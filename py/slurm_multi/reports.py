@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 
 from slurm_multi.common import HelperError, talk, usage_error
+from slurm_multi.readfile import read_json
 from slurm_multi.shell import write_atomic
 
 QDSTRM_SUFFIX = ".qdstrm"
@@ -316,13 +317,12 @@ def read_snapshot(path: str) -> Baseline:
     """The snapshot `write_snapshot` wrote; a missing or foreign file is a one-line usage error."""
     retake = f"take it with `slurm-multi reports snapshot DIR --out {path}` before the job starts"
     try:
-        with open(path, encoding="utf-8") as handle:
-            document = json.load(handle)
+        document = read_json(path)  # (a FIFO reads as empty: not JSON, never a hang)
     except FileNotFoundError:
         raise usage_error(f"reports: --since-file {path} does not exist; {retake}") from None
     except OSError as err:
         raise usage_error(f"reports: cannot read --since-file {path}: {err.strerror}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+    except (ValueError, RecursionError) as err:  # JSONDecodeError, UnicodeDecodeError; deep nesting
         raise usage_error(f"reports: --since-file {path} is not JSON ({err}); {retake}") from None
     if not isinstance(document, dict) or document.get("kind") != SNAPSHOT_KIND:
         raise usage_error(f"reports: --since-file {path} is not a report snapshot; {retake}")
@@ -340,7 +340,7 @@ def read_snapshot(path: str) -> Baseline:
             files[name] = Stamp(
                 size=int(entry["size"]), mtime_ns=int(entry["mtime_ns"]), inode=int(entry["inode"])
             )
-        except (TypeError, KeyError, ValueError):
+        except (TypeError, KeyError, ValueError, OverflowError):  # (int() of Infinity)
             raise usage_error(
                 f"reports: --since-file {path}: entry {name!r} is malformed; {retake}"
             ) from None

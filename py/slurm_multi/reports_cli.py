@@ -7,7 +7,7 @@ import json
 
 import click
 
-from slurm_multi.common import talk, timeout_error
+from slurm_multi.common import HelperError, talk, timeout_error
 from slurm_multi.reports import (
     count_new,
     read_snapshot,
@@ -74,6 +74,7 @@ def cli() -> None:
 @click.option(
     "--state-file",
     metavar="FILE",
+    type=click.Path(dir_okay=False),  # a directory there is refused before the wait, not after it
     default=None,
     help="Also write the outcome as JSON: every new report's bytes and state (settled, growing, "
     "settling, empty) and the .qdstrm left; the job's verdict reads it.",
@@ -115,7 +116,12 @@ def wait_command(
     )
     if state_file is not None:
         document = state_document(result, directory, pattern, expect, settle_seconds)
-        write_atomic(state_file, json.dumps(document, indent=1) + "\n")
+        try:
+            write_atomic(state_file, json.dumps(document, indent=1) + "\n")
+        except OSError as err:  # as `snapshot --out` words it
+            raise HelperError(
+                f"reports: cannot write the --state-file {state_file}: {err.strerror}; check the directory"
+            ) from None
     for path in result.settled:
         click.echo(path)
     if not result.ok:

@@ -495,6 +495,54 @@ def test_a_bad_since_file_is_a_one_line_usage_error(
         assert "Traceback" not in result.output
 
 
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("[" * 100_000 + "]" * 100_000, "is not JSON (maximum recursion depth exceeded"),
+        (
+            '{"kind": "slurm-multi reports snapshot", "version": 1, '
+            '"files": {"x": {"size": Infinity, "mtime_ns": 1, "inode": 1}}}',
+            "entry 'x' is malformed",
+        ),
+    ],
+    ids=["deep", "infinity"],
+)
+def test_a_since_file_nested_too_deep_or_with_infinity_is_a_one_line_usage_error(
+    tmp_path: Path, content: str, message: str
+) -> None:
+    since = tmp_path / "baseline.json"
+    since.write_text(content)
+    for args in (
+        ["wait", str(tmp_path), "--since-file", str(since), "--timeout-seconds", "1"],
+        ["count", str(tmp_path), "--since-file", str(since)],
+    ):
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == EXIT_USAGE, result.output
+        assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+        assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_a_state_file_that_is_a_directory_is_refused_before_the_wait(tmp_path: Path) -> None:
+    (tmp_path / "state").mkdir()
+    result = wait_cli(
+        tmp_path, "--expect", "0", "--state-file", str(tmp_path / "state"), settle="0", timeout="1"
+    )
+    assert result.exit_code == EXIT_USAGE, result.output
+    assert "--state-file" in result.stderr and "is a directory" in result.stderr
+    assert "waiting for" not in result.stderr  # refused before the wait began
+
+
+def test_a_state_file_that_cannot_be_written_is_one_line_and_a_failure(tmp_path: Path) -> None:
+    state = tmp_path / "missing" / "state.json"
+    result = wait_cli(tmp_path, "--expect", "0", "--state-file", str(state), settle="0", timeout="1")
+    assert result.exit_code == 1, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"slurm-multi: reports: cannot write the --state-file {state}: No such file or directory; "
+        "check the directory"
+    )
+
+
 def test_snapshot_of_a_file_instead_of_a_directory_is_a_usage_error(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
     result = snapshot_cli(tmp_path / "s.json", tmp_path / "file")
