@@ -8,7 +8,6 @@ Exit codes: 0 released/OK, 1 aborted or failed, 2 usage or rejected by rank 0, 3
 
 from __future__ import annotations
 
-import math
 import os
 import socket
 import time
@@ -19,7 +18,7 @@ import click
 
 from slurm_multi import EXIT_OK
 from slurm_multi.barrier import BarrierServer, control, format_ranks, join, raise_nofile_limit
-from slurm_multi.common import HelperError, talk, timeout_error, usage_error
+from slurm_multi.common import FiniteFloat, HelperError, talk, timeout_error, usage_error
 from slurm_multi.layers.engine import planned_layers
 from slurm_multi.net import MAX_CANDIDATES, candidate_ports, choose_bind_address, secs
 from slurm_multi.wire import DEFAULT_TOKEN_ENV, PHASES, RELEASE_ID_MAX, read_token
@@ -32,16 +31,10 @@ def _talk(message: str) -> None:
     talk("barrier", message)
 
 
-class Seconds(click.FloatRange):
-    """click.FloatRange that refuses nan and inf too: every budget of the barrier ends."""
+class Seconds(FiniteFloat):
+    """A finite number of seconds (common.FiniteFloat): every budget of the barrier ends."""
 
     name = "seconds"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        number = super().convert(value, param, ctx)
-        if not math.isfinite(number):
-            self.fail(f"{value!r} is not a finite number", param, ctx)
-        return number
 
 
 def _derivation_options(func: Callable) -> Callable:

@@ -6,6 +6,7 @@ line and exits with its code; so do click's standalone mode and CliRunner.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -54,6 +55,18 @@ def usage_error(message: str) -> HelperError:
 
 def timeout_error(message: str) -> HelperError:
     return HelperError(message, EXIT_TIMEOUT)
+
+
+class FiniteFloat(click.FloatRange):
+    """click.FloatRange that refuses nan and inf too (FloatRange lets both through: a timeout of nan
+    never ends, a threshold of nan compares false with everything). The type of every float option
+    of every command; with no bounds, any finite number."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
 
 
 def internal_error(exc: BaseException) -> int:

@@ -21,7 +21,7 @@ from typing import Any
 
 import click
 
-from slurm_multi.common import HelperError, usage_error
+from slurm_multi.common import FiniteFloat, HelperError, usage_error
 
 Resolver = Callable[..., list]
 Dialer = Callable[[Sequence[str], float], dict[str, bool]]
@@ -225,7 +225,7 @@ def cli() -> None:
 @click.argument("endpoint")
 @click.option(
     "--timeout-seconds",
-    type=click.FloatRange(min=0.01),
+    type=FiniteFloat(min=0.01),
     default=5.0,
     show_default=True,
     help="How long each ZeroMQ connect may take.",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import click
 
-from slurm_multi.common import talk
+from slurm_multi.common import FiniteFloat, talk
 
 
 @click.group("job", context_settings={"help_option_names": ["-h", "--help"]})
@@ -101,8 +101,8 @@ def mark_lost_command(
 @click.option("--nodes", "node_list", required=True, help="The job's nodes, space-separated, in rank order.")
 @click.option("--tasks-per-node", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--srun-pid", type=int, required=True, help="The worker step's srun: the watch ends with it.")
-@click.option("--peer-grace", type=click.FloatRange(min=0), default=30.0, show_default=True)
-@click.option("--progress-seconds", type=click.FloatRange(min=1), default=15.0, show_default=True)
+@click.option("--peer-grace", type=FiniteFloat(min=0), default=30.0, show_default=True)
+@click.option("--progress-seconds", type=FiniteFloat(min=1), default=15.0, show_default=True)
 @click.option(
     "--wake-fd",
     "wake_fds",

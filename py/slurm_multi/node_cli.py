@@ -12,7 +12,7 @@ import sys
 
 import click
 
-from slurm_multi.common import HelperError, usage_error
+from slurm_multi.common import FiniteFloat, HelperError, usage_error
 
 
 @click.group("node", context_settings={"help_option_names": ["-h", "--help"]})
@@ -125,15 +125,19 @@ def from_job_command(jobdir: str, rank: int) -> None:
 @click.option("--pid", type=int, help="The workload's process (bare metal).")
 @click.option("--step", metavar="JOB.STEP", help="The Slurm step whose tasks here are the workload (pyxis).")
 @click.option(
-    "--timeout", type=float, required=True, metavar="SECONDS", help="Seconds without output and CPU."
+    "--timeout",
+    type=FiniteFloat(min=0),
+    required=True,
+    metavar="SECONDS",
+    help="Seconds without output and CPU.",
 )
 @click.option("--output", metavar="FILE", required=True, help="The file the workload's output lands in.")
 @click.option("--node-dir", metavar="DIR", required=True, help="Where progress.json and hang.json go.")
 @click.option("--diagnostics", metavar="DIR", default="", help="Where the hang's diagnostics go.")
 @click.option("--rank", type=int, default=0, show_default=True)
 @click.option("--node", "node_name", envvar="SLURMD_NODENAME", default="", help="[default: this host]")
-@click.option("--poll", type=float, default=1.0, show_default=True, metavar="SECONDS")
-@click.option("--progress-every", type=float, default=5.0, show_default=True, metavar="SECONDS")
+@click.option("--poll", type=FiniteFloat(min=0), default=1.0, show_default=True, metavar="SECONDS")
+@click.option("--progress-every", type=FiniteFloat(min=0), default=5.0, show_default=True, metavar="SECONDS")
 @click.option("--docker", default="docker", show_default=True)
 @click.option("--job-dir", metavar="DIR", default="", help="The job dir holding every rank's node_<r>/.")
 @click.option(
@@ -141,7 +145,7 @@ def from_job_command(jobdir: str, rank: int) -> None:
 )
 @click.option(
     "--hold",
-    type=float,
+    type=FiniteFloat(min=0),
     default=0.0,
     show_default=True,
     metavar="SECONDS",

@@ -7,7 +7,7 @@ import json
 
 import click
 
-from slurm_multi.common import HelperError, talk, timeout_error
+from slurm_multi.common import FiniteFloat, HelperError, talk, timeout_error
 from slurm_multi.reports import (
     count_new,
     read_snapshot,
@@ -49,21 +49,21 @@ def cli() -> None:
 )
 @click.option(
     "--settle-seconds",
-    type=click.FloatRange(min=0),
+    type=FiniteFloat(min=0),
     default=60.0,
     show_default=True,
     help="How long a report's byte size must stay unchanged.",
 )
 @click.option(
     "--timeout-seconds",
-    type=click.FloatRange(min=0),
+    type=FiniteFloat(min=0),
     default=600.0,
     show_default=True,
     help="Give up (exit 3) after this long.",
 )
 @click.option(
     "--poll-seconds",
-    type=click.FloatRange(min=0.01),
+    type=FiniteFloat(min=0.01),
     default=1.0,
     show_default=True,
     help="How often to look at the directory.",

@@ -10,7 +10,7 @@ import os
 
 import click
 
-from slurm_multi.common import HelperError, talk, usage_error
+from slurm_multi.common import FiniteFloat, HelperError, talk, usage_error
 from slurm_multi.layers import engine, plan, store, tarstream
 from slurm_multi.relay.tree import size_text
 
@@ -214,7 +214,7 @@ def _size(text: str) -> int:
     help="--image-cache.",
 )
 @click.option(
-    "--older-than", type=click.FloatRange(min=0), metavar="DAYS", help="Remove entries unused this long."
+    "--older-than", type=FiniteFloat(min=0), metavar="DAYS", help="Remove entries unused this long."
 )
 @click.option(
     "--max-size", metavar="SIZE", help="Then remove the oldest until the cache holds at most SIZE (500G)."

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import click
 
 from slurm_multi import net
-from slurm_multi.common import HelperError, usage_error
+from slurm_multi.common import FiniteFloat, HelperError, usage_error
 from slurm_multi.layers import store, tarstream
 from slurm_multi.layers.plan import LayerPlan, read_plan
 from slurm_multi.relay.forward import run_node
@@ -110,9 +110,9 @@ def _node_options(func: Callable) -> Callable:
                      help="Instead of the derivation: rank r listens on PORT + r*count and successors."),
         click.option("--count", type=click.IntRange(1, net.MAX_CANDIDATES), default=DEFAULT_PORT_COUNT,
                      show_default=True, help="Candidate ports per rank."),
-        click.option("--connect-timeout", type=click.FloatRange(min=0), default=120, show_default=True,
+        click.option("--connect-timeout", type=FiniteFloat(min=0), default=120, show_default=True,
                      help="Seconds for the parent to answer and every child to connect."),
-        click.option("--stall-timeout", type=click.FloatRange(min=0.1), default=30, show_default=True,
+        click.option("--stall-timeout", type=FiniteFloat(min=0.1), default=30, show_default=True,
                      help="Seconds without bytes from the parent (or taken by a child) before giving up."),
         click.option("--stats-file", metavar="FILE", help="Write `<bytes> <seconds>` here once verified."),
         click.option("--token-env", default=DEFAULT_TOKEN_ENV, show_default=True, metavar="NAME",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from slurm_multi.common import run_or_warn, talk, usage_error
+from slurm_multi.common import FiniteFloat, run_or_warn, talk, usage_error
 from slurm_multi.report.page import AREA
 
 MAX_TALKED = 20  # warnings on stderr; the page lists them all
@@ -58,7 +58,7 @@ def _size(path: Path) -> str:
 )
 @click.option(
     "--regression-pct",
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteFloat(min=0, min_open=True),
     metavar="PCT",
     help="With --history: a run worse than the median of the earlier runs by more than PCT percent is "
     "a regression [default: 5].",
