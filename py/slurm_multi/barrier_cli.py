@@ -18,7 +18,7 @@ import click
 
 from slurm_multi import EXIT_OK
 from slurm_multi.barrier import BarrierServer, control, format_ranks, join, raise_nofile_limit
-from slurm_multi.common import FiniteFloat, HelperError, talk, timeout_error, usage_error
+from slurm_multi.common import FiniteFloat, HelperError, HostName, talk, timeout_error, usage_error
 from slurm_multi.layers.engine import planned_layers
 from slurm_multi.net import MAX_CANDIDATES, candidate_ports, choose_bind_address, secs
 from slurm_multi.wire import DEFAULT_TOKEN_ENV, PHASES, RELEASE_ID_MAX, read_token
@@ -79,7 +79,7 @@ def _token_option(func: Callable) -> Callable:
 
 def _controller_options(func: Callable) -> Callable:
     options = [
-        click.option("--master-addr", envvar="MASTER_ADDR", show_envvar=True,
+        click.option("--master-addr", type=HostName(), envvar="MASTER_ADDR", show_envvar=True,
                      help="Rank 0's host [default: this host]."),
         _port_options,
         click.option("--ready-file", type=click.Path(dir_okay=False),
@@ -125,11 +125,19 @@ def port_cmd(master_port: int | None, job_id: int | None, override: int | None, 
 @cli.command("serve", context_settings=CONTEXT)
 @click.option("--nnodes", type=click.IntRange(min=1), required=True, help="Nodes in the job (ranks 0..N-1).")
 @click.option(
-    "--master-addr", envvar="MASTER_ADDR", show_envvar=True, help="Name to listen on [default: this host]."
+    "--master-addr",
+    type=HostName(),
+    envvar="MASTER_ADDR",
+    show_envvar=True,
+    help="Name to listen on [default: this host].",
 )
 @_port_options
 @click.option(
-    "--bind", "bind_address", metavar="ADDR", help="Listen on exactly this address (may be loopback)."
+    "--bind",
+    "bind_address",
+    type=HostName(),
+    metavar="ADDR",
+    help="Listen on exactly this address (may be loopback).",
 )
 @click.option("--image-id", help="The image is already released (skips `barrier release`).")
 @click.option(
@@ -275,7 +283,14 @@ def serve_cmd(
 @cli.command("join", context_settings=CONTEXT)
 @click.option("--rank", type=int, required=True, help="This node's rank (1..nnodes-1).")
 @click.option("--nnodes", type=click.IntRange(min=2), required=True, help="Nodes in the job.")
-@click.option("--master-addr", envvar="MASTER_ADDR", show_envvar=True, required=True, help="Rank 0's host.")
+@click.option(
+    "--master-addr",
+    type=HostName(),
+    envvar="MASTER_ADDR",
+    show_envvar=True,
+    required=True,
+    help="Rank 0's host.",
+)
 @_port_options
 @click.option(
     "--phase",

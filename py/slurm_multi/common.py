@@ -69,6 +69,21 @@ class FiniteFloat(click.FloatRange):
         return number
 
 
+class HostName(click.ParamType):
+    """A host to listen on or dial (MASTER_ADDR, a parent's name): a host name or an IP address
+    (words.is_address). Anything else, a newline or an ANSI colour in it above all, is one usage
+    line at once, not a resolver's error (spread over lines) after every retry."""
+
+    name = "host"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from slurm_multi.words import is_address
+
+        if not (isinstance(value, str) and is_address(value)):
+            self.fail(f"{value!r} is not a host name or an IP address", param, ctx)
+        return value
+
+
 def internal_error(exc: BaseException) -> int:
     """A bug of ours, as every helper reports it: one line (on stderr and into SM_ERROR_FILE), exit 1.
     The caller re-raises instead when SM_DEBUG=1 (slurm_multi.cli.run)."""

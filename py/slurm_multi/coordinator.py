@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import re
 import socket
 import time
 from collections.abc import Callable, Sequence
@@ -22,11 +21,10 @@ from typing import Any
 import click
 
 from slurm_multi.common import FiniteFloat, HelperError, usage_error
+from slurm_multi.words import is_address
 
 Resolver = Callable[..., list]
 Dialer = Callable[[Sequence[str], float], dict[str, bool]]
-
-_HOST_CHARS = re.compile(r"^[A-Za-z0-9._:%-]+$")
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, int]:
@@ -51,7 +49,7 @@ def parse_endpoint(endpoint: str) -> tuple[str, int]:
             raise usage_error(
                 f"coordinator: IPv6 address in {endpoint!r} must be bracketed: tcp://[{host}]:{port_text}"
             )
-    if not host or host == "*" or not _HOST_CHARS.match(host):
+    if host == "*" or not is_address(host):
         raise usage_error(f"coordinator: malformed host {host!r} in {endpoint!r}; expected tcp://HOST:PORT")
     if not port_text.isdigit() or not 0 < int(port_text) < 65536:
         raise usage_error(f"coordinator: malformed port {port_text!r} in {endpoint!r}; expected 1-65535")

@@ -10,6 +10,7 @@ match (ASCII only throughout: the classes are spelled out, never \\d or \\w).
     is_cache_seen  cache:[0-9a-f]{16}                     the cache tar's image ID a worker sees
     is_job_id      [A-Za-z0-9_.:+-]{1,64}                 a Slurm job ID (array and het forms)
     is_host        [A-Za-z0-9_.-]{1,253}                  a host name
+    is_address     [A-Za-z0-9_.:%-]{1,253}                a host name or an IP address (v6, %zone)
     is_decimal     -?[0-9]{1,12}(?:\\.[0-9]{1,9})?         a time or a rate as text
 """
 
@@ -40,4 +41,5 @@ is_held_id = _rule("is_held_id", r"sha256:[0-9a-f]{64}")
 is_cache_seen = _rule("is_cache_seen", rf"cache:[0-9a-f]{{{CACHE_SEEN_HEX}}}")
 is_job_id = _rule("is_job_id", r"[A-Za-z0-9_.:+-]{1,64}")
 is_host = _rule("is_host", r"[A-Za-z0-9_.-]{1,253}")
+is_address = _rule("is_address", r"[A-Za-z0-9_.:%-]{1,253}")
 is_decimal = _rule("is_decimal", r"-?[0-9]{1,12}(?:\.[0-9]{1,9})?")

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import click
 
 from slurm_multi import net
-from slurm_multi.common import FiniteFloat, HelperError, usage_error
+from slurm_multi.common import FiniteFloat, HelperError, HostName, usage_error
 from slurm_multi.layers import store, tarstream
 from slurm_multi.layers.plan import LayerPlan, read_plan
 from slurm_multi.relay.forward import run_node
@@ -32,6 +32,7 @@ from slurm_multi.relay.tree import (
     size_text,
 )
 from slurm_multi.wire import DEFAULT_TOKEN_ENV, read_token
+from slurm_multi.words import is_address
 
 CONTEXT = {"help_option_names": ["-h", "--help"]}
 
@@ -41,7 +42,7 @@ def parse_nodes(text: str | None) -> list[str]:
     if text is None:
         return []
     names = [part.strip() for part in text.split(",")]
-    if not names or any(not name or " " in name for name in names):
+    if not names or not all(is_address(name) for name in names):
         raise usage_error(f"relay: --nodes {text!r} must be host names separated by commas, in rank order")
     return names
 
@@ -226,7 +227,7 @@ def _finish_cache(plan: Plan, sink: store.Writer) -> None:
 
 @cli.command("recv", context_settings=CONTEXT)
 @click.option("--rank", type=click.IntRange(min=1), required=True, help="This node's rank (1..N-1).")
-@click.option("--parent-host", help="The parent's host name (wins over --nodes).")
+@click.option("--parent-host", type=HostName(), help="The parent's host name (wins over --nodes).")
 @_node_options
 @click.argument("loader", nargs=-1, type=click.UNPROCESSED, metavar="[-- LOADER...]")
 def recv_cmd(
