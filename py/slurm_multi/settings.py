@@ -442,7 +442,7 @@ def tasks_per_node(values: Mapping[str, str]) -> int:
     if values.get("SM_RUNTIME") == "docker":
         return 1
     text = values.get("SM_NTASKS_PER_NODE") or "1"
-    return int(text) if text.isdigit() and int(text) > 0 else 1
+    return int(text) if DIGITS.fullmatch(text) and int(text) > 0 else 1
 
 
 def nsight_mode(values: Mapping[str, str]) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from slurm_multi.common import HelperError, usage_error
+from slurm_multi.plan import MAX_NODES  # a larger nnodes is a typo: derived from the node dirs
 from slurm_multi.readfile import PathLike
 from slurm_multi.results.hangs import Hang, hang_reasons, read_hangs
 from slurm_multi.results.jobdir import (
@@ -44,8 +45,6 @@ from slurm_multi.results.values import format_number
 from slurm_multi.results.worldsize import check_world
 from slurm_multi.secret_rule import reason_line, secret_values, secrets_held
 from slurm_multi.statusfile import read_status, status_path
-
-MAX_NODES = 100_000  # a larger nnodes is a typo, not a job: derive it from the node dirs
 
 
 def collect(
